@@ -1,0 +1,78 @@
+"""Reference policies usable on every environment, and the policy protocol.
+
+A policy acts for the N agents of ONE environment. Plain functions
+``policy(params, obs, avail, key) -> actions`` are stateless; a :class:`Policy`
+also threads a carry that the rollout resets at episode boundaries.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from envs.core import EnvSpec
+
+
+class Policy(NamedTuple):
+    """``init(key, num_agents) -> carry``;
+    ``act(params, obs, avail, key, carry) -> (actions, carry)``."""
+
+    init: Callable[[jax.Array, int], Any]
+    act: Callable[..., tuple[jax.Array, Any]]
+
+
+def as_policy(policy: Any) -> Policy:
+    """Wrap a plain ``(params, obs, avail, key) -> actions`` function."""
+    if isinstance(policy, Policy):
+        return policy
+    if not callable(policy):
+        raise TypeError(
+            f"policy must be a function (params, obs, avail, key) -> actions or an "
+            f"envs.policies.Policy, got {type(policy).__name__}"
+        )
+
+    def act(params, obs, avail, key, carry):
+        return policy(params, obs, avail, key), carry
+
+    return Policy(init=lambda key, n: jnp.zeros((), jnp.int32), act=act)
+
+
+def random_policy(spec: EnvSpec) -> Callable:
+    """Uniform over each agent's available actions (or over the action box)."""
+    n = spec.num_agents
+    if spec.discrete:
+
+        def act(params, obs, avail, key):
+            logits = jnp.where(avail, 0.0, -jnp.inf)
+            return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+
+    else:
+        space = spec.action
+
+        def act(params, obs, avail, key):
+            return jax.random.uniform(
+                key, (n, space.dim), minval=space.low, maxval=space.high
+            )
+
+    return act
+
+
+def epsilon_mixture(policy: Any, spec: EnvSpec, epsilon: float) -> Policy:
+    """Each agent follows ``policy`` with prob 1-ε and acts randomly otherwise."""
+    if not 0.0 <= epsilon <= 1.0:
+        raise ValueError(f"epsilon must be in [0, 1], got {epsilon}")
+    base = as_policy(policy)
+    rand = random_policy(spec)
+    n = spec.num_agents
+
+    def act(params, obs, avail, key, carry):
+        k_base, k_rand, k_coin = jax.random.split(key, 3)
+        a, carry = base.act(params, obs, avail, k_base, carry)
+        r = rand(None, obs, avail, k_rand)
+        explore = jax.random.uniform(k_coin, (n,)) < epsilon
+        explore = explore.reshape((n,) + (1,) * (a.ndim - 1))
+        return jnp.where(explore, r, a).astype(a.dtype), carry
+
+    return Policy(init=base.init, act=act)

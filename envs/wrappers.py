@@ -1,0 +1,51 @@
+"""Wrappers that keep the interface: auto-reset."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from envs.core import EnvState, MultiAgentEnv, TimeStep
+
+
+class AutoReset(MultiAgentEnv):
+    """Resets an environment as soon as an episode ends.
+
+    The timestep returned by the ending ``step`` carries the final transition's
+    ``reward``, ``done``, ``truncated``, ``won`` and episode statistics, but the
+    observation, global state and legal actions of the *new* episode's first
+    step, which is what the policy acts on next (PureJaxRL/JaxMARL
+    convention). Collect with :func:`envs.run_episodes` when the final
+    observation itself is needed.
+    """
+
+    def __init__(self, env: MultiAgentEnv):
+        self.env = env
+        self.spec = env.spec
+
+    def __repr__(self) -> str:
+        return f"AutoReset({self.env!r})"
+
+    def reset(self, key: jax.Array) -> tuple[EnvState, TimeStep]:
+        return self.env.reset(key)
+
+    def legalize(self, actions, avail_actions):
+        return self.env.legalize(actions, avail_actions)
+
+    def step(self, state: EnvState, actions: jax.Array) -> tuple[EnvState, TimeStep]:
+        state, ts = self.env.step(state, actions)
+        key, reset_key = jax.random.split(state.key)
+        state = state.replace(key=key)
+        reset_state, reset_ts = self.env.reset(reset_key)
+        last = ts.last()
+
+        def pick(a, b):
+            return jnp.where(last, a, b)
+
+        state = jax.tree.map(pick, reset_state, state)
+        ts = ts.replace(
+            obs=pick(reset_ts.obs, ts.obs),
+            global_state=pick(reset_ts.global_state, ts.global_state),
+            avail_actions=pick(reset_ts.avail_actions, ts.avail_actions),
+        )
+        return state, ts
