@@ -1,0 +1,285 @@
+"""Policy heads as pure functions: masked categorical and box tanh-Gaussian.
+
+Every function works on arrays with arbitrary leading dimensions (batch,
+agents, time, ...); the last axis is the action axis (``A`` choices for the
+categorical, ``d`` dimensions for the tanh-Gaussian).
+
+Masked categorical
+    Unavailable actions get a large negative but *finite* logit, so their
+    probability is exactly 0 in float32, no ``inf - inf`` can appear and
+    gradients stay finite. If every action of a row is unavailable (e.g. a
+    padded or dead agent with an all-False mask), all logits of that row are
+    replaced by 0 and the distribution falls back to uniform
+    over all ``A`` actions instead of producing NaNs.
+
+Box tanh-Gaussian
+    ``u ~ N(mean, exp(log_std)^2)`` and ``a = loc + scale * tanh(u)`` with
+    ``loc = (high + low) / 2`` and ``scale = (high - low) / 2``. The density
+    of ``a`` on the box is, per dimension,
+
+        log p(a) = log N(u; mean, std) - log(1 - tanh(u)^2) - log(scale),
+
+    summed over the ``d`` dimensions (change of variables through the tanh and
+    the affine map).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Union
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ArrayLike = Union[jax.Array, np.ndarray, float]
+
+_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+def _mask_value(dtype) -> float:
+    """A large negative finite logit for ``dtype``.
+
+    ``-1e9`` (exp underflows to exactly 0 against any sane logit) unless the
+    dtype cannot represent it (float16), then half the dtype's minimum so that
+    subtracting a log-normaliser cannot overflow to ``-inf``.
+    """
+    return float(max(-1e9, float(jnp.finfo(dtype).min) / 2))
+
+
+# --------------------------------------------------------------------------
+# Masked categorical.
+# --------------------------------------------------------------------------
+
+
+def masked_logits(logits: jax.Array, avail: jax.Array) -> jax.Array:
+    """Replaces the logits of unavailable actions by a large negative constant.
+
+    ``masked = where(avail, logits, -1e9)``. Softmax of the result is exactly
+    0 on unavailable actions. If a row has no available action at all, every
+    entry of the row becomes 0, so the distribution is uniform over all ``A``
+    actions (the documented fallback; never NaN). Gradients with respect to
+    ``logits`` are zero on unavailable actions.
+
+    Args:
+      logits: ``[..., A]`` unnormalised log-probabilities (floating).
+      avail: ``[..., A]`` availability mask (bool, or 0/1 numbers).
+
+    Returns:
+      ``[..., A]`` masked logits, same dtype as ``logits``.
+    """
+    chex.assert_equal_shape([logits, avail])
+    chex.assert_type(logits, float)
+    avail = jnp.asarray(avail).astype(bool)
+    masked = jnp.where(avail, logits, jnp.asarray(_mask_value(logits.dtype), logits.dtype))
+    # All-unavailable row: zeros, i.e. uniform. (All -1e9 would also be uniform
+    # under softmax, but Gumbel noise vanishes next to 1e9 in float32 and
+    # sampling would always return action 0.)
+    return jnp.where(jnp.any(avail, axis=-1, keepdims=True), masked, jnp.zeros_like(masked))
+
+
+def categorical_log_probs(logits: jax.Array, avail: jax.Array) -> jax.Array:
+    """Log-probabilities of all actions under the masked categorical.
+
+    ``log π(a) = masked_a - logsumexp(masked)``.
+
+    Args:
+      logits: ``[..., A]``.
+      avail: ``[..., A]`` bool.
+
+    Returns:
+      ``[..., A]`` normalised log-probabilities (a large negative finite
+      number on unavailable actions).
+    """
+    return jax.nn.log_softmax(masked_logits(logits, avail), axis=-1)
+
+
+def categorical_log_prob(logits: jax.Array, avail: jax.Array, actions: jax.Array) -> jax.Array:
+    """Log-probability of the given actions under the masked categorical.
+
+    ``log π(a | ·) = masked_a - logsumexp_{a'}(masked_{a'})``.
+
+    An unavailable action gets a large negative *finite* log-probability
+    (about ``-1e9``): a data bug shows up as a huge loss rather than as NaN.
+
+    Args:
+      logits: ``[..., A]`` logits.
+      avail: ``[..., A]`` availability mask.
+      actions: ``[...]`` integer action indices in ``[0, A)``.
+
+    Returns:
+      ``[...]`` log-probabilities, dtype of ``logits``.
+    """
+    chex.assert_equal_shape([logits, avail])
+    chex.assert_equal_shape_prefix([logits, actions], actions.ndim)
+    chex.assert_rank(logits, actions.ndim + 1)
+    chex.assert_type(actions, int)
+    log_p = categorical_log_probs(logits, avail)
+    return jnp.take_along_axis(log_p, actions[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+
+def categorical_sample(key: jax.Array, logits: jax.Array, avail: jax.Array) -> jax.Array:
+    """Samples actions from the masked categorical.
+
+    Unavailable actions are never drawn (their masked logit plus Gumbel noise
+    cannot beat an available one), unless no action of the row is available,
+    in which case the draw is uniform over all actions.
+
+    Args:
+      key: PRNG key.
+      logits: ``[..., A]``.
+      avail: ``[..., A]``.
+
+    Returns:
+      ``[...]`` int32 actions.
+    """
+    return jax.random.categorical(key, masked_logits(logits, avail), axis=-1).astype(jnp.int32)
+
+
+def categorical_mode(logits: jax.Array, avail: jax.Array) -> jax.Array:
+    """Most likely available action, ``argmax_a masked_a``.
+
+    Args:
+      logits: ``[..., A]``.
+      avail: ``[..., A]``.
+
+    Returns:
+      ``[...]`` int32 actions (action 0 for a row with nothing available).
+    """
+    return jnp.argmax(masked_logits(logits, avail), axis=-1).astype(jnp.int32)
+
+
+def categorical_entropy(logits: jax.Array, avail: jax.Array) -> jax.Array:
+    """Entropy of the masked categorical, ``H = -Σ_a π(a) log π(a)``.
+
+    Unavailable actions contribute exactly 0 (and no NaN gradient).
+
+    Args:
+      logits: ``[..., A]``.
+      avail: ``[..., A]``.
+
+    Returns:
+      ``[...]`` entropies in nats (``log A`` for an all-unavailable row).
+    """
+    masked = masked_logits(logits, avail)
+    log_p = jax.nn.log_softmax(masked, axis=-1)
+    p = jnp.exp(log_p)
+    return -jnp.sum(jnp.where(p > 0, p * log_p, 0.0), axis=-1)
+
+
+# --------------------------------------------------------------------------
+# Tanh-squashed Gaussian on a box.
+# --------------------------------------------------------------------------
+
+
+def _box(low: ArrayLike, high: ArrayLike, dtype) -> tuple[jax.Array, jax.Array]:
+    low = jnp.asarray(low, dtype)
+    high = jnp.asarray(high, dtype)
+    return (high + low) / 2, (high - low) / 2
+
+
+def _normal_log_prob(x: jax.Array, mean: jax.Array, log_std: jax.Array) -> jax.Array:
+    z = (x - mean) * jnp.exp(-log_std)
+    return -0.5 * z**2 - log_std - _LOG_SQRT_2PI
+
+
+def _log1m_tanh_sq(u: jax.Array) -> jax.Array:
+    """``log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u))``, stable for all u."""
+    return 2.0 * (math.log(2.0) - u - jax.nn.softplus(-2.0 * u))
+
+
+def tanh_gaussian_sample(
+    key: jax.Array,
+    mean: jax.Array,
+    log_std: jax.Array,
+    low: ArrayLike = -1.0,
+    high: ArrayLike = 1.0,
+) -> tuple[jax.Array, jax.Array]:
+    """Reparameterised sample of a box tanh-Gaussian and its log-density.
+
+    ``u = mean + exp(log_std)·ε``, ``ε ~ N(0, I)``; ``a = loc + scale·tanh(u)``;
+
+        log p(a) = Σ_d [log N(u_d; mean_d, std_d) − log(1 − tanh²u_d) − log scale_d]
+
+    with ``log(1 − tanh²u) = 2(log 2 − u − softplus(−2u))`` evaluated from the
+    pre-squash sample, so it stays exact even where ``tanh(u)`` rounds to ±1
+    in float32 (``tanh_gaussian_log_prob`` of such an action clips it first and
+    returns a slightly different, finite number).
+
+    Args:
+      key: PRNG key.
+      mean: ``[..., d]`` pre-squash mean.
+      log_std: ``[..., d]`` pre-squash log standard deviation.
+      low: lower bound of the box, scalar or ``[d]``.
+      high: upper bound of the box, scalar or ``[d]``.
+
+    Returns:
+      ``(actions [..., d], log_prob [...])``; differentiable in ``mean`` and
+      ``log_std``.
+    """
+    chex.assert_equal_shape([mean, log_std])
+    chex.assert_type([mean, log_std], float)
+    loc, scale = _box(low, high, mean.dtype)
+    u = mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape, mean.dtype)
+    actions = loc + scale * jnp.tanh(u)
+    log_prob = _normal_log_prob(u, mean, log_std) - _log1m_tanh_sq(u) - jnp.log(scale)
+    return actions, jnp.sum(log_prob, axis=-1)
+
+
+def tanh_gaussian_log_prob(
+    mean: jax.Array,
+    log_std: jax.Array,
+    actions: jax.Array,
+    low: ArrayLike = -1.0,
+    high: ArrayLike = 1.0,
+    eps: float = 1e-6,
+) -> jax.Array:
+    """Log-density of box-valued actions under the tanh-Gaussian.
+
+    ``y = clip((a − loc)/scale, −1 + eps, 1 − eps)``, ``u = atanh(y)``;
+
+        log p(a) = Σ_d [log N(u_d; mean_d, std_d) − log(1 − y_d²) − log scale_d]
+
+    with ``1 − y² = (1 − y)(1 + y)`` to avoid cancellation near the bounds. The
+    clip keeps actions on (or outside) the boundary finite; it changes the
+    density only within ``eps`` of the bounds. Unlike the DemoDICE / O-MAPL
+    code (``log(1 − a² + eps)``) no ``eps`` is added inside the log, so this is
+    the exact density wherever the clip is inactive, and it includes the
+    ``−log scale`` term of a box other than ``[−1, 1]``.
+
+    Args:
+      mean: ``[..., d]`` pre-squash mean.
+      log_std: ``[..., d]`` pre-squash log standard deviation.
+      actions: ``[..., d]`` actions in ``[low, high]``.
+      low: lower bound, scalar or ``[d]``.
+      high: upper bound, scalar or ``[d]``.
+      eps: distance from ±1 at which squashed actions are clipped.
+
+    Returns:
+      ``[...]`` log-densities with respect to Lebesgue measure on the box.
+    """
+    chex.assert_equal_shape([mean, log_std, actions])
+    chex.assert_type([mean, log_std, actions], float)
+    loc, scale = _box(low, high, mean.dtype)
+    y = jnp.clip((actions - loc) / scale, -1.0 + eps, 1.0 - eps)
+    u = jnp.arctanh(y)
+    log_det = jnp.log1p(-y) + jnp.log1p(y)
+    log_prob = _normal_log_prob(u, mean, log_std) - log_det - jnp.log(scale)
+    return jnp.sum(log_prob, axis=-1)
+
+
+def tanh_gaussian_mode(mean: jax.Array, low: ArrayLike = -1.0, high: ArrayLike = 1.0) -> jax.Array:
+    """Deterministic action ``loc + scale·tanh(mean)`` (squashed Gaussian mean).
+
+    Args:
+      mean: ``[..., d]`` pre-squash mean.
+      low: lower bound, scalar or ``[d]``.
+      high: upper bound, scalar or ``[d]``.
+
+    Returns:
+      ``[..., d]`` actions in the box.
+    """
+    chex.assert_type(mean, float)
+    loc, scale = _box(low, high, mean.dtype)
+    return loc + scale * jnp.tanh(mean)

@@ -1,0 +1,40 @@
+"""Learners: pure ``init``/``sample``/``update``/``act`` bundles.
+
+``make_learner(name, spec, **config)`` builds one by name:
+
+==============  ==========================================================
+``bc_union``    BC on all data D_U (β = 0)
+``bc_expert``   BC on the expert-labelled data D_E (β = 1)
+``bc_mix``      BC on a β-mixture (β = 0.5 by default)
+``indd``        independent DemoDICE per agent
+``misodice_vdn`` MisoDICE with sum mixing
+``misodice``    MisoDICE (hypernetwork mixers)
+==============  ==========================================================
+"""
+
+from __future__ import annotations
+
+from envs.core import EnvSpec
+from jaxil.learners.base import Learner, LearnerData, LearnerState, update_n
+from jaxil.learners.bc import BCConfig, BCHParams, make_bc
+from jaxil.learners.dice import DiceConfig, DiceHParams, make_dice
+
+_BC_BETA = {"bc_union": 0.0, "bc_expert": 1.0, "bc_mix": 0.5}
+_DICE_MIXING = {"indd": "none", "misodice_vdn": "sum", "misodice": "hyper"}
+LEARNERS = tuple(_BC_BETA) + tuple(_DICE_MIXING)
+
+
+def make_learner(name: str, spec: EnvSpec, **config) -> Learner:
+    """Build a learner; ``config`` keywords go to its frozen config
+    (``hidden``, ``batch_size``, ``shared``, ...)."""
+    if name in _BC_BETA:
+        return make_bc(spec, BCConfig(**config), beta=_BC_BETA[name])._replace(name=name)
+    if name in _DICE_MIXING:
+        return make_dice(spec, DiceConfig(mixing=_DICE_MIXING[name], **config))
+    raise KeyError(f"unknown learner {name!r}; choose one of {', '.join(LEARNERS)}")
+
+
+__all__ = [
+    "BCConfig", "BCHParams", "DiceConfig", "DiceHParams", "Learner", "LearnerData",
+    "LearnerState", "LEARNERS", "make_learner", "update_n",
+]

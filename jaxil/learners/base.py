@@ -1,0 +1,118 @@
+"""What every learner shares: its state, its data, optimisers and ``update_n``.
+
+A learner is a :class:`Learner` bundle of pure functions (PureJaxRL/JAX-CORL
+shape)::
+
+    state = learner.init(key, hparams)          # LearnerState pytree
+    batch = learner.sample(key, data)           # on-device gather
+    state, metrics = learner.update(state, batch)
+    state, metrics = update_n(learner, state, data, k)   # K fused updates
+    actions = learner.act(state.params, obs, avail, key, deterministic)
+
+Static structure (network sizes, modes) lives in the learner's frozen config;
+the numbers a sweep varies (α, γ, β, learning rates) live in
+``state.hparams`` as arrays, so a grid of them is a ``vmap`` axis.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from jaxil.data.sampling import Transitions, sample_transitions, sample_where
+
+
+@struct.dataclass
+class LearnerData:
+    """On-device training data: all transitions (D_U) and, for learners that
+    use them, the expert labels per transition (D_E = union[expert])."""
+
+    union: Transitions
+    expert: Optional[jax.Array] = None  # [K] bool
+
+    @staticmethod
+    def from_dataset(dataset, expert_flags=None) -> "LearnerData":
+        from jaxil.data.sampling import flatten_transitions
+
+        trans = flatten_transitions(dataset, expert_flags)
+        return LearnerData(union=trans.replace(expert=None), expert=trans.expert)
+
+
+@struct.dataclass
+class LearnerState:
+    params: Any
+    opt_state: Any
+    hparams: Any
+    step: jax.Array
+    key: jax.Array
+
+
+class Learner(NamedTuple):
+    name: str
+    config: Any
+    init: Callable[[jax.Array, Any], LearnerState]
+    sample: Callable[[jax.Array, LearnerData], Any]
+    update: Callable[[LearnerState, Any], tuple[LearnerState, dict]]
+    act: Callable[..., jax.Array]
+    default_hparams: Callable[[], Any]
+    policy_fn: Callable[[bool], Callable]
+
+
+def adam(max_grad_norm: float) -> optax.GradientTransformation:
+    """Adam with global-norm clipping; the learning rate is injected so it can
+    be a traced, per-seed array (``opt_state[1].hyperparams``)."""
+    return optax.chain(
+        optax.clip_by_global_norm(max_grad_norm),
+        optax.inject_hyperparams(optax.adam)(learning_rate=1e-3),
+    )
+
+
+def init_opt(tx: optax.GradientTransformation, params: Any, lr: jax.Array) -> Any:
+    opt = tx.init(params)
+    opt[1].hyperparams["learning_rate"] = jnp.asarray(lr, jnp.float32)
+    return opt
+
+
+def apply_grads(tx, params: dict, grads: dict, opt_state: dict) -> tuple[dict, dict]:
+    """One optimiser step per parameter group (each group has its own lr)."""
+    new_params, new_opt = {}, {}
+    for k in params:
+        updates, new_opt[k] = tx.update(grads[k], opt_state[k], params[k])
+        new_params[k] = optax.apply_updates(params[k], updates)
+    return new_params, new_opt
+
+
+def expert_and_union(key: jax.Array, data: LearnerData, batch_size: int):
+    """A D_E batch (needs labels) and an independent D_U batch."""
+    if data.expert is None:
+        raise ValueError(
+            "this learner needs expert labels: build LearnerData with expert_flags "
+            "(ground-truth `dataset.expert` or Phase-1 labels)"
+        )
+    ke, ku = jax.random.split(key)
+    return (
+        sample_where(ke, data.union, batch_size, data.expert),
+        sample_transitions(ku, data.union, batch_size),
+    )
+
+
+def update_n(learner: Learner, state: LearnerState, data: LearnerData, k: int):
+    """K updates fused in one ``lax.scan``; batches are gathered on device.
+
+    Returns the new state and the metrics of the last update (means over K
+    would hide divergence). Jit with ``learner`` and ``k`` static, e.g.
+    ``jax.jit(update_n, static_argnums=(0, 3))``.
+    """
+
+    def body(state, _):
+        key, sk = jax.random.split(state.key)
+        batch = learner.sample(sk, data)
+        state, metrics = learner.update(state.replace(key=key), batch)
+        return state, metrics
+
+    state, metrics = jax.lax.scan(body, state, None, length=k)
+    return state, jax.tree.map(lambda m: m[-1], metrics)

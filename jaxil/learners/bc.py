@@ -1,0 +1,105 @@
+"""Behaviour cloning: L = −E_D[Σ_i log π_i(a_i|o_i)], unavailable actions masked.
+
+One learner covers the three baselines of the MisoDICE paper through the
+traced mixture weight β: each batch sample comes from D_E with probability β
+and from D_U otherwise (β = 1: BC(D_E); β = 0: BC(D_U); β = 0.5: mixture).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from envs.core import EnvSpec
+from jaxil.data.sampling import sample_transitions
+from jaxil.learners.base import (
+    Learner,
+    LearnerData,
+    LearnerState,
+    adam,
+    apply_grads,
+    expert_and_union,
+    init_opt,
+)
+from jaxil.learners.policy import PolicyNet
+from jaxil.losses import weighted_bc_loss
+
+
+@dataclasses.dataclass(frozen=True)
+class BCConfig:
+    hidden: tuple[int, ...] = (256, 256)
+    shared: bool = True
+    batch_size: int = 512
+    max_grad_norm: float = 1.0
+
+    def __post_init__(self):
+        _check_common(self)
+
+
+@struct.dataclass
+class BCHParams:
+    beta: jax.Array  # probability that a sample comes from D_E
+    lr: jax.Array
+
+
+def _check_common(cfg) -> None:
+    if not cfg.hidden or any(int(h) <= 0 for h in cfg.hidden):
+        raise ValueError(f"hidden must be positive layer widths, got {cfg.hidden}")
+    if cfg.batch_size <= 0:
+        raise ValueError(f"batch_size must be positive, got {cfg.batch_size}")
+    if cfg.max_grad_norm <= 0:
+        raise ValueError(f"max_grad_norm must be positive, got {cfg.max_grad_norm}")
+
+
+def make_bc(spec: EnvSpec, config: BCConfig = BCConfig(), beta: float = 0.0) -> Learner:
+    """BC learner; ``beta`` is the default D_E fraction of its hparams."""
+    pi = PolicyNet(spec, config.hidden, config.shared)
+    tx = adam(config.max_grad_norm)
+
+    def default_hparams():
+        return BCHParams(beta=jnp.float32(beta), lr=jnp.float32(3e-4))
+
+    def init(key, hparams=None):
+        hparams = default_hparams() if hparams is None else hparams
+        k_pi, k_state = jax.random.split(key)
+        params = {"policy": pi.init(k_pi)}
+        opt = {"policy": init_opt(tx, params["policy"], hparams.lr)}
+        return LearnerState(params, opt, hparams, jnp.int32(0), k_state)
+
+    def sample(key, data: LearnerData):
+        k, kc = jax.random.split(key)
+        if data.expert is None:
+            return sample_transitions(k, data.union, config.batch_size), None
+        e, u = expert_and_union(k, data, config.batch_size)
+        return e, u, jax.random.uniform(kc, (config.batch_size,))
+
+    def update(state: LearnerState, batch):
+        if batch[-1] is None:  # unlabelled data: plain BC on D_U
+            b = batch[0]
+        else:
+            e, u, coin = batch
+            take_e = coin < state.hparams.beta
+            b = jax.tree.map(
+                lambda x, y: jnp.where(take_e.reshape((-1,) + (1,) * (x.ndim - 1)), x, y), e, u
+            )
+
+        def loss_fn(params):
+            logp = pi.log_prob(params["policy"], b.obs, b.avail, b.actions)
+            return weighted_bc_loss(logp, jnp.ones(logp.shape[0], logp.dtype))
+
+        loss, grads = jax.value_and_grad(loss_fn)(state.params)
+        params, opt = apply_grads(tx, state.params, grads, state.opt_state)
+        new = state.replace(params=params, opt_state=opt, step=state.step + 1)
+        return new, {"bc_loss": loss}
+
+    def act(params, obs, avail, key, deterministic=False):
+        return pi.act(params["policy"], obs, avail, key, deterministic)
+
+    def policy_fn(deterministic=False):
+        f = pi.policy_fn(deterministic)
+        return lambda params, obs, avail, key: f(params["policy"], obs, avail, key)
+
+    return Learner("bc", config, init, sample, update, act, default_hparams, policy_fn)

@@ -1,0 +1,156 @@
+"""Per-environment teacher presets and the training command line.
+
+The presets are sized for a small CPU budget (a few million environment steps,
+~15-30 minutes on a shared core); they start from JaxMARL's SMAX MAPPO sweep
+(lr 2e-3, 64 envs x 128 steps, 4 epochs x 4 minibatches, clip 0.2, no entropy
+bonus, γ 0.99, λ 0.95) with a feed-forward 64x64 network instead of a GRU.
+``teachers_report.md`` at the repository root records what they reach.
+
+Command line::
+
+    python -m jaxil.teachers.zoo --env smax:3m --out runs/teachers/smax_3m
+    python -m jaxil.teachers.zoo --env smax:3m --out runs/teachers/smax_3m --resume
+    python -m jaxil.teachers.zoo --env smax:2s3z --set total_timesteps=8000000 lr=0.001
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from typing import Any
+
+from jaxil.teachers.ppo import PPOConfig
+
+_SMAX = PPOConfig(
+    algo="mappo",
+    total_timesteps=3_000_000,
+    num_envs=64,
+    num_steps=128,
+    update_epochs=4,
+    num_minibatches=4,
+    lr=2e-3,
+    anneal_lr=True,
+    gamma=0.99,
+    gae_lambda=0.95,
+    clip_eps=0.2,
+    ent_coef=0.0,
+    vf_coef=0.5,
+    max_grad_norm=0.5,
+    hidden_sizes=(64, 64),
+    activation="relu",
+    updates_per_chunk=5,
+)
+
+PRESETS: dict[str, PPOConfig] = {
+    "smax:3m": _SMAX,
+    "smax:2s3z": _SMAX.replace(total_timesteps=6_000_000),
+    "mpe:simple_spread_continuous": PPOConfig(
+        algo="mappo",
+        total_timesteps=6_000_000,
+        num_envs=128,
+        num_steps=64,
+        update_epochs=4,
+        num_minibatches=4,
+        lr=1e-3,
+        clip_eps=0.2,
+        ent_coef=0.0,
+        max_grad_norm=0.5,
+        hidden_sizes=(64, 64),
+        activation="tanh",
+        reward_scale=0.1,
+        log_std_init=-0.5,
+        updates_per_chunk=20,
+    ),
+    "jumanji:LevelBasedForaging-v0": PPOConfig(
+        algo="mappo",
+        total_timesteps=6_000_000,
+        num_envs=128,
+        num_steps=64,
+        update_epochs=4,
+        num_minibatches=4,
+        lr=1e-3,
+        clip_eps=0.2,
+        ent_coef=0.01,
+        max_grad_norm=0.5,
+        hidden_sizes=(64, 64),
+        activation="relu",
+        updates_per_chunk=20,
+    ),
+}
+
+
+def preset(env_id: str, **overrides: Any) -> PPOConfig:
+    """The preset config of ``env_id`` (SMAX maps without a preset get the SMAX
+    one), with keyword overrides."""
+    if env_id in PRESETS:
+        cfg = PRESETS[env_id]
+    elif env_id.startswith("smax:"):
+        cfg = _SMAX
+    else:
+        raise KeyError(
+            f"no teacher preset for {env_id!r}; presets: {sorted(PRESETS)}. "
+            f"Build a PPOConfig yourself for other environments."
+        )
+    return cfg.replace(**overrides) if overrides else cfg
+
+
+def _parse_sets(items: list[str]) -> dict[str, Any]:
+    fields = {f.name: f for f in dataclasses.fields(PPOConfig)}
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise SystemExit(f"--set expects key=value, got {item!r}")
+        k, v = item.split("=", 1)
+        if k not in fields:
+            raise SystemExit(f"unknown config field {k!r}; fields: {sorted(fields)}")
+        try:
+            val = json.loads(v)
+        except json.JSONDecodeError:
+            val = v  # bare strings such as algo=ippo
+        if k == "hidden_sizes":
+            val = tuple(val)
+        elif isinstance(getattr(PRESETS["smax:3m"], k), float) and isinstance(val, int):
+            val = float(val)
+        out[k] = val
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    from jaxil.teachers.ppo import train_teacher
+
+    p = argparse.ArgumentParser(description="Train an IPPO/MAPPO teacher.")
+    p.add_argument("--env", required=True, help="environment id, e.g. smax:3m")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--algo", choices=["ippo", "mappo"], default=None)
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="override config fields (JSON values)")
+    p.add_argument("--num-checkpoints", type=int, default=5)
+    p.add_argument("--eval-episodes", type=int, default=128)
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--stop-after-chunks", type=int, default=None)
+    args = p.parse_args(argv)
+    overrides = _parse_sets(args.set)
+    if args.algo:
+        overrides["algo"] = args.algo
+    try:
+        cfg = preset(args.env, **overrides)
+    except (KeyError, ValueError) as e:
+        raise SystemExit(str(e))
+    print(f"{args.env}: {cfg}")
+    print(f"{cfg.num_chunks} chunks x {cfg.updates_per_chunk} updates x {cfg.batch_size} "
+          f"steps = {cfg.env_steps} env steps", flush=True)
+    doc = train_teacher(
+        args.env, cfg, args.seed, args.out,
+        num_checkpoints=args.num_checkpoints, eval_episodes=args.eval_episodes,
+        resume=args.resume, stop_after_chunks=args.stop_after_chunks,
+    )
+    for c in doc["checkpoints"]:
+        print(json.dumps({"step": c["step"], "stochastic": c["eval_stochastic"],
+                          "deterministic": c["eval_deterministic"]}))
+    print("random:", json.dumps(doc.get("random_baseline")))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,230 @@
+"""Masked categorical and box tanh-Gaussian against float64 numpy references."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxil import distributions as D
+
+
+def _maybe_jit(fn, jit, **kw):
+    return jax.jit(fn, **kw) if jit else fn
+
+
+def _key(seed):
+    # RBG keys: the sampling maths is the same, and XLA compiles RBG bits much
+    # faster than threefry on small CPUs.
+    return jax.random.key(seed, impl="unsafe_rbg")
+
+
+def _np_log_softmax_masked(logits, avail):
+    logits = logits.astype(np.float64)
+    out = np.full_like(logits, -np.inf)
+    for idx in np.ndindex(logits.shape[:-1]):
+        a = avail[idx]
+        if not a.any():  # documented fallback: uniform over all actions
+            out[idx] = -math.log(logits.shape[-1])
+            continue
+        x = logits[idx][a]
+        lse = x.max() + np.log(np.exp(x - x.max()).sum())
+        out[idx][a] = x - lse
+    return out
+
+
+def _random_categorical(seed, shape=(5, 3), num_actions=6):
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=shape + (num_actions,)).astype(np.float32) * 3
+    avail = rng.random(shape + (num_actions,)) < 0.6
+    avail[0, 0] = False  # an all-unavailable row
+    avail[1, 1] = False
+    avail[1, 1, 2] = True  # a single available action
+    return logits, avail
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_categorical_log_prob_matches_numpy(jit):
+    logits, avail = _random_categorical(0)
+    ref = _np_log_softmax_masked(logits, avail)
+    rng = np.random.default_rng(1)
+    # Data actions: available ones where the row has any.
+    actions = np.zeros(logits.shape[:-1], np.int32)
+    for idx in np.ndindex(actions.shape):
+        choices = np.flatnonzero(avail[idx]) if avail[idx].any() else np.arange(logits.shape[-1])
+        actions[idx] = rng.choice(choices)
+    got = _maybe_jit(D.categorical_log_prob, jit)(jnp.asarray(logits), jnp.asarray(avail), jnp.asarray(actions))
+    want = np.take_along_axis(ref, actions[..., None], -1)[..., 0]
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+    assert got.shape == actions.shape
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_masked_softmax_zero_on_unavailable_and_uniform_fallback(jit):
+    logits, avail = _random_categorical(2)
+    masked = _maybe_jit(D.masked_logits, jit)(jnp.asarray(logits), jnp.asarray(avail))
+    p = np.asarray(jax.nn.softmax(masked, axis=-1))
+    assert np.all(np.isfinite(np.asarray(masked)))
+    assert np.all(np.isfinite(p))
+    has_any = avail.any(-1)
+    assert np.all(p[avail == False][np.broadcast_to(has_any[..., None], avail.shape)[avail == False]] == 0.0)  # noqa: E712
+    np.testing.assert_allclose(p[0, 0], np.full(avail.shape[-1], 1 / avail.shape[-1]), rtol=1e-6)
+    np.testing.assert_allclose(p[1, 1, 2], 1.0)
+    np.testing.assert_allclose(p.sum(-1), 1.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_categorical_entropy_matches_numpy_and_has_finite_grads(jit):
+    logits, avail = _random_categorical(3)
+    ref = _np_log_softmax_masked(logits, avail)
+    p = np.exp(ref)
+    want = -np.sum(np.where(p > 0, p * np.where(p > 0, ref, 0.0), 0.0), -1)
+    ent = _maybe_jit(D.categorical_entropy, jit)
+    got = ent(jnp.asarray(logits), jnp.asarray(avail))
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(float(got[0, 0]), math.log(avail.shape[-1]), rtol=1e-6)
+    zeros = jnp.zeros(logits.shape[:-1], jnp.int32)
+    grads = jax.jit(
+        lambda l: (
+            jax.grad(lambda l: D.categorical_entropy(l, avail).sum())(l),
+            jax.grad(lambda l: D.categorical_log_prob(l, avail, zeros).sum())(l),
+        )
+    )(jnp.asarray(logits))
+    for g in grads:
+        assert np.all(np.isfinite(np.asarray(g)))
+        assert np.all(np.asarray(g)[~avail] == 0)  # no gradient into masked logits
+
+
+def test_categorical_sample_and_mode_respect_mask():
+    logits, avail = _random_categorical(4, shape=(4, 3), num_actions=5)
+    logits_j, avail_j = jnp.asarray(logits), jnp.asarray(avail)
+    keys = jax.random.split(_key(0), 2000)
+    samples = np.asarray(jax.jit(jax.vmap(D.categorical_sample, (0, None, None)))(keys, logits_j, avail_j))
+    assert samples.dtype == np.int32 and samples.shape == (2000, 4, 3)
+    has_any = avail.any(-1)
+    taken_avail = np.take_along_axis(np.broadcast_to(avail, (2000,) + avail.shape), samples[..., None], -1)[..., 0]
+    assert np.all(taken_avail[:, has_any])
+    # Empirical frequencies match the masked softmax.
+    p = np.exp(_np_log_softmax_masked(logits, avail))
+    freq = np.stack([(samples == a).mean(0) for a in range(logits.shape[-1])], -1)
+    np.testing.assert_allclose(freq, p, atol=0.05)
+    mode = np.asarray(D.categorical_mode(logits_j, avail_j))
+    assert mode.dtype == np.int32
+    masked = np.where(avail, logits, -np.inf)
+    np.testing.assert_array_equal(mode[has_any], masked.argmax(-1)[has_any])
+
+
+def test_categorical_shape_checks():
+    logits = jnp.zeros((4, 5))
+    with pytest.raises(AssertionError):
+        D.masked_logits(logits, jnp.ones((4, 6), bool))
+    with pytest.raises(AssertionError):
+        D.categorical_log_prob(logits, jnp.ones((4, 5), bool), jnp.zeros((3,), jnp.int32))
+    with pytest.raises(AssertionError):
+        D.categorical_log_prob(logits, jnp.ones((4, 5), bool), jnp.zeros((4,), jnp.float32))
+
+
+# ---------------------------------------------------------------- tanh-Gaussian
+
+
+def _np_tanh_gaussian_log_prob(mean, log_std, actions, low, high, eps=1e-6):
+    mean, log_std, actions = (np.asarray(x, np.float64) for x in (mean, log_std, actions))
+    loc, scale = (high + low) / 2, (high - low) / 2
+    y = np.clip((actions - loc) / scale, -1 + eps, 1 - eps)
+    u = np.arctanh(y)
+    std = np.exp(log_std)
+    log_n = -0.5 * ((u - mean) / std) ** 2 - log_std - 0.5 * np.log(2 * np.pi)
+    return np.sum(log_n - np.log(1 - y**2) - np.log(scale), -1)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("box", [(-1.0, 1.0), (np.array([-2.0, 0.0, 1.0]), np.array([3.0, 0.5, 4.0]))])
+def test_tanh_gaussian_log_prob_matches_numpy(jit, box):
+    low, high = box
+    rng = np.random.default_rng(5)
+    mean = rng.normal(size=(6, 2, 3)).astype(np.float32)
+    log_std = rng.uniform(-1.5, 0.5, size=(6, 2, 3)).astype(np.float32)
+    y = rng.uniform(-0.98, 0.98, size=(6, 2, 3))
+    actions = ((high + low) / 2 + (high - low) / 2 * y).astype(np.float32)
+    got = _maybe_jit(D.tanh_gaussian_log_prob, jit)(
+        jnp.asarray(mean), jnp.asarray(log_std), jnp.asarray(actions), low, high
+    )
+    want = _np_tanh_gaussian_log_prob(mean, log_std, actions, low, high)
+    assert got.shape == (6, 2)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
+
+
+def test_tanh_gaussian_log_prob_finite_on_bounds():
+    mean = jnp.zeros((3, 2))
+    log_std = jnp.zeros((3, 2))
+    actions = jnp.array([[-1.0, 1.0], [1.0, 1.0], [-1.0, 0.0]])
+    lp, g = jax.jit(jax.value_and_grad(lambda m: D.tanh_gaussian_log_prob(m, log_std, actions).sum()))(mean)
+    assert np.isfinite(float(lp))
+    assert np.all(np.isfinite(np.asarray(g)))
+
+
+def test_tanh_gaussian_density_integrates_to_one_1d():
+    grid01 = np.linspace(0.0, 1.0, 100_001)
+
+    @jax.jit
+    def density(mean, log_std, low, high):
+        a = low + (high - low) * jnp.asarray(grid01, jnp.float32)
+        lp = D.tanh_gaussian_log_prob(
+            jnp.full((grid01.size, 1), mean), jnp.full((grid01.size, 1), log_std), a[:, None], low, high
+        )
+        return jnp.exp(lp)
+
+    for mean, log_std, low, high in [(0.0, 0.0, -1.0, 1.0), (0.7, -0.5, -2.0, 3.0), (-1.2, 0.4, 0.0, 0.5)]:
+        dens = np.asarray(density(mean, log_std, low, high), np.float64)
+        grid = low + (high - low) * grid01
+        total = np.sum((dens[1:] + dens[:-1]) / 2 * np.diff(grid))
+        np.testing.assert_allclose(total, 1.0, atol=2e-3)
+
+
+def test_tanh_gaussian_sample_consistent_with_log_prob_and_mc():
+    low, high = np.array([-2.0, 0.0]), np.array([3.0, 0.5])
+    mean = np.array([[0.3, -0.4]], np.float32)
+    log_std = np.array([[-0.3, -0.8]], np.float32)
+    keys = jax.random.split(_key(7), 20_000)
+
+    @jax.jit
+    def sample_and_eval(keys):
+        actions, lp = jax.vmap(lambda k: D.tanh_gaussian_sample(k, mean, log_std, low, high))(keys)
+        b = jnp.broadcast_to
+        lp_eval = D.tanh_gaussian_log_prob(b(mean, actions.shape), b(log_std, actions.shape), actions, low, high)
+        return actions, lp, lp_eval
+
+    actions, lp, lp_eval = (np.asarray(a) for a in sample_and_eval(keys))
+    assert actions.shape == (20_000, 1, 2) and lp.shape == (20_000, 1)
+    assert np.all(actions >= low) and np.all(actions <= high)
+    y = (actions - (high + low) / 2) / ((high - low) / 2)
+    inside = np.all(np.abs(y) < 0.999, -1)
+    np.testing.assert_allclose(lp[inside], lp_eval[inside], rtol=1e-3, atol=1e-3)
+    # Monte-Carlo: the mean of the squashed sample matches quadrature in float64.
+    u = np.linspace(-10, 10, 100_001)
+    for d in range(2):
+        m, s = float(mean[0, d]), float(np.exp(log_std[0, d]))
+        pdf = np.exp(-0.5 * ((u - m) / s) ** 2) / (s * np.sqrt(2 * np.pi))
+        a = (high[d] + low[d]) / 2 + (high[d] - low[d]) / 2 * np.tanh(u)
+        ref = np.sum(a * pdf) * (u[1] - u[0])
+        se = actions[:, 0, d].std() / np.sqrt(actions.shape[0])
+        assert abs(actions[:, 0, d].mean() - ref) < 5 * se
+
+
+def test_tanh_gaussian_sample_is_reparameterised():
+    def f(mean, log_std):
+        a, _ = D.tanh_gaussian_sample(_key(0), mean, log_std)
+        return a.sum()
+
+    gm, gs = jax.jit(jax.grad(f, argnums=(0, 1)))(jnp.zeros((4, 2)), jnp.zeros((4, 2)))
+    assert np.all(np.abs(np.asarray(gm)) > 0) and np.all(np.isfinite(np.asarray(gs)))
+
+
+def test_tanh_gaussian_mode_and_shape_checks():
+    mode = D.tanh_gaussian_mode(jnp.array([[0.0, 100.0, -100.0]]), -2.0, 4.0)
+    np.testing.assert_allclose(np.asarray(mode), [[1.0, 4.0, -2.0]], atol=1e-6)
+    with pytest.raises(AssertionError):
+        D.tanh_gaussian_log_prob(jnp.zeros((3, 2)), jnp.zeros((3, 2)), jnp.zeros((3, 3)))
+    with pytest.raises(AssertionError):
+        D.tanh_gaussian_sample(_key(0), jnp.zeros((3, 2)), jnp.zeros((2, 2)))

@@ -1,0 +1,216 @@
+"""One conformance suite over every registered environment."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import envs
+from envs.policies import random_policy
+
+
+def _available_ids():
+    ids = []
+    for eid in envs.list():
+        try:
+            envs.make(eid)
+        except ImportError:  # optional extras (MABrax without brax)
+            continue
+        ids.append(eid)
+    return ids
+
+
+# The other SMAX maps are the same adapter at other sizes: they run with -m slow.
+FAST_SMAX = {"smax:3m", "smax:2s3z", "smax:smacv2_5_units"}
+IDS = [
+    e if not e.startswith("smax:") or e in FAST_SMAX else pytest.param(e, marks=pytest.mark.slow)
+    for e in _available_ids()
+]
+
+_cache = {}
+
+
+def _env(eid):
+    if eid not in _cache:
+        _cache[eid] = (envs.make(eid), None)
+    return _cache[eid][0]
+
+
+def _random_actions(spec, key, avail, legal=True):
+    if spec.discrete:
+        if legal:
+            logits = jnp.where(avail, 0.0, -jnp.inf)
+            return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+        return jax.random.randint(key, (spec.num_agents,), -2, spec.num_actions + 2)
+    lo, hi = spec.action.low, spec.action.high
+    span = (hi - lo) if legal else 3 * (hi - lo)
+    return lo + span * jax.random.uniform(key, (spec.num_agents, spec.action.dim)) - (0 if legal else span / 3)
+
+
+def _probe_fn(env):
+    """Everything the suite checks, as ONE compiled program per environment."""
+    spec = env.spec
+    pol = random_policy(spec)
+    auto = envs.AutoReset(env)
+    steps = spec.max_steps + 5
+
+    def illegal_body(carry, key):
+        state, ts = carry
+        k1, k2 = jax.random.split(key)
+        bad = _random_actions(spec, k1, ts.avail_actions, legal=False)
+        legal = env.legalize(bad, ts.avail_actions)
+        s_bad, ts_bad = env.step(state, bad)
+        s_leg, ts_leg = env.step(state, legal)
+        # (a tolerance, not ==: XLA may fuse the two identical physics steps differently)
+        same = jnp.all(jnp.stack([
+            jnp.allclose(a.astype(jnp.float32), b.astype(jnp.float32), rtol=1e-5, atol=1e-5)
+            for a, b in zip(jax.tree.leaves(ts_bad), jax.tree.leaves(ts_leg))
+        ]))
+        if spec.discrete:
+            ok = ts.avail_actions[jnp.arange(spec.num_agents), legal].all()
+        else:
+            ok = jnp.all((legal >= spec.action.low) & (legal <= spec.action.high))
+        # restart ended episodes so the scan keeps exercising live states
+        s_next, ts_next = jax.lax.cond(ts_bad.last(), lambda: env.reset(k2), lambda: (s_bad, ts_bad))
+        return (s_next, ts_next), (same, ok, ts_bad.obs, ts_bad.reward)
+
+    def probe(key):
+        k0, k1, k2, k3, k4 = jax.random.split(key, 5)
+        state, ts0 = env.reset(k0)
+        a = _random_actions(spec, k1, ts0.avail_actions)
+        _, ts1 = env.step(state, a)
+        eps = envs.run_episodes(env, pol, None, k2, 8)
+        _, ill = jax.lax.scan(illegal_body, (state, ts0), jax.random.split(k3, 20))
+        traj = envs.rollout(auto, pol, None, k4, 4, steps)
+        out = dict(ts0=ts0, ts1=ts1, eps=eps, ill=ill, traj=traj)
+        if not spec.discrete:
+            _, out["ts_nan"] = env.step(state, jnp.full((spec.num_agents, spec.action.dim), jnp.nan))
+        return out
+
+    return jax.jit(probe)
+
+
+_probes = {}
+
+
+def _probe(eid, seed=0):
+    if (eid, seed) not in _probes:
+        if eid not in _cache:
+            _cache[eid] = (envs.make(eid), None)
+        env, fn = _cache[eid]
+        if fn is None:
+            fn = _probe_fn(env)
+            _cache[eid] = (env, fn)
+        _probes[(eid, seed)] = jax.tree.map(np.asarray, fn(jax.random.PRNGKey(seed)))
+    return _cache[eid][0], _probes[(eid, seed)]
+
+
+@pytest.mark.parametrize("eid", IDS)
+def test_spec_shapes_and_dtypes(eid):
+    env, p = _probe(eid)
+    spec = env.spec
+    ts, ts1 = p["ts0"], p["ts1"]
+    n = spec.num_agents
+    assert ts.obs.shape == (n, spec.obs_dim) and ts.obs.dtype == np.float32
+    assert ts.global_state.shape == (spec.state_dim,) and ts.global_state.dtype == np.float32
+    assert ts.avail_actions.shape == (n, spec.num_actions) and ts.avail_actions.dtype == np.bool_
+    for f in ("reward", "episode_return"):
+        assert getattr(ts, f).shape == () and getattr(ts, f).dtype == np.float32
+    for f in ("done", "truncated", "won"):
+        assert getattr(ts, f).shape == () and getattr(ts, f).dtype == np.bool_
+    assert spec.max_steps > 0
+    if spec.discrete:
+        assert ts.avail_actions.any(axis=-1).all(), "every agent needs a legal action"
+    assert jax.tree.map(lambda x: (x.shape, x.dtype), ts1) == jax.tree.map(
+        lambda x: (x.shape, x.dtype), ts
+    )
+    assert ts1.episode_length == 1 and ts.episode_length == 0
+    assert np.isfinite(ts1.obs).all() and np.isfinite(ts1.reward)
+    assert np.isfinite(ts1.global_state).all()
+
+
+@pytest.mark.parametrize("eid", IDS)
+def test_determinism_and_episode_stats(eid):
+    env, p1 = _probe(eid, 3)
+    _, p2 = _probe(eid, 3 + 1000)  # another key
+    _probes.pop((eid, 3))
+    _, p1b = _probe(eid, 3)  # recomputed with the same key
+    ep1, ep2, ep1b = p1["eps"], p2["eps"], p1b["eps"]
+    for a, b in zip(jax.tree.leaves(ep1), jax.tree.leaves(ep1b)):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(ep1.obs, ep2.obs)
+    np.testing.assert_allclose(ep1.reward.sum(1), ep1.episode_return, rtol=1e-4, atol=1e-4)
+    length = ep1.length
+    assert (length >= 1).all() and (length <= env.spec.max_steps).all()
+    assert (ep1.mask.sum(1) == length).all()
+    last = ep1.done | ep1.truncated
+    assert (last.sum(1) == 1).all(), "exactly one ending flag per episode"
+    assert last[np.arange(len(length)), length - 1].all(), "the flag is on the last valid step"
+    assert not (ep1.done & ep1.truncated).any()
+    if not env.spec.has_win:
+        assert not ep1.won.any()
+    assert np.isfinite(ep1.obs).all()
+    # padding after the final observation is zero
+    T = env.spec.max_steps
+    pad = np.arange(T + 1)[None, :] > length[:, None]
+    assert (ep1.obs[pad] == 0).all()
+
+
+@pytest.mark.parametrize("eid", IDS)
+def test_illegal_actions_are_mapped_never_nan(eid):
+    env, p = _probe(eid)
+    same, ok, obs, rew = p["ill"]
+    assert same.all(), "stepping with an illegal action differs from its documented legal mapping"
+    assert ok.all(), "legalize produced an action outside avail_actions / the box"
+    assert np.isfinite(obs).all() and np.isfinite(rew).all()
+    if not env.spec.discrete:
+        assert np.isfinite(p["ts_nan"].obs).all()
+
+
+@pytest.mark.parametrize("eid", IDS)
+def test_auto_reset(eid):
+    env, p = _probe(eid)
+    spec = env.spec
+    traj = p["traj"]
+    last = traj.done | traj.truncated  # [T, E]
+    assert last.any(), "no episode ended within max_steps + 5 steps"
+    ep_len = traj.episode_length
+    # after an episode ends the next step starts a new episode at length 1
+    t, e = np.nonzero(last[:-1])
+    assert (ep_len[t + 1, e] == 1).all()
+    cont = ~last[:-1]
+    assert (ep_len[1:][cont] == ep_len[:-1][cont] + 1).all()
+    ret, rew = traj.episode_return, traj.reward
+    np.testing.assert_allclose(ret[1:][cont], ret[:-1][cont] + rew[1:][cont], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(ret[t + 1, e], rew[t + 1, e], rtol=1e-5, atol=1e-5)
+    assert (ep_len <= spec.max_steps).all()
+    # the policy acts on a fresh episode right after the reset: step count restarts
+    assert np.isfinite(traj.obs).all()
+
+
+def test_unknown_id_lists_close_matches():
+    with pytest.raises(KeyError, match="smax:3m"):
+        envs.make("smax:3mm")
+    with pytest.raises(KeyError, match="envs.list"):
+        envs.make("nope:nothing")
+
+
+def test_registry_has_required_envs():
+    ids = envs.list()
+    for eid in ["smax:3m", "smax:2s3z", "smax:5m_vs_6m", "smax:6h_vs_8z", "smax:smacv2_5_units",
+                "smax:smacv2_10_units", "smax:smacv2_20_units", "mpe:simple_spread",
+                "mpe:simple_spread_continuous"]:
+        assert eid in ids
+
+
+def test_check_actions_errors():
+    spec = _env("smax:3m").spec
+    with pytest.raises(ValueError, match="3 agents"):
+        envs.check_actions(spec, np.zeros((4, 5), np.int32))
+    with pytest.raises(ValueError, match="outside"):
+        envs.check_actions(spec, np.full((4, 3), 99, np.int32))
+    avail = np.zeros((4, 3, spec.num_actions), bool)
+    avail[..., 4] = True
+    with pytest.raises(ValueError, match="not allowed"):
+        envs.check_actions(spec, np.zeros((4, 3), np.int32), avail)
+    envs.check_actions(spec, np.full((4, 3), 4, np.int32), avail)

@@ -1,0 +1,73 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import envs
+from envs.policies import as_policy, epsilon_mixture, random_policy
+from envs.smax import heuristic_policy
+
+
+def test_smax_heuristic_beats_random_on_3m():
+    env = envs.make("smax:3m")
+    heur = jax.jit(lambda k: envs.run_episodes(env, heuristic_policy(env), None, k, 256))(
+        jax.random.PRNGKey(0)
+    )
+    rand = jax.jit(lambda k: envs.run_episodes(env, random_policy(env.spec), None, k, 256))(
+        jax.random.PRNGKey(0)
+    )
+    h_ret, r_ret = float(heur.episode_return.mean()), float(rand.episode_return.mean())
+    h_win, r_win = float(heur.won.mean()), float(rand.won.mean())
+    # a wide margin: several standard errors apart, and the heuristic wins games
+    se = np.sqrt(np.var(heur.episode_return) / 256 + np.var(rand.episode_return) / 256)
+    assert h_ret - r_ret > 10 * se, (h_ret, r_ret, se)
+    assert h_ret > 3 * r_ret
+    assert h_win > 0.3 and h_win > r_win + 0.25
+
+
+def test_random_policy_respects_avail_and_box():
+    env = envs.make("smax:3m")
+    pol = random_policy(env.spec)
+    avail = jnp.zeros((3, env.spec.num_actions), bool).at[:, 4].set(True).at[0, 6].set(True)
+    a = jax.vmap(lambda k: pol(None, None, avail, k))(jax.random.split(jax.random.PRNGKey(0), 200))
+    assert set(np.unique(a[:, 1]).tolist()) == {4}
+    assert set(np.unique(a[:, 0]).tolist()) == {4, 6}
+    cenv = envs.make("mpe:simple_spread_continuous")
+    cp = random_policy(cenv.spec)
+    ca = cp(None, None, None, jax.random.PRNGKey(1))
+    assert ca.shape == (3, 5) and (ca >= 0).all() and (ca <= 1).all()
+
+
+def test_epsilon_mixture_rates():
+    env = envs.make("smax:3m")
+    spec = env.spec
+    expert = lambda p, o, av, k: jnp.full((spec.num_agents,), 4, jnp.int32)
+    avail = jnp.ones((3, spec.num_actions), bool)
+    for eps, lo, hi in [(0.0, 1.0, 1.0), (1.0, 0.05, 0.25), (0.5, 0.5, 0.65)]:
+        pol = epsilon_mixture(expert, spec, eps)
+        keys = jax.random.split(jax.random.PRNGKey(0), 2000)
+        a, _ = jax.vmap(lambda k: pol.act(None, None, avail, k, pol.init(k, 3)))(keys)
+        frac_expert = float((a == 4).mean())
+        # random picks 4 with prob 1/8 too
+        assert lo <= frac_expert <= hi, (eps, frac_expert)
+    import pytest
+
+    with pytest.raises(ValueError, match="epsilon"):
+        epsilon_mixture(expert, spec, 1.5)
+
+
+def test_epsilon_mixture_of_heuristic_interpolates():
+    env = envs.make("smax:3m")
+    run = lambda pol: jax.jit(lambda k: envs.run_episodes(env, pol, None, k, 128))(
+        jax.random.PRNGKey(1)
+    ).episode_return.mean()
+    full = run(heuristic_policy(env))
+    half = run(epsilon_mixture(heuristic_policy(env), env.spec, 0.5))
+    rand = run(random_policy(env.spec))
+    assert rand < half < full
+
+
+def test_as_policy_rejects_non_callables():
+    import pytest
+
+    with pytest.raises(TypeError, match="policy must be"):
+        as_policy(3)

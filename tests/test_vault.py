@@ -1,0 +1,249 @@
+"""OG-MARL / flashbax vault interchange."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from envs.core import ContinuousActions, DiscreteActions, EnvSpec
+from envs.rollout import Episodes
+from jaxil.data import Dataset, DatasetError, export_vault, import_vault, load, save
+from jaxil.data import vault as vault_mod
+
+try:
+    import flashbax.vault  # noqa: F401
+
+    HAVE_FLASHBAX = True
+except ImportError:  # the optional extra jaxil[vault]
+    HAVE_FLASHBAX = False
+
+needs_flashbax = pytest.mark.skipif(not HAVE_FLASHBAX, reason="flashbax not installed (jaxil[vault])")
+
+SPEC = EnvSpec("test:disc", num_agents=3, obs_dim=4, state_dim=5,
+               action=DiscreteActions(num_actions=6, noop_action=0), max_steps=8, has_win=True)
+CSPEC = EnvSpec("test:cont", num_agents=2, obs_dim=4, state_dim=5,
+                action=ContinuousActions(dim=2, low=-1.0, high=1.0), max_steps=8)
+
+
+def make_dataset(spec: EnvSpec = SPEC, num: int = 6, seed: int = 0) -> Dataset:
+    rng = np.random.default_rng(seed)
+    n, T = spec.num_agents, spec.max_steps
+    length = rng.integers(1, T + 1, num).astype(np.int32)
+    length[:3] = [T, 1, T][:num]
+    steps = np.arange(T)[None] < length[:, None]
+    entries = np.arange(T + 1)[None] <= length[:, None]
+    obs = rng.normal(size=(num, T + 1, n, spec.obs_dim)).astype(np.float32) * entries[..., None, None]
+    state = rng.normal(size=(num, T + 1, spec.state_dim)).astype(np.float32) * entries[..., None]
+    if spec.discrete:
+        avail = (rng.random((num, T + 1, n, spec.num_actions)) < 0.5) & entries[..., None, None]
+        avail[..., 0] |= entries[..., None]
+        actions = np.zeros((num, T, n), np.int32)  # action 0 is always legal
+    else:
+        avail = np.zeros((num, T + 1, n, 0), bool)
+        actions = rng.uniform(-1, 1, (num, T, n, spec.action.dim)).astype(np.float32) * steps[..., None, None]
+    reward = rng.normal(size=(num, T)).astype(np.float32) * steps
+    last = np.arange(T)[None] == (length[:, None] - 1)
+    kind = np.arange(num) % 3  # terminal, truncated, cut
+    ep = Episodes(obs=obs, global_state=state, avail_actions=avail, actions=actions, reward=reward,
+                  done=last & (kind == 0)[:, None], truncated=last & (kind == 1)[:, None], mask=steps,
+                  episode_return=reward.sum(1), length=length, won=last.any(1) & (kind == 0))
+    return Dataset.from_episodes(ep, spec, tier="poor", source="random", seed=seed + 7,
+                                 expert=np.arange(num) % 2 == 0, recipe="unit")
+
+
+def assert_same(a: Dataset, b: Dataset) -> None:
+    assert a.info == b.info
+    for k, v in a.arrays().items():
+        w = getattr(b, k)
+        assert v.dtype == w.dtype and v.shape == w.shape, k
+        np.testing.assert_array_equal(v, w, err_msg=k)
+
+
+@pytest.mark.parametrize("spec", [SPEC, CSPEC], ids=["discrete", "continuous"])
+def test_round_trip_tensorstore_backend(tmp_path, spec):
+    ds = make_dataset(spec)
+    d = export_vault(ds, tmp_path, "unit.vlt", "Mixed", backend="tensorstore")
+    assert d == tmp_path / "unit.vlt" / "Mixed"
+    assert_same(ds, import_vault(tmp_path / "unit.vlt", "Mixed", backend="tensorstore"))
+    assert_same(ds, import_vault(d, backend="tensorstore"))  # the uid directory itself
+    assert sorted(os.listdir(tmp_path / "unit.vlt")) == ["Mixed"]  # no temporary left
+
+
+@needs_flashbax
+def test_layout_is_what_flashbax_and_og_marl_read(tmp_path):
+    from flashbax.vault import Vault
+
+    ds = make_dataset()
+    export_vault(ds, tmp_path, "unit.vlt", "Good", backend="tensorstore")
+    v = Vault(vault_name="unit.vlt", rel_dir=str(tmp_path), vault_uid="Good")
+    exp = v.read().experience
+    K, N = ds.num_transitions, SPEC.num_agents
+    assert set(exp) == {"observations", "actions", "rewards", "terminals", "truncations", "infos"}
+    assert set(exp["infos"]) == {"legals", "state"}
+    assert exp["observations"].shape == (1, K, N, SPEC.obs_dim)
+    assert exp["actions"].shape == (1, K, N)
+    assert exp["rewards"].shape == exp["terminals"].shape == exp["truncations"].shape == (1, K, N)
+    assert exp["infos"]["legals"].shape == (1, K, N, SPEC.num_actions)
+    assert exp["infos"]["state"].shape == (1, K, SPEC.state_dim)
+    ends = np.asarray(exp["terminals"] + exp["truncations"])[0, :, 0]
+    assert ends.sum() == len(ds)  # every trajectory, cut ones included, ends once
+    np.testing.assert_array_equal(np.flatnonzero(ends), np.cumsum(ds.length) - 1)
+
+
+@needs_flashbax
+@pytest.mark.parametrize("write, read", [("flashbax", "tensorstore"), ("tensorstore", "flashbax"),
+                                         ("flashbax", "flashbax")])
+def test_backends_read_each_other(tmp_path, write, read):
+    ds = make_dataset(seed=3)
+    export_vault(ds, tmp_path, "x.vlt", "u", backend=write)
+    assert_same(ds, import_vault(tmp_path / "x.vlt", "u", backend=read))
+
+
+def _og_marl_experience(rng, lengths, n=2, o=3, s=4, a=5, tail=0):
+    """A vault as OG-MARL writes it: float32 flags and legals, per-agent rewards,
+    no final observations; ``tail`` steps of an unfinished episode at the end."""
+    K = sum(lengths) + tail
+    terminals = np.zeros((1, K, n), np.float32)
+    truncations = np.zeros((1, K, n), np.float32)
+    for i, stop in enumerate(np.cumsum(lengths) - 1):
+        (terminals if i % 2 == 0 else truncations)[0, stop] = 1.0
+    legals = np.ones((1, K, n, a), np.float32)
+    legals[..., 3] = 0.0
+    team = rng.normal(size=(1, K, 1)).astype(np.float32)
+    return {
+        "observations": rng.normal(size=(1, K, n, o)).astype(np.float32),
+        "actions": rng.integers(0, 3, (1, K, n)).astype(np.int32),
+        "rewards": np.repeat(team, n, axis=2),
+        "terminals": terminals,
+        "truncations": truncations,
+        "infos": {"legals": legals, "state": rng.normal(size=(1, K, s)).astype(np.float32)},
+    }
+
+
+def test_import_plain_og_marl_vault(tmp_path):
+    rng = np.random.default_rng(0)
+    lengths = [3, 5, 2]
+    exp = _og_marl_experience(rng, lengths, tail=2)
+    vdir = tmp_path / "smac_v1" / "3m.vlt" / "Good"
+    vault_mod._write_experience(vdir, exp, {}, "tensorstore")
+    ds = import_vault(tmp_path / "smac_v1" / "3m.vlt", backend="tensorstore")
+    assert len(ds) == 4
+    np.testing.assert_array_equal(ds.length, [3, 5, 2, 2])
+    assert ds.spec.env_id == "vault:3m.vlt/Good" and ds.spec.num_agents == 2
+    assert ds.spec.num_actions == 5 and ds.spec.max_steps == 5
+    assert ds.done[0, 2] and ds.truncated[1, 4] and ds.done[2, 1]
+    assert not ds.done[3].any() and not ds.truncated[3].any()  # unfinished tail: cut
+    assert ds.info.source_names == ("3m.vlt/Good",) and ds.info.tier_names == ("vault",)
+    assert (ds.seed == -1).all()
+    obs = exp["observations"][0]
+    np.testing.assert_array_equal(ds.obs[1, :5], obs[3:8])
+    np.testing.assert_array_equal(ds.obs[1, 5], obs[7])  # final observation: repeated
+    np.testing.assert_array_equal(ds.global_state[2, :2], exp["infos"]["state"][0, 8:10])
+    np.testing.assert_array_equal(ds.reward[1, :5], exp["rewards"][0, 3:8, 0])
+    assert not ds.avail_actions[..., 3].any()
+    np.testing.assert_allclose(ds.episode_return, [exp["rewards"][0, a:b, 0].sum() for a, b in
+                                                   [(0, 3), (3, 8), (8, 10), (10, 12)]], rtol=1e-5)
+    spec = EnvSpec("smax:3m_like", num_agents=2, obs_dim=3, state_dim=4,
+                   action=DiscreteActions(5, 0), max_steps=10)
+    ds2 = import_vault(tmp_path / "smac_v1" / "3m.vlt", "Good", spec=spec, tier="good", expert=True,
+                       backend="tensorstore")
+    assert ds2.num_steps == 10 and ds2.spec == spec and ds2.expert.all()
+    assert_same(ds2, load(save(ds2, tmp_path / "imported.npz"), spec=spec))
+
+
+def test_refusals(tmp_path):
+    rng = np.random.default_rng(1)
+    exp = _og_marl_experience(rng, [3, 3])
+    exp["terminals"][0, 2, 1] = 0.0  # agent 1 does not end with agent 0
+    vault_mod._write_experience(tmp_path / "a.vlt" / "u", exp, {}, "tensorstore")
+    with pytest.raises(DatasetError, match=r"`terminals` at time step 2 is set for agents \[0\] but not"):
+        import_vault(tmp_path / "a.vlt", "u", backend="tensorstore")
+
+    with pytest.raises(FileNotFoundError, match="no OG-MARL vault"):
+        import_vault(tmp_path / "missing.vlt", backend="tensorstore")
+    ds = make_dataset(num=3)
+    export_vault(ds, tmp_path, "b.vlt", "one", backend="tensorstore")
+    export_vault(ds, tmp_path, "b.vlt", "two", backend="tensorstore")
+    with pytest.raises(ValueError, match=r"several vaults \['one', 'two'\]; pass vault_uid"):
+        import_vault(tmp_path / "b.vlt", backend="tensorstore")
+    with pytest.raises(FileExistsError, match="already exists; pass overwrite=True"):
+        export_vault(ds, tmp_path, "b.vlt", "one", backend="tensorstore")
+    other = make_dataset(num=4, seed=5)
+    export_vault(other, tmp_path, "b.vlt", "one", overwrite=True, backend="tensorstore")
+    assert_same(other, import_vault(tmp_path / "b.vlt", "one", backend="tensorstore"))
+
+    wrong = EnvSpec(**{**SPEC.__dict__, "num_agents": 5})
+    with pytest.raises(DatasetError, match="has shape .* but the environment test:disc has 5 agents"):
+        import_vault(tmp_path / "b.vlt", "one", spec=wrong, backend="tensorstore")
+
+    meta_path = tmp_path / "b.vlt" / "two" / "metadata.json"
+    meta = json.loads(meta_path.read_text())
+    meta["version"] = 2.0
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(DatasetError, match="layout version 2.0"):
+        import_vault(tmp_path / "b.vlt", "two", backend="tensorstore")
+
+
+def test_interrupted_export_leaves_no_vault(tmp_path, monkeypatch):
+    ds = make_dataset(num=3)
+    export_vault(ds, tmp_path, "c.vlt", "keep", backend="tensorstore")
+
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(vault_mod, "write_archive", boom)
+    with pytest.raises(KeyboardInterrupt):
+        export_vault(ds, tmp_path, "c.vlt", "new", backend="tensorstore")
+    with pytest.raises(KeyboardInterrupt):
+        export_vault(make_dataset(num=2, seed=9), tmp_path, "c.vlt", "keep", overwrite=True,
+                     backend="tensorstore")
+    assert sorted(os.listdir(tmp_path / "c.vlt")) == ["keep"]
+    assert_same(ds, import_vault(tmp_path / "c.vlt", "keep", backend="tensorstore"))
+
+
+def test_sidecar_that_no_longer_matches_is_ignored(tmp_path):
+    ds = make_dataset(num=4)
+    d = export_vault(ds, tmp_path, "d.vlt", "u", backend="tensorstore")
+    other = make_dataset(num=5, seed=2)
+    export_vault(other, tmp_path, "e.vlt", "u", backend="tensorstore")
+    os.replace(tmp_path / "e.vlt" / "u" / vault_mod.SIDECAR_FILE, d / vault_mod.SIDECAR_FILE)
+    with pytest.warns(UserWarning, match="episode boundaries do not match"):
+        plain = import_vault(d, backend="tensorstore")
+    assert len(plain) == len(ds)
+    np.testing.assert_array_equal(plain.length, ds.length)
+    np.testing.assert_array_equal(plain.obs[:, :-1] * plain.mask[..., None, None], ds.obs[:, :-1] * ds.mask[..., None, None])
+
+
+def test_missing_backends_give_install_hint(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flashbax", None)
+    monkeypatch.setitem(sys.modules, "flashbax.vault", None)
+    with pytest.raises(ImportError, match=r"pip install 'jaxil\[vault\]'"):
+        vault_mod._resolve_backend("flashbax")
+    assert vault_mod._resolve_backend("auto") == "tensorstore"
+    monkeypatch.setitem(sys.modules, "tensorstore", None)
+    with pytest.raises(ImportError, match=r"pip install 'jaxil\[vault\]'"):
+        vault_mod._resolve_backend("auto")
+
+
+@pytest.mark.slow  # ~20 s of jaxmarl import and rollout compilation on 2 cores
+def test_round_trip_of_generated_episodes(tmp_path):
+    """Real rollouts: random policy on mpe:simple_spread through run_episodes."""
+    import jax
+
+    import envs
+    from envs.policies import random_policy
+
+    env = envs.make("mpe:simple_spread", max_steps=6)
+    run = jax.jit(envs.run_episodes, static_argnums=(0, 1, 4))
+    eps = run(env, random_policy(env.spec), None, jax.random.PRNGKey(0), 3)
+    ds = Dataset.from_episodes(eps, env.spec, tier="random", source="random_policy", seed=0)
+    d = export_vault(ds, tmp_path, "simple_spread.vlt", "Random")
+    back = import_vault(d)
+    assert_same(ds, back)
+    assert_same(ds, load(save(ds, tmp_path / "spread.npz"), spec=env.spec))
+    for field in ("obs", "actions", "reward", "avail_actions", "global_state", "done", "truncated"):
+        np.testing.assert_array_equal(getattr(back, field), getattr(ds, field))
