@@ -57,7 +57,8 @@ class SMAXEnv(MultiAgentEnv):
             obs_dim=int(self.smax.obs_size),
             state_dim=int(self.smax.state_size),
             action=DiscreteActions(self.smax.num_ally_actions, noop_action=STOP_ACTION),
-            max_steps=int(self.smax.max_steps),
+            # SMAX checks its limit before counting the step: max_steps + 1 steps.
+            max_steps=int(self.smax.max_steps) + 1,
             has_win=True,
         )
 

@@ -48,14 +48,15 @@ class MLP(nn.Module):
         return nn.Dense(self.out_dim, name="out")(x)
 
 
-def _agent_axis_vmap(module_cls):
-    return nn.vmap(
-        module_cls,
-        variable_axes={"params": 0},
-        split_rngs={"params": True},
-        in_axes=0,
-        out_axes=0,
-    )
+# Independent per-agent MLPs: parameters stacked on a leading agent axis, each
+# agent initialised from its own rng, one vmapped call over the agent axis.
+_AgentStackedMLP = nn.vmap(
+    MLP,
+    variable_axes={"params": 0},
+    split_rngs={"params": True},
+    in_axes=0,
+    out_axes=0,
+)
 
 
 class LocalMLP(nn.Module):
@@ -104,7 +105,7 @@ class LocalMLP(nn.Module):
             )
         # Agent axis to the front, one vmapped call over stacked parameters.
         x = jnp.moveaxis(x, -2, 0)
-        y = _agent_axis_vmap(MLP)(self.out_dim, self.hidden, self.activation, name="agents")(x)
+        y = _AgentStackedMLP(self.out_dim, self.hidden, self.activation, name="agents")(x)
         return jnp.moveaxis(y, 0, -2)
 
 

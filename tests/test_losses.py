@@ -8,9 +8,17 @@ import numpy as np
 import pytest
 
 from jaxil import losses as L
+from jaxil.losses.discriminator import _interpolation_draws
 
 RNG = np.random.default_rng(1234)
 B, B0, N = 16, 6, 3
+
+
+@pytest.fixture(autouse=True)
+def _reseed():
+    """Each test draws the same data however the suite is selected or ordered."""
+    global RNG
+    RNG = np.random.default_rng(1234)
 
 
 def _f32(*shape, scale=1.0):
@@ -24,12 +32,6 @@ def _maybe_jit(fn, jit, **kw):
 def _key(seed):
     # RBG keys: XLA compiles them much faster than threefry on small CPUs.
     return jax.random.key(seed, impl="unsafe_rbg")
-
-
-def _gp_draws(key, b):
-    """The interpolation coefficients and union shuffle ``gradient_penalty`` draws."""
-    k_u, _, k_perm = jax.random.split(key, 3)
-    return jax.random.uniform(k_u, (b,)), jax.random.permutation(k_perm, b)
 
 
 def _np_logsumexp(x):
@@ -56,7 +58,7 @@ def test_weighted_bc_loss(jit, use_mask):
     got = _maybe_jit(L.weighted_bc_loss, jit)(lp, w, mask)
     m = np.ones(B) if mask is None else mask.astype(np.float64)
     want = -np.sum(m * w.astype(np.float64) * lp.astype(np.float64).sum(-1)) / max(m.sum(), 1.0)
-    np.testing.assert_allclose(float(got), want, rtol=1e-5)
+    np.testing.assert_allclose(float(got), want, rtol=1e-5, atol=1e-5)
     assert got.shape == ()
 
 
@@ -69,7 +71,7 @@ def test_agent_weighted_bc_loss(jit, use_mask):
     got = _maybe_jit(L.agent_weighted_bc_loss, jit)(lp, w, mask)
     m = np.ones(B) if mask is None else mask.astype(np.float64)
     want = -np.sum(m * (w.astype(np.float64) * lp).sum(-1)) / max(m.sum(), 1.0)
-    np.testing.assert_allclose(float(got), want, rtol=1e-5)
+    np.testing.assert_allclose(float(got), want, rtol=1e-5, atol=1e-5)
 
 
 def test_bc_losses_edge_cases_and_gradients():
@@ -110,7 +112,7 @@ def test_discriminator_loss(jit):
     # −mean log σ(ℓ_E) − mean log(1 − σ(ℓ_U))
     sig = lambda x: 1 / (1 + np.exp(-x))  # noqa: E731
     want = -np.mean(np.log(sig(le64))) - np.mean(np.log(1 - sig(lu64)))
-    np.testing.assert_allclose(float(got), want, rtol=1e-5)
+    np.testing.assert_allclose(float(got), want, rtol=1e-5, atol=1e-5)
     # Stable for huge logits.
     big = L.discriminator_loss(jnp.array([-200.0, 200.0]), jnp.array([200.0, -200.0]))
     np.testing.assert_allclose(float(big), 200.0, rtol=1e-6)
@@ -118,11 +120,12 @@ def test_discriminator_loss(jit):
         L.discriminator_loss(jnp.zeros((B, 1)), jnp.zeros((B,)))
 
 
-def _np_gradient_penalty(wts, expert, union, u, perm, cost_eps=1e-3):
-    """DemoDICE penalty for the logit ℓ(x) = Σ_j tanh(x·W_j) summed, in float64."""
+def _np_gradient_penalty(wts, expert, union, u, partner, shuffle, cost_eps=1e-3):
+    """DemoDICE penalty for the logit ℓ(x) = Σ_j tanh(x·W_j), in float64."""
     eps32 = float(np.finfo(np.float32).eps)
-    x = np.concatenate([u[:, None] * expert + (1 - u[:, None]) * union,
-                        u[:, None] * union[perm] + (1 - u[:, None]) * union], 0)
+    partner = union if partner is None else union[partner]
+    x = np.concatenate([u[:, None] * expert + (1 - u[:, None]) * partner,
+                        u[:, None] * union[shuffle] + (1 - u[:, None]) * partner], 0)
     h = x @ wts  # [M, H]
     logit = np.tanh(h).sum(-1)
     dlogit_dx = (1 - np.tanh(h) ** 2) @ wts.T  # [M, D]
@@ -133,11 +136,13 @@ def _np_gradient_penalty(wts, expert, union, u, perm, cost_eps=1e-3):
     return np.mean((np.linalg.norm(g, axis=-1) - 1) ** 2)
 
 
-@jit_param
-def test_gradient_penalty_matches_numpy_demodice_form(jit):
+@pytest.mark.parametrize(
+    "jit,b2", [(False, B), (True, B), (True, 2 * B), (True, B // 2)], ids=["eager", "jit", "jit-b2>b", "jit-b2<b"]
+)
+def test_gradient_penalty_matches_numpy_demodice_form(jit, b2):
     d, h = 5, 4
     wts = _f32(d, h)
-    expert, union = _f32(B, d), _f32(B, d)
+    expert, union = _f32(B, d), _f32(b2, d)
     key = _key(3)
 
     def logit_fn(x):
@@ -145,10 +150,13 @@ def test_gradient_penalty_matches_numpy_demodice_form(jit):
 
     fn = _maybe_jit(lambda e, un, k: L.gradient_penalty(logit_fn, e, un, k), jit)
     got = fn(expert, union, key)
-    # Same interpolation coefficients and shuffle as the implementation.
-    u, perm = jax.jit(lambda k: _gp_draws(k, B))(key)
-    u, perm = np.asarray(u, np.float64), np.asarray(perm)
-    want = _np_gradient_penalty(wts.astype(np.float64), expert.astype(np.float64), union.astype(np.float64), u, perm)
+    # Same interpolation coefficients, pairing and shuffle as the implementation.
+    u, partner, shuffle = (None if a is None else np.asarray(a) for a in _interpolation_draws(key, B, b2))
+    if b2 >= B:
+        assert len(set(shuffle.tolist())) == B  # a permutation (subset) of the union batch
+    want = _np_gradient_penalty(
+        wts.astype(np.float64), expert.astype(np.float64), union.astype(np.float64), u.astype(np.float64), partner, shuffle
+    )
     np.testing.assert_allclose(float(got), want, rtol=1e-4)
 
 
@@ -266,6 +274,10 @@ def test_dice_weights_stop_gradient_and_all_masked():
     np.testing.assert_allclose(np.asarray(g), np.asarray(L.dice_weights(adv, 0.05)), rtol=1e-6)
     w = L.dice_weights(adv, 0.05, jnp.zeros(B, bool))
     assert np.all(np.asarray(w) == 0)
+    # An all-invalid batch leaves only the linear ν(s0) term of the ν-loss.
+    nu_init = _f32(B0)
+    got = L.dice_nu_loss(nu_init, adv, 0.05, 0.9, jnp.zeros(B, bool))
+    np.testing.assert_allclose(float(got), 0.1 * np.mean(nu_init.astype(np.float64)), rtol=1e-5, atol=1e-7)
     with pytest.raises(AssertionError):
         L.dice_weights(adv, 0.05, jnp.zeros(B - 1, bool))
 
@@ -282,7 +294,7 @@ def test_dice_traced_hyperparameters_vmap():
 
     losses, weights = jax.vmap(sweep)(alphas, gammas)
     for i, (a, g) in enumerate(zip(alphas, gammas)):
-        np.testing.assert_allclose(float(losses[i]), _np_dice_nu_loss(nu_init, adv, float(a), float(g)), rtol=1e-5)
+        np.testing.assert_allclose(float(losses[i]), _np_dice_nu_loss(nu_init, adv, float(a), float(g)), rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(np.asarray(weights[i]), _np_dice_weights(adv, float(a)), rtol=1e-4, atol=1e-6)
 
 
@@ -302,9 +314,9 @@ def test_preference_loss(jit):
     label = np.concatenate([RNG.integers(0, 2, B - 2), [0.5, 0.3]]).astype(np.float32)
     fn = _maybe_jit(L.preference_loss, jit)
     got = fn(rx, ry, label, rewards)
-    np.testing.assert_allclose(float(got), _np_preference_loss(rx, ry, label, rewards, 0.5), rtol=1e-5)
+    np.testing.assert_allclose(float(got), _np_preference_loss(rx, ry, label, rewards, 0.5), rtol=1e-5, atol=1e-5)
     got = fn(rx, ry, label, rewards, 0.0)
-    np.testing.assert_allclose(float(got), _np_preference_loss(rx, ry, label, rewards, 0.0), rtol=1e-5)
+    np.testing.assert_allclose(float(got), _np_preference_loss(rx, ry, label, rewards, 0.0), rtol=1e-5, atol=1e-5)
     # Stable for large return gaps.
     big = L.preference_loss(jnp.array([300.0]), jnp.array([0.0]), jnp.array([0.0]), jnp.zeros(1))
     np.testing.assert_allclose(float(big), 300.0, rtol=1e-6)
@@ -328,7 +340,7 @@ def test_gumbel_value_loss_and_weights(jit):
     z = _np_gumbel_z(q, v, w, beta, 10.0)
     assert (np.abs(z) == 10.0).any()  # the clip is exercised
     got = _maybe_jit(L.gumbel_value_loss, jit)(q, v, w, beta)
-    np.testing.assert_allclose(float(got), np.mean(np.exp(z) - z - 1), rtol=1e-5)
+    np.testing.assert_allclose(float(got), np.mean(np.exp(z) - z - 1), rtol=1e-5, atol=1e-5)
     got_w = _maybe_jit(L.gumbel_weights, jit)(q, v, w, beta)
     np.testing.assert_allclose(np.asarray(got_w), np.exp(z), rtol=1e-5)
     # Small z: expm1 keeps relative accuracy where exp(z) − 1 − z cancels.

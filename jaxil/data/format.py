@@ -47,6 +47,7 @@ import zipfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
+import jax
 import numpy as np
 from flax import struct
 
@@ -281,8 +282,6 @@ class Dataset:
         if isinstance(seed, (int, np.integer)):
             perm = np.random.default_rng(int(seed)).permutation(M)
         else:
-            import jax  # only for keys
-
             perm = np.asarray(jax.random.permutation(seed, M))
         return self.select(perm)
 

@@ -136,6 +136,11 @@ def sample_where(
     must be positive (checked when the weights are concrete; under jit an
     all-zero mask silently draws the last transition).
     """
+    if weights_or_mask is None:
+        raise ValueError(
+            "weights_or_mask is None: the transitions are unlabelled — pass "
+            "expert_flags to flatten_transitions to sample by label"
+        )
     w = jnp.asarray(weights_or_mask)
     k = transitions.reward.shape[0]
     if w.shape != (k,):

@@ -324,7 +324,7 @@ def _check_padding(a: dict[str, np.ndarray], T: int) -> None:
         ("avail_actions", pad_obs),
     ):
         x = a[name]
-        nonzero = x.reshape(x.shape[:2] + (-1,)).any(axis=-1) if x.ndim > 2 else x != 0
+        nonzero = np.any(x != 0, axis=tuple(range(2, x.ndim)))
         bad = nonzero & pad
         if bad.any():
             m, t = (int(i) for i in np.argwhere(bad)[0])

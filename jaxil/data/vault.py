@@ -256,8 +256,10 @@ def export_vault(
     """Write ``dataset`` as an OG-MARL vault at ``<path>/<vault_name>/<vault_uid>``.
 
     Atomic: the vault is built in a hidden sibling directory and renamed into
-    place, so an interrupted export leaves no vault at the destination.
-    Returns the vault directory.
+    place, so an interrupted export leaves no vault at the destination. With
+    ``overwrite`` the old vault is first renamed to a hidden sibling and put
+    back if the swap fails (a hard kill between the two renames leaves it at
+    ``.<vault_uid>.old-*``). Returns the vault directory.
 
     Raises:
       FileExistsError: the vault exists and ``overwrite`` is False (flashbax
@@ -329,19 +331,19 @@ def export_vault(
         )
     parent.mkdir(parents=True, exist_ok=True)
     tmp = parent / f".{vault_uid}.tmp-{uuid.uuid4().hex[:8]}"
+    old = parent / f".{vault_uid}.old-{uuid.uuid4().hex[:8]}"
     try:
         _write_experience(tmp, exp, user_meta, backend)
         write_archive(tmp / SIDECAR_FILE, sidecar, side_meta)
         if target.exists():
-            old = parent / f".{vault_uid}.old-{uuid.uuid4().hex[:8]}"
             os.rename(target, old)
-            os.rename(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, target)
+        os.rename(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old.exists() and not target.exists():
+            os.rename(old, target)
         raise
+    shutil.rmtree(old, ignore_errors=True)
     return target
 
 

@@ -76,8 +76,8 @@ def dice_nu_loss(
     i.e. ``(1−γ)·E[ν(s0)] + (1+α)·log E_{D_U}[exp(e/(1+α))]``
     (Kim et al. 2022, Eq. 12 and ``demodice.py``; Bui et al. 2025). With a
     ``mask``, the log-mean-exp runs over the valid samples only
-    (``B`` → number of valid samples; an all-invalid batch contributes a
-    large negative constant with zero gradient).
+    (``B`` → number of valid samples; an all-invalid batch leaves only the
+    linear term).
 
     Args:
       nu_init: ``[B0]`` values at initial states ν(s0).
@@ -97,6 +97,7 @@ def dice_nu_loss(
     else:
         x = jnp.where(m, x, jnp.asarray(-1e9, x.dtype))
         log_mean_exp = jax.nn.logsumexp(x) - jnp.log(jnp.maximum(count, 1.0))
+        log_mean_exp = jnp.where(count > 0, log_mean_exp, 0.0)
     return (1.0 - gamma) * jnp.mean(nu_init) + (1.0 + alpha) * log_mean_exp
 
 

@@ -73,6 +73,24 @@ def _interpolate(u: jax.Array, x: Any, y: Any) -> Any:
     return jax.tree_util.tree_map(lerp, x, y)
 
 
+def _interpolation_draws(key: jax.Array, b: int, b2: int):
+    """Random draws of ``gradient_penalty``: ``(u [b], partner_idx [b] | None, shuffle_idx [b])``.
+
+    ``u ~ U(0,1)`` per expert sample; ``partner_idx`` picks the union partner
+    of each expert sample (``None``: sample b pairs with union sample b, when
+    ``b == b2``); ``shuffle_idx`` is the shuffled union copy for the
+    union–union interpolates (a permutation when ``b ≤ b2``).
+    """
+    k_u, k_pair, k_perm = jax.random.split(key, 3)
+    u = jax.random.uniform(k_u, (b,))
+    partner_idx = None if b == b2 else jax.random.randint(k_pair, (b,), 0, b2)
+    if b <= b2:
+        shuffle_idx = jax.random.permutation(k_perm, b2)[:b]
+    else:
+        shuffle_idx = jax.random.randint(k_perm, (b,), 0, b2)
+    return u, partner_idx, shuffle_idx
+
+
 def gradient_penalty(
     logit_fn: Callable[[Any], jax.Array],
     expert_inputs: Any,
@@ -143,17 +161,12 @@ def gradient_penalty(
             )
         chex.assert_type([e_leaf, u_leaf], float)
 
-    k_u, k_pair, k_perm = jax.random.split(key, 3)
-    u = jax.random.uniform(k_u, (b,))
+    u, partner_idx, shuffle_idx = _interpolation_draws(key, b, b2)
     take = lambda idx: jax.tree_util.tree_map(lambda x: x[idx], union_inputs)  # noqa: E731
-    if b == b2:
-        union_partner = union_inputs
-    else:
-        union_partner = take(jax.random.randint(k_pair, (b,), 0, b2))
+    union_partner = union_inputs if partner_idx is None else take(partner_idx)
     mixed = _interpolate(u, expert_inputs, union_partner)
     if union_union:
-        shuffled = take(jax.random.permutation(k_perm, b2)[:b] if b <= b2 else jax.random.randint(k_perm, (b,), 0, b2))
-        mixed_uu = _interpolate(u, shuffled, union_partner)
+        mixed_uu = _interpolate(u, take(shuffle_idx), union_partner)
         mixed = jax.tree_util.tree_map(lambda x, y: jnp.concatenate([x, y], axis=0), mixed, mixed_uu)
 
     def total_cost(inputs):

@@ -377,6 +377,48 @@ def make_policy(spec: EnvSpec, config: PPOConfig, deterministic: bool = False) -
     return policy
 
 
+def gae(
+    reward: jax.Array,
+    value: jax.Array,
+    last: jax.Array,
+    last_value: jax.Array,
+    gamma: float,
+    lam: float,
+) -> tuple[jax.Array, jax.Array]:
+    """Generalised advantage estimation over a time-major batch.
+
+    δ_t = r_t + γ (1 - last_t) V_{t+1} - V_t,
+    A_t = δ_t + γ λ (1 - last_t) A_{t+1}      (Schulman et al., 2016),
+    with ``V_T = last_value``; ``last_t`` marks that step t ended an episode
+    (the next value belongs to a new episode and is not bootstrapped).
+
+    Args:
+      reward: ``[T, ...]`` reward of the transition taken at t.
+      value: ``[T, ...]`` V(s_t).
+      last: ``[T, ...]`` bool, the episode ended with step t.
+      last_value: ``[...]`` value of the observation after step T-1.
+      gamma, lam: discount and GAE λ.
+
+    Returns:
+      ``(advantages, value_targets)``, both ``[T, ...]``; targets = A + V.
+    """
+    chex.assert_equal_shape([reward, value, last])
+    chex.assert_equal_shape([value[0], last_value])
+    nonterminal = 1.0 - last.astype(value.dtype)
+
+    def body(carry, x):
+        next_adv, next_value = carry
+        r, nt, v = x
+        delta = r + gamma * next_value * nt - v
+        adv = delta + gamma * lam * nt * next_adv
+        return (adv, v), adv
+
+    _, adv = jax.lax.scan(
+        body, (jnp.zeros_like(last_value), last_value), (reward, nonterminal, value), reverse=True
+    )
+    return adv, adv + value
+
+
 # --------------------------------------------------------------------------
 # The PPO program
 # --------------------------------------------------------------------------
@@ -489,24 +531,10 @@ def make_ppo(env: MultiAgentEnv, config: PPOConfig) -> PPO:
         )
         return (actor_ts, critic_ts, env_state, nts, key), tr
 
-    def gae(traj: Transition, last_value: jax.Array):
-        reward = (traj.reward * cfg.reward_scale)[..., None]  # [T, E, 1]
-        nonterminal = (1.0 - traj.last.astype(jnp.float32))[..., None]
-
-        def body(carry, x):
-            next_adv, next_value = carry
-            r, nt, v = x
-            delta = r + cfg.gamma * next_value * nt - v
-            adv = delta + cfg.gamma * cfg.gae_lambda * nt * next_adv
-            return (adv, v), adv
-
-        _, adv = jax.lax.scan(
-            body,
-            (jnp.zeros_like(last_value), last_value),
-            (reward, nonterminal, traj.value),
-            reverse=True,
-        )
-        return adv, adv + traj.value
+    def advantages(traj: Transition, last_value: jax.Array):
+        reward = jnp.broadcast_to((traj.reward * cfg.reward_scale)[..., None], traj.value.shape)
+        last = jnp.broadcast_to(traj.last[..., None], traj.value.shape)
+        return gae(reward, traj.value, last, last_value, cfg.gamma, cfg.gae_lambda)
 
     def losses(actor_params, critic_params, mb: Transition, adv, target):
         out = actor.apply(actor_params, mb.obs)
@@ -565,7 +593,7 @@ def make_ppo(env: MultiAgentEnv, config: PPOConfig) -> PPO:
         carry, traj = jax.lax.scan(env_step, carry, None, T)
         actor_ts, critic_ts, env_state, ts, key = carry
         last_value = critic.apply(critic_ts.params, critic_input(ts.obs, ts.global_state))
-        adv, target = gae(traj, last_value)
+        adv, target = advantages(traj, last_value)
         key, k_epochs = jax.random.split(key)
         lr = lr_at(_opt_count(actor_ts.opt_state))
         (actor_ts, critic_ts, _), aux = jax.lax.scan(
