@@ -69,9 +69,10 @@ def masked_logits(logits: jax.Array, avail: jax.Array) -> jax.Array:
     Returns:
       ``[..., A]`` masked logits, same dtype as ``logits``.
     """
+    logits, avail = jnp.asarray(logits), jnp.asarray(avail)
     chex.assert_equal_shape([logits, avail])
     chex.assert_type(logits, float)
-    avail = jnp.asarray(avail).astype(bool)
+    avail = avail.astype(bool)
     masked = jnp.where(avail, logits, jnp.asarray(_mask_value(logits.dtype), logits.dtype))
     # All-unavailable row: zeros, i.e. uniform. (All -1e9 would also be uniform
     # under softmax, but Gumbel noise vanishes next to 1e9 in float32 and
@@ -111,6 +112,7 @@ def categorical_log_prob(logits: jax.Array, avail: jax.Array, actions: jax.Array
     Returns:
       ``[...]`` log-probabilities, dtype of ``logits``.
     """
+    logits, actions = jnp.asarray(logits), jnp.asarray(actions)
     chex.assert_equal_shape([logits, avail])
     chex.assert_equal_shape_prefix([logits, actions], actions.ndim)
     chex.assert_rank(logits, actions.ndim + 1)
@@ -218,6 +220,7 @@ def tanh_gaussian_sample(
       ``(actions [..., d], log_prob [...])``; differentiable in ``mean`` and
       ``log_std``.
     """
+    mean, log_std = jnp.asarray(mean), jnp.asarray(log_std)
     chex.assert_equal_shape([mean, log_std])
     chex.assert_type([mean, log_std], float)
     loc, scale = _box(low, high, mean.dtype)
@@ -259,6 +262,7 @@ def tanh_gaussian_log_prob(
     Returns:
       ``[...]`` log-densities with respect to Lebesgue measure on the box.
     """
+    mean, log_std, actions = jnp.asarray(mean), jnp.asarray(log_std), jnp.asarray(actions)
     chex.assert_equal_shape([mean, log_std, actions])
     chex.assert_type([mean, log_std, actions], float)
     loc, scale = _box(low, high, mean.dtype)
@@ -280,6 +284,7 @@ def tanh_gaussian_mode(mean: jax.Array, low: ArrayLike = -1.0, high: ArrayLike =
     Returns:
       ``[..., d]`` actions in the box.
     """
+    mean = jnp.asarray(mean)
     chex.assert_type(mean, float)
     loc, scale = _box(low, high, mean.dtype)
     return loc + scale * jnp.tanh(mean)

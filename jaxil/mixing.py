@@ -26,6 +26,7 @@ def mix(local: jax.Array, weights: jax.Array, bias: jax.Array) -> jax.Array:
     Returns:
       ``[...]`` team values.
     """
+    local, weights, bias = jnp.asarray(local), jnp.asarray(weights), jnp.asarray(bias)
     chex.assert_equal_shape([local, weights])
     chex.assert_rank(local, bias.ndim + 1)
     chex.assert_equal_shape_prefix([local, bias], bias.ndim)
@@ -41,6 +42,7 @@ def vdn_mix(local: jax.Array) -> jax.Array:
     Returns:
       ``[...]`` team values.
     """
+    local = jnp.asarray(local)
     if local.ndim < 1:
         raise ValueError(f"vdn_mix expects local values [..., N], got a scalar of shape {local.shape}")
     return jnp.sum(local, axis=-1)

@@ -91,6 +91,7 @@ class LocalMLP(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         """``x [..., N, in_dim] -> [..., N, out_dim]``."""
+        x = jnp.asarray(x)
         if x.ndim < 2 or x.shape[-2] != self.num_agents:
             raise ValueError(
                 f"LocalMLP expects inputs [..., N={self.num_agents}, in_dim] with the agent "

@@ -253,59 +253,66 @@ def test_global_state_and_egocentric_obs_layouts():
 # -- constructed episodes: success flags and exact rewards ------------------------------
 
 
+def _state_with(eid, mask, **fields):
+    """An EnvState at step 0 whose upstream state is the parallel run's reset
+    state with ``fields`` replaced (and ``action_mask`` where upstream keeps one)."""
+    _, inner0, _ = _parallel_run(eid)
+    inner = jax.tree.map(jnp.asarray, inner0)
+    mask = jnp.asarray(mask)
+    if hasattr(inner, "action_mask"):
+        fields["action_mask"] = mask
+    return envs.EnvState(
+        inner=inner.replace(**fields),
+        key=jax.random.PRNGKey(0),
+        avail_actions=mask,
+        episode_return=jnp.float32(0.0),
+        episode_length=jnp.int32(0),
+        ended=jnp.bool_(False),
+    )
+
+
 def test_lbf_eating_all_food_is_a_win_worth_one():
-    from jumanji.environments.routing.lbf.utils import compute_action_mask
-
-    env = _env(LBF)
-    state, _ = env.reset(jax.random.PRNGKey(0))
-    inner = state.inner
-    # agent 0 between both foods, agent 1 beside food 0; everyone loads.
-    agents = inner.agents.replace(
-        position=jnp.array([[3, 2], [3, 4]]), level=jnp.array([1, 2]),
-        loading=jnp.zeros(2, bool),
+    _, inner0, _ = _parallel_run(LBF)
+    # agent 0 (level 1) between both foods, agent 1 (level 2) beside food 0.
+    agents = inner0.agents.replace(
+        position=np.array([[3, 2], [3, 4]]), level=np.array([1, 2]), loading=np.zeros(2, bool)
     )
-    food = inner.food_items.replace(
-        position=jnp.array([[3, 3], [2, 2]]), level=jnp.array([3, 1]), eaten=jnp.zeros(2, bool)
+    food = inner0.food_items.replace(
+        position=np.array([[3, 3], [2, 2]]), level=np.array([3, 1]), eaten=np.zeros(2, bool)
     )
-    inner = inner.replace(agents=agents, food_items=food)
-    mask = jax.vmap(compute_action_mask, (0, None, None))(agents, inner, 8)
-    assert mask[:, 5].all(), "load must be legal in the constructed state"
-    state = state.replace(inner=inner, avail_actions=mask)
-    load = jnp.array([5, 5], jnp.int32)
+    # noop, up, down, left, right, load: moves into food are illegal, load is legal
+    mask = [[1, 0, 1, 1, 0, 1], [1, 1, 1, 0, 1, 1]]
+    state = _state_with(LBF, np.array(mask, bool), agents=agents, food_items=food)
 
-    _, raw_ts = env.raw.step(inner, load)
-    _, ts = _step_fn(LBF)(state, load)
+    _, ts = _step_fn(LBF)(state, jnp.array([5, 5], jnp.int32))  # both load
     assert bool(ts.done) and bool(ts.won) and not bool(ts.truncated)
     np.testing.assert_allclose(ts.reward, 1.0, rtol=1e-6)  # normalised: all food = 1
-    np.testing.assert_allclose(ts.reward, np.sum(raw_ts.reward), rtol=1e-6)
     assert np.asarray(ts.global_state).reshape(-1, 4)[2:, 3].all()  # both eaten
 
-    # only agent 0 loads: it eats food 1 alone (level 1), food 0 stays.
+    # only agent 0 loads: it eats food 1 alone (level 1 of a total of 4).
     _, ts = _step_fn(LBF)(state, jnp.array([5, 0], jnp.int32))
     assert not bool(ts.done) and not bool(ts.won)
-    np.testing.assert_allclose(ts.reward, 0.25, rtol=1e-6)  # level 1 of total 4
+    np.testing.assert_allclose(ts.reward, 0.25, rtol=1e-6)
 
 
-def _connector_state(env, heads, targets):
-    from jumanji.environments.routing.connector.utils import (
-        get_action_masks, get_position, get_target,
-    )
+def _connector_state(heads, targets, mask):
+    from jumanji.environments.routing.connector.utils import get_position, get_target
 
-    state, _ = env.reset(jax.random.PRNGKey(0))
-    inner = state.inner
-    ids = jnp.arange(len(heads))
-    heads, targets = jnp.array(heads), jnp.array(targets)
-    grid = jnp.zeros_like(inner.grid)
-    grid = grid.at[tuple(heads.T)].set(get_position(ids)).at[tuple(targets.T)].set(get_target(ids))
-    agents = inner.agents.replace(start=heads, position=heads, target=targets)
-    mask = get_action_masks(agents, grid)
-    inner = inner.replace(grid=grid, agents=agents, action_mask=mask)
-    return state.replace(inner=inner, avail_actions=mask)
+    _, inner0, _ = _parallel_run(CONN)
+    ids = np.arange(len(heads))
+    heads, targets = np.array(heads), np.array(targets)
+    grid = np.zeros_like(inner0.grid)
+    grid[tuple(heads.T)] = np.asarray(get_position(ids))
+    grid[tuple(targets.T)] = np.asarray(get_target(ids))
+    agents = inner0.agents.replace(start=heads, position=heads, target=targets)
+    return _state_with(CONN, np.array(mask, bool), grid=grid, agents=agents)
 
 
 def test_connector_all_connected_is_a_win():
-    env = _env(CONN)
-    state = _connector_state(env, [[0, 0], [4, 4]], [[0, 1], [4, 3]])
+    # noop, up, right, down, left; each agent's own target is enterable
+    state = _connector_state(
+        [[0, 0], [4, 4]], [[0, 1], [4, 3]], [[1, 0, 1, 1, 0], [1, 1, 0, 0, 1]]
+    )
     right, left, noop = 2, 4, 0
     _, ts = _step_fn(CONN)(state, jnp.array([right, left], jnp.int32))
     assert bool(ts.done) and bool(ts.won) and not bool(ts.truncated)
@@ -318,13 +325,14 @@ def test_connector_all_connected_is_a_win():
 
 
 def test_connector_all_blocked_or_connected_is_done_without_win():
-    env = _env(CONN)
     # agent 0 in the corner, walled in by agent 1's head (0, 1) and target (1, 0).
-    state = _connector_state(env, [[0, 0], [0, 1]], [[4, 4], [1, 0]])
-    assert not np.asarray(state.avail_actions)[0, 1:].any()
+    state = _connector_state(
+        [[0, 0], [0, 1]], [[4, 4], [1, 0]], [[1, 0, 0, 0, 0], [1, 0, 1, 1, 0]]
+    )
     down, left = 3, 4
     state, ts = _step_fn(CONN)(state, jnp.array([0, down], jnp.int32))
     assert not bool(ts.done)  # agent 1 is neither connected nor blocked
+    assert not np.asarray(ts.avail_actions)[0, 1:].any(), "agent 0 stays walled in"
     _, ts = _step_fn(CONN)(state, jnp.array([0, left], jnp.int32))  # agent 1 connects
     assert bool(ts.done) and not bool(ts.won) and not bool(ts.truncated)
     np.testing.assert_allclose(ts.reward, (1.0 - 0.03) - 0.03, rtol=1e-6)
@@ -333,13 +341,10 @@ def test_connector_all_blocked_or_connected_is_done_without_win():
 def test_cleaner_cleaning_the_last_tile_is_a_win():
     from jumanji.environments.routing.cleaner.constants import CLEAN as C, DIRTY as D
 
-    env = _env(CLEAN)
-    state, _ = env.reset(jax.random.PRNGKey(0))
-    grid = jnp.full((5, 5), C, jnp.int8).at[0, 1].set(D)
-    locs = jnp.zeros((2, 2), jnp.int32)
-    mask = jnp.array([[False, True, True, False]] * 2)  # up, right, down, left from (0, 0)
-    inner = state.inner.replace(grid=grid, agents_locations=locs, action_mask=mask)
-    state = state.replace(inner=inner, avail_actions=mask)
+    grid = np.full((5, 5), C, np.int8)
+    grid[0, 1] = D
+    mask = np.array([[False, True, True, False]] * 2)  # up, right, down, left from (0, 0)
+    state = _state_with(CLEAN, mask, grid=grid, agents_locations=np.zeros((2, 2), np.int32))
     _, ts = _step_fn(CLEAN)(state, jnp.array([1, 2], jnp.int32))  # right cleans (0, 1)
     assert bool(ts.done) and bool(ts.won) and not bool(ts.truncated)
     np.testing.assert_allclose(ts.reward, 1.0 - 0.5, rtol=1e-6)
@@ -349,10 +354,10 @@ def test_cleaner_cleaning_the_last_tile_is_a_win():
 
 
 def test_cleaner_illegal_action_maps_to_first_legal_move_not_termination():
-    env = _env(CLEAN)
-    state, ts = env.reset(jax.random.PRNGKey(1))
-    up, left = 0, 3  # never legal from the top-left corner
-    assert not np.asarray(ts.avail_actions)[:, [up, left]].any()
+    ts0, inner0, _ = _parallel_run(CLEAN)
+    up, left = 0, 3  # never legal from the top-left corner, where agents start
+    assert not ts0.avail_actions[:, [up, left]].any()
+    state = _state_with(CLEAN, ts0.avail_actions)
     _, ts1 = _step_fn(CLEAN)(state, jnp.array([up, left], jnp.int32))
     assert not bool(ts1.done), "upstream would terminate on an illegal action"
     assert int(ts1.episode_length) == 1
@@ -385,7 +390,7 @@ def test_mabrax_matches_brax_and_jaxmarl_mapping():
     assert (spec.num_agents, spec.obs_dim, spec.state_dim, spec.max_steps) == (3, 9, 11, 4)
     assert spec.action.dim == 1 and not spec.discrete
     raw = env.raw
-    state, ts = env.reset(jax.random.PRNGKey(0))
+    state, ts = jax.jit(env.reset)(jax.random.PRNGKey(0))
     actions = jnp.array([[0.5], [-0.3], [1.0]], jnp.float32)
     step = jax.jit(env.step)
     outs = []

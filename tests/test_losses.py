@@ -92,13 +92,13 @@ def test_bc_losses_edge_cases_and_gradients():
 
 def test_bc_shape_checks():
     with pytest.raises(AssertionError):
-        L.weighted_bc_loss(jnp.zeros((B, N)), jnp.ones((B + 1,)))
+        L.weighted_bc_loss(np.zeros((B, N)), np.ones((B + 1,)))
     with pytest.raises(AssertionError):
-        L.weighted_bc_loss(jnp.zeros((B,)), jnp.ones((B,)))
+        L.weighted_bc_loss(np.zeros((B,)), np.ones((B,)))
     with pytest.raises(AssertionError):
-        L.weighted_bc_loss(jnp.zeros((B, N)), jnp.ones((B,)), jnp.ones((B - 1,)))
+        L.weighted_bc_loss(np.zeros((B, N)), np.ones((B,)), np.ones((B - 1,)))
     with pytest.raises(AssertionError):
-        L.agent_weighted_bc_loss(jnp.zeros((B, N)), jnp.ones((B,)))
+        L.agent_weighted_bc_loss(np.zeros((B, N)), np.ones((B,)))
 
 
 # ------------------------------------------------------------------ discriminator
@@ -114,10 +114,10 @@ def test_discriminator_loss(jit):
     want = -np.mean(np.log(sig(le64))) - np.mean(np.log(1 - sig(lu64)))
     np.testing.assert_allclose(float(got), want, rtol=1e-5, atol=1e-5)
     # Stable for huge logits.
-    big = L.discriminator_loss(jnp.array([-200.0, 200.0]), jnp.array([200.0, -200.0]))
+    big = L.discriminator_loss(np.array([-200.0, 200.0]), np.array([200.0, -200.0]))
     np.testing.assert_allclose(float(big), 200.0, rtol=1e-6)
     with pytest.raises(AssertionError):
-        L.discriminator_loss(jnp.zeros((B, 1)), jnp.zeros((B,)))
+        L.discriminator_loss(np.zeros((B, 1)), np.zeros((B,)))
 
 
 def _np_gradient_penalty(wts, expert, union, u, partner, shuffle, cost_eps=1e-3):
@@ -155,7 +155,7 @@ def test_gradient_penalty_matches_numpy_demodice_form(jit, b2):
     if b2 >= B:
         assert len(set(shuffle.tolist())) == B  # a permutation (subset) of the union batch
     want = _np_gradient_penalty(
-        wts.astype(np.float64), expert.astype(np.float64), union.astype(np.float64), u.astype(np.float64), partner, shuffle
+        *(a.astype(np.float64) for a in (wts, expert, union, u)), partner, shuffle
     )
     np.testing.assert_allclose(float(got), want, rtol=1e-4)
 
@@ -230,7 +230,8 @@ def test_dice_advantage(jit):
     fn = _maybe_jit(L.dice_advantage, jit)
     for d in (done, done.astype(np.float32)):
         got = fn(r, nu, nu_next, d, 0.99)
-        np.testing.assert_allclose(np.asarray(got), _np_dice_advantage(r, nu, nu_next, done, 0.99), rtol=1e-5, atol=1e-6)
+        want = _np_dice_advantage(r, nu, nu_next, done, 0.99)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
     with pytest.raises(AssertionError):
         L.dice_advantage(r, nu, nu_next[:-1], done, 0.99)
 
@@ -247,11 +248,11 @@ def test_dice_nu_loss(jit, use_mask):
 
 def test_dice_nu_loss_stable_for_large_advantages_and_gradient():
     adv = np.array([500.0, 400.0, -300.0, 0.0], np.float32)
-    got = float(L.dice_nu_loss(jnp.zeros(2), jnp.asarray(adv), 0.0, 0.99))
+    got = float(L.dice_nu_loss(np.zeros(2), jnp.asarray(adv), 0.0, 0.99))
     np.testing.assert_allclose(got, _np_dice_nu_loss(np.zeros(2), adv, 0.0, 0.99), rtol=1e-6)
     # ∂L/∂adv = softmax(adv/(1+α)) / B·B = dice_weights / B.
     adv = _f32(B, scale=2)
-    g = jax.jit(jax.grad(lambda a: L.dice_nu_loss(jnp.zeros(B0), a, 0.3, 0.9)))(jnp.asarray(adv))
+    g = jax.jit(jax.grad(lambda a: L.dice_nu_loss(np.zeros(B0), a, 0.3, 0.9)))(jnp.asarray(adv))
     np.testing.assert_allclose(np.asarray(g), _np_dice_weights(adv, 0.3) / B, rtol=1e-5, atol=1e-7)
 
 
@@ -272,14 +273,14 @@ def test_dice_weights_stop_gradient_and_all_masked():
     adv = jnp.asarray(_f32(B))
     g = jax.jit(jax.grad(lambda a: jnp.sum(L.dice_weights(a, 0.05) * a)))(adv)
     np.testing.assert_allclose(np.asarray(g), np.asarray(L.dice_weights(adv, 0.05)), rtol=1e-6)
-    w = L.dice_weights(adv, 0.05, jnp.zeros(B, bool))
+    w = L.dice_weights(adv, 0.05, np.zeros(B, bool))
     assert np.all(np.asarray(w) == 0)
     # An all-invalid batch leaves only the linear ν(s0) term of the ν-loss.
     nu_init = _f32(B0)
-    got = L.dice_nu_loss(nu_init, adv, 0.05, 0.9, jnp.zeros(B, bool))
+    got = L.dice_nu_loss(nu_init, adv, 0.05, 0.9, np.zeros(B, bool))
     np.testing.assert_allclose(float(got), 0.1 * np.mean(nu_init.astype(np.float64)), rtol=1e-5, atol=1e-7)
     with pytest.raises(AssertionError):
-        L.dice_weights(adv, 0.05, jnp.zeros(B - 1, bool))
+        L.dice_weights(adv, 0.05, np.zeros(B - 1, bool))
 
 
 def test_dice_traced_hyperparameters_vmap():
@@ -294,7 +295,8 @@ def test_dice_traced_hyperparameters_vmap():
 
     losses, weights = jax.vmap(sweep)(alphas, gammas)
     for i, (a, g) in enumerate(zip(alphas, gammas)):
-        np.testing.assert_allclose(float(losses[i]), _np_dice_nu_loss(nu_init, adv, float(a), float(g)), rtol=1e-5, atol=1e-5)
+        want = _np_dice_nu_loss(nu_init, adv, float(a), float(g))
+        np.testing.assert_allclose(float(losses[i]), want, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(np.asarray(weights[i]), _np_dice_weights(adv, float(a)), rtol=1e-4, atol=1e-6)
 
 
@@ -318,7 +320,7 @@ def test_preference_loss(jit):
     got = fn(rx, ry, label, rewards, 0.0)
     np.testing.assert_allclose(float(got), _np_preference_loss(rx, ry, label, rewards, 0.0), rtol=1e-5, atol=1e-5)
     # Stable for large return gaps.
-    big = L.preference_loss(jnp.array([300.0]), jnp.array([0.0]), jnp.array([0.0]), jnp.zeros(1))
+    big = L.preference_loss(np.array([300.0]), np.array([0.0]), np.array([0.0]), np.zeros(1))
     np.testing.assert_allclose(float(big), 300.0, rtol=1e-6)
     with pytest.raises(AssertionError):
         L.preference_loss(rx, ry[:-1], label[:-1], rewards)
@@ -344,7 +346,7 @@ def test_gumbel_value_loss_and_weights(jit):
     got_w = _maybe_jit(L.gumbel_weights, jit)(q, v, w, beta)
     np.testing.assert_allclose(np.asarray(got_w), np.exp(z), rtol=1e-5)
     # Small z: expm1 keeps relative accuracy where exp(z) − 1 − z cancels.
-    tiny = L.gumbel_value_loss(jnp.full((1, 1), 1e-3), jnp.zeros((1, 1)), jnp.ones((1, 1)), 1.0)
+    tiny = L.gumbel_value_loss(np.full((1, 1), 1e-3), np.zeros((1, 1)), np.ones((1, 1)), 1.0)
     np.testing.assert_allclose(float(tiny), np.expm1(1e-3) - 1e-3, rtol=1e-3)
 
 
@@ -374,12 +376,13 @@ def test_gumbel_value_loss_gradient_matches_authors_form():
         float(L.gumbel_value_loss(q, v, w, beta)), math.exp(float(m)) * float(val_auth) - const, rtol=1e-4
     )
     # Targets are constants: no gradient into Q̄ or w̄.
-    gq, gw = jax.jit(jax.grad(lambda q, w: L.gumbel_value_loss(q, v, w, beta), argnums=(0, 1)))(jnp.asarray(q), jnp.asarray(w))
+    grad_targets = jax.jit(jax.grad(lambda q, w: L.gumbel_value_loss(q, v, w, beta), argnums=(0, 1)))
+    gq, gw = grad_targets(jnp.asarray(q), jnp.asarray(w))
     assert np.all(np.asarray(gq) == 0) and np.all(np.asarray(gw) == 0)
 
 
 def test_gumbel_shape_checks():
     with pytest.raises(AssertionError):
-        L.gumbel_value_loss(jnp.zeros((B, N)), jnp.zeros((B, N + 1)), jnp.ones((B, N)), 1.0)
+        L.gumbel_value_loss(np.zeros((B, N)), np.zeros((B, N + 1)), np.ones((B, N)), 1.0)
     with pytest.raises(AssertionError):
-        L.gumbel_weights(jnp.zeros((B,)), jnp.zeros((B,)), jnp.ones((B,)), 1.0)
+        L.gumbel_weights(np.zeros((B,)), np.zeros((B,)), np.ones((B,)), 1.0)

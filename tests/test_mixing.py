@@ -29,16 +29,17 @@ def test_mix_matches_numpy(jit):
     want = (local.astype(np.float64) * w).sum(-1) + b
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-6)
     g = jax.jit(vdn_mix) if jit else vdn_mix
-    np.testing.assert_allclose(np.asarray(g(jnp.asarray(local))), local.astype(np.float64).sum(-1), rtol=1e-6, atol=1e-6)
+    want = local.astype(np.float64).sum(-1)
+    np.testing.assert_allclose(np.asarray(g(jnp.asarray(local))), want, rtol=1e-6, atol=1e-6)
 
 
 def test_mix_shape_checks():
     with pytest.raises(AssertionError):
-        mix(jnp.ones((5, N)), jnp.ones((5, N + 1)), jnp.ones((5,)))
+        mix(np.ones((5, N)), np.ones((5, N + 1)), np.ones((5,)))
     with pytest.raises(AssertionError):
-        mix(jnp.ones((5, N)), jnp.ones((5, N)), jnp.ones((4,)))
+        mix(np.ones((5, N)), np.ones((5, N)), np.ones((4,)))
     with pytest.raises(AssertionError):
-        mix(jnp.ones((5, N)), jnp.ones((5, N)), jnp.ones((5, 1)))
+        mix(np.ones((5, N)), np.ones((5, N)), np.ones((5, 1)))
 
 
 def _random_problem(rng, seeds):
@@ -117,7 +118,7 @@ def _all_gaps(mixer, make_mix_fn, example_args, seed):
 
 def test_dice_nu_loss_convex_in_local_values_with_linear_mixing():
     mixer = HyperMixer(N, hidden=8)
-    gaps, mid = _all_gaps(mixer, _hyper_mix_fn, (jnp.zeros((B, S)),), seed=0)
+    gaps, mid = _all_gaps(mixer, _hyper_mix_fn, (np.zeros((B, S)),), seed=0)
     assert gaps.shape == (SEEDS, PAIRS)
     tol = 1e-5 * (1 + np.abs(mid))
     assert np.all(gaps >= -tol), float(np.min(gaps))
@@ -126,7 +127,7 @@ def test_dice_nu_loss_convex_in_local_values_with_linear_mixing():
 
 def test_dice_nu_loss_not_convex_with_nonlinear_qmixer():
     mixer = QMixer(N, embed_dim=4)
-    gaps, mid = _all_gaps(mixer, _qmix_fn, (jnp.zeros((B, N)), jnp.zeros((B, S))), seed=1)
+    gaps, mid = _all_gaps(mixer, _qmix_fn, (np.zeros((B, N)), np.zeros((B, S))), seed=1)
     violations = gaps < -1e-3 * (1 + np.abs(mid))
     assert violations.any(), "expected a midpoint-convexity violation with the nonlinear QMIX mixer"
 
@@ -136,7 +137,7 @@ def test_linear_mixing_is_monotone_in_each_local_value():
     mixer = HyperMixer(N, hidden=8)
     rng = np.random.default_rng(2)
     seeds, batch = 16, 64
-    params = _numpy_params(mixer, jnp.zeros((batch, S)), rng=rng, seeds=seeds)
+    params = _numpy_params(mixer, np.zeros((batch, S)), rng=rng, seeds=seeds)
     state = (3.0 * rng.normal(size=(seeds, batch, S))).astype(np.float32)
     local = rng.normal(size=(seeds, batch, N)).astype(np.float32)
     raise_by = (np.abs(rng.normal(size=(seeds, batch))) + 1e-2).astype(np.float32)

@@ -26,7 +26,7 @@ def _numpy_params(module, *example_args, seed=0):
 
 def test_shared_mode_shapes_and_agent_id():
     net = LocalMLP(OUT, N, HID, shared=True)
-    x = jnp.ones((7, N, IN))  # identical inputs for every agent
+    x = np.ones((7, N, IN), np.float32)  # identical inputs for every agent
     params = _numpy_params(net, x)
     apply = jax.jit(net.apply)
     y = np.asarray(apply(params, x))
@@ -37,7 +37,7 @@ def test_shared_mode_shapes_and_agent_id():
     # Identical inputs: outputs differ between agents, only through the id.
     assert not np.allclose(y[:, 0], y[:, 1])
     np.testing.assert_allclose(y[0], y[1])
-    ids = jnp.broadcast_to(jnp.eye(N), (7, N, N))
+    ids = np.broadcast_to(np.eye(N), (7, N, N))
     manual = MLP(OUT, HID).apply({"params": params["params"]["mlp"]}, jnp.concatenate([x, ids], -1))
     np.testing.assert_allclose(y, np.asarray(manual), rtol=1e-5, atol=1e-6)
     # Zeroing the id rows of the first layer makes the agents identical.
@@ -69,9 +69,9 @@ def test_independent_mode_stacks_params_and_matches_plain_mlp():
 
 def test_local_mlp_rejects_wrong_agent_axis():
     with pytest.raises(ValueError, match="agent axis"):
-        jax.eval_shape(LocalMLP(OUT, N, HID).init, jax.random.PRNGKey(0), jnp.ones((7, N + 1, IN)))
+        jax.eval_shape(LocalMLP(OUT, N, HID).init, jax.random.PRNGKey(0), np.ones((7, N + 1, IN)))
     with pytest.raises(ValueError, match="agent axis"):
-        jax.eval_shape(LocalMLP(OUT, N, HID, shared=False).init, jax.random.PRNGKey(0), jnp.ones((IN,)))
+        jax.eval_shape(LocalMLP(OUT, N, HID, shared=False).init, jax.random.PRNGKey(0), np.ones((IN,)))
 
 
 def test_hyper_mixer_nonnegative_weights_and_shapes():

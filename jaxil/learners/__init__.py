@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from envs.core import EnvSpec
 from jaxil.learners.base import Learner, LearnerData, LearnerState, update_n
 from jaxil.learners.bc import BCConfig, BCHParams, make_bc
@@ -26,7 +28,19 @@ LEARNERS = tuple(_BC_BETA) + tuple(_DICE_MIXING)
 
 def make_learner(name: str, spec: EnvSpec, **config) -> Learner:
     """Build a learner; ``config`` keywords go to its frozen config
-    (``hidden``, ``batch_size``, ``shared``, ...)."""
+    (``hidden``, ``batch_size``, ``shared``, ...).
+
+    The same arguments return the same Learner object, so functions jitted
+    over it are compiled once per process.
+    """
+    if "hidden" in config:
+        config["hidden"] = tuple(config["hidden"])
+    return _make_learner(name, spec, tuple(sorted(config.items())))
+
+
+@functools.lru_cache(maxsize=64)
+def _make_learner(name: str, spec: EnvSpec, config_items: tuple) -> Learner:
+    config = dict(config_items)
     if name in _BC_BETA:
         return make_bc(spec, BCConfig(**config), beta=_BC_BETA[name])._replace(name=name)
     if name in _DICE_MIXING:

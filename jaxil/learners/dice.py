@@ -168,12 +168,22 @@ def make_dice(spec: EnvSpec, config: DiceConfig = DiceConfig(), alpha: float = 0
         else:
             d_loss = discriminator_loss(l_e, l_u)
         gp = jnp.float32(0.0)
-        if config.grad_penalty:
+        if config.grad_penalty and per_agent:
+            # INDD: each agent's discriminator is penalised on its own inputs.
+            # ℓ_i depends on x_i alone, so agent-steps are independent samples.
+            dim = x_e.shape[-1]
+
+            def agent_logits(x):  # [B*N, D] -> [B*N]
+                return disc.local_values(params["disc"], x.reshape(-1, n, dim)).reshape(-1)
+
+            gp = n * gradient_penalty(
+                agent_logits, x_e.reshape(-1, dim), x_u.reshape(-1, dim), gp_key
+            )
+        elif config.grad_penalty:
 
             def logit_fn(inp):
                 x, s = inp
-                out = disc(params["disc"], x, s)
-                return jnp.sum(out, axis=-1) if per_agent else out
+                return disc(params["disc"], x, s)
 
             gp = gradient_penalty(logit_fn, (x_e, e.global_state), (x_u, u.global_state), gp_key)
         reward = jax.lax.stop_gradient(l_u)

@@ -46,6 +46,7 @@ def weighted_bc_loss(
     Returns:
       Scalar loss.
     """
+    log_probs, weights = jnp.asarray(log_probs), jnp.asarray(weights)
     chex.assert_rank([log_probs, weights], [2, 1])
     chex.assert_type(log_probs, float)
     chex.assert_equal_shape_prefix([log_probs, weights], 1)
@@ -78,6 +79,7 @@ def agent_weighted_bc_loss(
     Returns:
       Scalar loss.
     """
+    log_probs, weights = jnp.asarray(log_probs), jnp.asarray(weights)
     chex.assert_rank([log_probs, weights], 2)
     chex.assert_type(log_probs, float)
     chex.assert_equal_shape([log_probs, weights])

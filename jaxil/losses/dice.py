@@ -45,6 +45,7 @@ def dice_advantage(
     Returns:
       ``[B]`` advantages.
     """
+    reward, nu, nu_next, done = (jnp.asarray(x) for x in (reward, nu, nu_next, done))
     chex.assert_rank([reward, nu, nu_next, done], 1)
     chex.assert_equal_shape([reward, nu, nu_next, done])
     chex.assert_type([reward, nu, nu_next], float)
@@ -74,7 +75,7 @@ def dice_nu_loss(
         L_ν = (1−γ)·mean_{s0}[ν(s0)] + (1+α)·(logsumexp_b(e_b/(1+α)) − log B)
 
     i.e. ``(1−γ)·E[ν(s0)] + (1+α)·log E_{D_U}[exp(e/(1+α))]``
-    (Kim et al. 2022, Eq. 12 and ``demodice.py``; Bui et al. 2025). With a
+    (Kim et al. 2022 and their ``demodice.py``; Bui et al. 2025). With a
     ``mask``, the log-mean-exp runs over the valid samples only
     (``B`` → number of valid samples; an all-invalid batch leaves only the
     linear term).
@@ -89,6 +90,7 @@ def dice_nu_loss(
     Returns:
       Scalar loss.
     """
+    nu_init, adv = jnp.asarray(nu_init), jnp.asarray(adv)
     chex.assert_rank([nu_init, adv], 1)
     chex.assert_type([nu_init, adv], float)
     x, m, count = _masked_scaled(adv, alpha, mask)
@@ -123,6 +125,7 @@ def dice_weights(
     Returns:
       ``[B]`` non-negative weights, constant for autodiff.
     """
+    adv = jnp.asarray(adv)
     chex.assert_rank(adv, 1)
     chex.assert_type(adv, float)
     x, m, count = _masked_scaled(jax.lax.stop_gradient(adv), alpha, mask)

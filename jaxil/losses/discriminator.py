@@ -38,6 +38,7 @@ def discriminator_loss(expert_logits: jax.Array, union_logits: jax.Array) -> jax
     Returns:
       Scalar loss.
     """
+    expert_logits, union_logits = jnp.asarray(expert_logits), jnp.asarray(union_logits)
     chex.assert_rank([expert_logits, union_logits], 1)
     chex.assert_type([expert_logits, union_logits], float)
     return jnp.mean(jax.nn.softplus(-expert_logits)) + jnp.mean(jax.nn.softplus(union_logits))
@@ -97,7 +98,7 @@ def gradient_penalty(
     union_inputs: Any,
     key: jax.Array,
     target_norm: float = 1.0,
-    cost_eps: float = _GP_COST_EPS,  # static (a Python float)
+    cost_eps: float = _GP_COST_EPS,
     union_union: bool = True,
 ) -> jax.Array:
     """DemoDICE's gradient penalty on the discriminator.
@@ -137,7 +138,8 @@ def gradient_penalty(
         per-sample shapes.
       key: PRNG key for the interpolation coefficients and shuffles.
       target_norm: the norm the penalty pulls towards (1 in DemoDICE).
-      cost_eps: ε of the cost transform (see 2.).
+      cost_eps: ε of the cost transform (see 2.); a Python float (``0.0``
+        switches to the exact ``−ℓ``).
       union_union: include the union–union interpolates.
 
     Returns:

@@ -45,6 +45,7 @@ def preference_loss(
     Returns:
       Scalar loss.
     """
+    return_x, return_y, label, rewards = (jnp.asarray(x) for x in (return_x, return_y, label, rewards))
     chex.assert_rank([return_x, return_y, label], 1)
     chex.assert_equal_shape([return_x, return_y, label])
     chex.assert_type([return_x, return_y, rewards], float)

@@ -33,6 +33,7 @@ Scalar = Union[float, jax.Array]
 
 
 def _gumbel_z(q_target, v, w_target, beta, clip):
+    q_target, v, w_target = jnp.asarray(q_target), jnp.asarray(v), jnp.asarray(w_target)
     chex.assert_rank([q_target, v, w_target], 2)
     chex.assert_equal_shape([q_target, v, w_target])
     chex.assert_type([q_target, v, w_target], float)
@@ -57,8 +58,9 @@ def gumbel_value_loss(
     authors' ``mean[exp(z − max z) + exp(−max z)·w̄·V/β]`` inside the clip
     range (see the module docstring). ``Q̄`` and ``w̄`` come from target
     networks and are wrapped in ``stop_gradient``; only ``V`` is trained.
-    The minimiser satisfies ``E[exp(z)] = 1``, i.e. V is a soft-max
-    (log-mean-exp at temperature β/w̄) of Q̄, not its mean.
+    Unclipped, the minimiser satisfies ``E[w̄·(exp(z) − 1) | o_i] = 0``; for a
+    fixed w̄ that is ``V = (β/w̄)·log E[exp(w̄·Q̄/β)]``, a soft maximum of Q̄
+    (temperature β/w̄), not its mean.
 
     Args:
       q_target: ``[B, N]`` target local Q-values Q̄_i(o_i, a_i) of the data

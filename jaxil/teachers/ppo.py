@@ -359,6 +359,7 @@ def _to_env_action(spec: EnvSpec, raw: jax.Array) -> jax.Array:
     return squash(raw, spec.action.low, spec.action.high)
 
 
+@functools.lru_cache(maxsize=64)
 def make_policy(spec: EnvSpec, config: PPOConfig, deterministic: bool = False) -> Callable:
     """Plain policy function for ONE environment, usable with
     :func:`envs.rollout` / :func:`envs.run_episodes`:
@@ -366,7 +367,8 @@ def make_policy(spec: EnvSpec, config: PPOConfig, deterministic: bool = False) -
     (``[N]`` int32, or ``[N, D]`` float32 inside the action box).
 
     ``deterministic=True`` takes the most likely available action (discrete) or
-    the squashed Gaussian mean (continuous).
+    the squashed Gaussian mean (continuous). Cached: equal arguments give the
+    same function object, so jitted rollouts of it compile once.
     """
     actor = make_actor(spec, config)
 
@@ -655,22 +657,29 @@ def make_train(env: MultiAgentEnv, config: PPOConfig) -> Callable:
 # --------------------------------------------------------------------------
 # Evaluation
 # --------------------------------------------------------------------------
-def evaluate(
-    env: MultiAgentEnv, policy: Any, params: Any, key: jax.Array, num_episodes: int = 128
-) -> dict[str, float]:
-    """Mean episodic return (± std), win rate (if the env has one) and length
-    over ``num_episodes`` complete episodes of :func:`envs.run_episodes`."""
-    eps = _jit_run_episodes(env, policy, num_episodes)(params, key)
+def summarize_episodes(eps: Any, has_win: bool) -> dict[str, float]:
+    """Mean return (± std), mean length and win rate of an
+    :class:`envs.rollout.Episodes` batch."""
     ret = np.asarray(eps.episode_return, np.float64)
     out = dict(
-        episodes=int(num_episodes),
+        episodes=int(ret.shape[0]),
         return_mean=float(ret.mean()),
         return_std=float(ret.std()),
         length_mean=float(np.asarray(eps.length).mean()),
     )
-    if env.spec.has_win:
+    if has_win:
         out["win_rate"] = float(np.asarray(eps.won).mean())
     return out
+
+
+def evaluate(
+    env: MultiAgentEnv, policy: Any, params: Any, key: jax.Array, num_episodes: int = 128
+) -> dict[str, float]:
+    """Mean episodic return (± std), win rate (if the env has one) and length
+    over ``num_episodes`` complete episodes of :func:`envs.run_episodes`
+    (jitted; the compiled program is cached per ``(env, policy)`` object)."""
+    eps = _jit_run_episodes(env, policy, num_episodes)(params, key)
+    return summarize_episodes(eps, env.spec.has_win)
 
 
 @functools.lru_cache(maxsize=32)
@@ -695,13 +704,58 @@ def checkpoint_chunks(num_chunks: int, num_checkpoints: int) -> list[int]:
     return sorted({max(1, round(i * num_chunks / k)) for i in range(1, k + 1)})
 
 
+class _Program:
+    """The compiled pieces of one (env, config) pair. Cached per process (see
+    :func:`_program`) so that a resume, or a second run with the same config,
+    does not compile again."""
+
+    def __init__(self, env_id: str, env_kwargs_items: tuple, config: PPOConfig):
+        self.env = envs.make(env_id, **dict(env_kwargs_items))
+        self.spec = self.env.spec
+        self.ppo = make_ppo(self.env, config)
+        self.init = jax.jit(self.ppo.init)
+        self._chunk = None
+        self._eval = {}
+
+    def chunk(self, runner: RunnerState):
+        """Ahead-of-time compiled ``update_chunk`` (first chunk timings stay
+        honest); returns ``(executable, compile_seconds)``."""
+        if self._chunk is None:
+            t0 = time.time()
+            self._chunk = (jax.jit(self.ppo.update_chunk).lower(runner).compile(),
+                           time.time() - t0)
+        return self._chunk
+
+    def evaluate(self, params: Any, key: jax.Array, num_episodes: int) -> dict[str, dict]:
+        """Stochastic and deterministic evaluation with ONE compiled program
+        (the mode is a traced flag)."""
+        if num_episodes not in self._eval:
+            stoch = make_policy(self.spec, self.ppo.config, deterministic=False)
+            greedy = make_policy(self.spec, self.ppo.config, deterministic=True)
+
+            def policy(p, obs, avail, key):
+                actor_params, det = p
+                return jax.lax.cond(det, greedy, stoch, actor_params, obs, avail, key)
+
+            self._eval[num_episodes] = jax.jit(
+                lambda p, det, k: envs.run_episodes(self.env, policy, (p, det), k, num_episodes)
+            )
+        run = self._eval[num_episodes]
+        has_win = self.spec.has_win
+        return dict(
+            eval_stochastic=summarize_episodes(run(params, False, key), has_win),
+            eval_deterministic=summarize_episodes(run(params, True, key), has_win),
+        )
+
+    @functools.lru_cache(maxsize=8)
+    def random_baseline(self, num_episodes: int, seed: int) -> dict:
+        key = jax.random.fold_in(jax.random.PRNGKey(seed), 0x5EED)
+        return evaluate(self.env, random_policy(self.spec), None, key, num_episodes)
+
+
 @functools.lru_cache(maxsize=8)
-def _compiled(env_id: str, env_kwargs_items: tuple, config: PPOConfig):
-    """Environment and jitted pieces, cached so that a resume in the same
-    process reuses the compiled program."""
-    env = envs.make(env_id, **dict(env_kwargs_items))
-    ppo = make_ppo(env, config)
-    return env, ppo, jax.jit(ppo.init), jax.jit(ppo.update_chunk)
+def _program(env_id: str, env_kwargs_items: tuple, config: PPOConfig) -> _Program:
+    return _Program(env_id, env_kwargs_items, config)
 
 
 def _ckptr():
@@ -796,40 +850,35 @@ def train_teacher(
 
     Layout::
 
-        out_dir/teacher.json         env id, algo, config, spec, checkpoints + evals
+        out_dir/teacher.json         env id, algo, config, spec, random baseline,
+                                     checkpoints with their evaluations
         out_dir/metrics.jsonl        one line per chunk (training-rollout stats)
         out_dir/checkpoints/<env_steps>/actor/      orbax: actor params
         out_dir/checkpoints/<env_steps>/runner/     orbax: full RunnerState
                                                     (latest checkpoint only)
         out_dir/checkpoints/<env_steps>/checkpoint.json   its evaluation
 
-    Each checkpoint is evaluated with :func:`envs.run_episodes` on
-    ``eval_episodes`` episodes, both with the stochastic policy (the one used to
-    generate data) and deterministically (greedy / Gaussian mean).
+    Checkpoints are evenly spaced over the run (``num_checkpoints``, the last
+    at the end). Each is evaluated with :func:`envs.run_episodes` on
+    ``eval_episodes`` episodes (same reset keys for every checkpoint), with
+    the stochastic policy (the one used to generate data) and
+    deterministically (greedy action / squashed Gaussian mean).
 
     ``resume=True`` continues from the latest checkpoint's runner state; the
     result is bit-identical to an uninterrupted run. Without it, an ``out_dir``
     that already holds checkpoints is an error. ``stop_after_chunks`` stops
-    early (as a kill would), for tests and time-boxed runs.
+    after that chunk (as a kill would), for tests and time-boxed runs.
 
     Returns the ``teacher.json`` content.
     """
     if not isinstance(config, PPOConfig):
         raise TypeError(f"config must be a PPOConfig, got {type(config).__name__}")
-    if eval_episodes < 1:
-        raise ValueError(f"eval_episodes must be >= 1, got {eval_episodes}")
+    if isinstance(eval_episodes, bool) or not isinstance(eval_episodes, int) or eval_episodes < 1:
+        raise ValueError(f"eval_episodes must be a positive integer, got {eval_episodes!r}")
     env_kwargs = dict(env_kwargs or {})
-    env, ppo, init_fn, chunk_fn = _compiled(env_id, tuple(sorted(env_kwargs.items())), config)
-    spec = env.spec
-    os.makedirs(os.path.join(out_dir, CKPT_DIR), exist_ok=True)
     ckpt_chunks = checkpoint_chunks(config.num_chunks, num_checkpoints)
     teacher_path = os.path.join(out_dir, TEACHER_FILE)
     metrics_path = os.path.join(out_dir, METRICS_FILE)
-
-    key = jax.random.PRNGKey(seed)
-    k_init, k_eval = jax.random.split(key)
-    runner = init_fn(k_init)
-
     existing = _list_checkpoints(out_dir)
     header = dict(
         env_id=env_id,
@@ -837,14 +886,13 @@ def train_teacher(
         algo=config.algo,
         seed=int(seed),
         config=config.to_dict(),
-        spec=spec.to_dict(),
         eval_episodes=int(eval_episodes),
-        eval_note="stochastic = sampling from the policy (as used for data); "
-        "deterministic = greedy action / squashed Gaussian mean",
+        eval_note="stochastic = actions sampled from the policy (as used for data); "
+        "deterministic = greedy action / squashed Gaussian mean; the same "
+        "eval_episodes reset keys for every checkpoint",
         checkpoint_chunks=ckpt_chunks,
     )
-    start_chunk = 0
-    wall_offset = 0.0
+    old = None
     if existing:
         if not resume:
             raise FileExistsError(
@@ -853,35 +901,41 @@ def train_teacher(
             )
         with open(teacher_path) as f:
             old = json.load(f)
-        for k in ("env_id", "env_kwargs", "seed", "config"):
+        for k in ("env_id", "env_kwargs", "seed", "config", "checkpoint_chunks"):
             if old.get(k) != json.loads(json.dumps(header[k])):
                 raise ValueError(
                     f"cannot resume {out_dir}: its {k} is {old.get(k)!r} but this run has "
-                    f"{header[k]!r}"
+                    f"{header[k]!r} (num_checkpoints must match too)"
                 )
+
+    prog = _program(env_id, tuple(sorted(env_kwargs.items())), config)
+    spec = prog.spec
+    header["spec"] = spec.to_dict()
+    os.makedirs(os.path.join(out_dir, CKPT_DIR), exist_ok=True)
+    k_init, k_eval = jax.random.split(jax.random.PRNGKey(seed))
+
+    start_chunk, wall = 0, 0.0
+    if old is not None:
         with_state = [s for s in existing
                       if os.path.isdir(os.path.join(out_dir, CKPT_DIR, str(s), "runner"))]
         if not with_state:
             raise FileNotFoundError(f"no runner state to resume from in {out_dir}/{CKPT_DIR}")
         step = with_state[-1]
-        runner = _restore_tree(os.path.join(out_dir, CKPT_DIR, str(step), "runner"), runner)
+        like = jax.eval_shape(prog.ppo.init, k_init)
+        runner = _restore_tree(os.path.join(out_dir, CKPT_DIR, str(step), "runner"), like)
         start_chunk = int(runner.update) // config.updates_per_chunk
         # Drop checkpoints and metrics written after the state we resume from.
         for s in existing:
             if s > step:
                 shutil.rmtree(os.path.join(out_dir, CKPT_DIR, str(s)))
-        wall_offset = _truncate_metrics(metrics_path, start_chunk)
+        wall = _truncate_metrics(metrics_path, start_chunk)
+        header["random_baseline"] = old.get("random_baseline")
     else:
+        runner = prog.init(k_init)
         if os.path.exists(metrics_path):
             os.remove(metrics_path)
-        random_eval = evaluate(env, random_policy(spec), None, k_eval, eval_episodes)
-        header["random_baseline"] = random_eval
+        header["random_baseline"] = prog.random_baseline(eval_episodes, seed)
         _write_json(teacher_path, dict(header, checkpoints=[], complete=False))
-    if existing:
-        header["random_baseline"] = old.get("random_baseline")
-
-    stoch = make_policy(spec, config, deterministic=False)
-    greedy = make_policy(spec, config, deterministic=True)
 
     def save_checkpoint(runner, chunk, wall):
         step = int(runner.update) * config.batch_size
@@ -889,15 +943,8 @@ def train_teacher(
         params = runner.actor.params
         _save_tree(os.path.join(cdir, "actor"), params)
         _save_tree(os.path.join(cdir, "runner"), runner)
-        ek = jax.random.fold_in(k_eval, step)
-        info = dict(
-            step=step,
-            update=int(runner.update),
-            chunk=chunk,
-            wall_time_s=wall,
-            eval_stochastic=evaluate(env, stoch, params, ek, eval_episodes),
-            eval_deterministic=evaluate(env, greedy, params, ek, eval_episodes),
-        )
+        info = dict(step=step, update=int(runner.update), chunk=chunk, wall_time_s=wall,
+                    **prog.evaluate(params, k_eval, eval_episodes))
         _write_json(os.path.join(cdir, "checkpoint.json"), info)
         # Keep the full runner state for the latest checkpoint only.
         for s in _list_checkpoints(out_dir):
@@ -916,47 +963,40 @@ def train_teacher(
         _write_json(teacher_path, doc)
         return doc
 
-    # Compile ahead of the loop so that the first chunk's throughput is honest.
-    t0 = time.time()
-    chunk_c = chunk_fn.lower(runner).compile()
-    compile_s = time.time() - t0
-
+    chunk_exec, compile_s = prog.chunk(runner)
     end_chunk = config.num_chunks
     if stop_after_chunks is not None:
         end_chunk = min(end_chunk, stop_after_chunks)
+    steps_per_chunk = config.updates_per_chunk * config.batch_size
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(
-            total=config.env_steps,
-            initial=start_chunk * config.updates_per_chunk * config.batch_size,
-            unit="step", unit_scale=True, desc=f"{config.algo} {env_id}",
-            dynamic_ncols=True, mininterval=5.0,
+            total=config.env_steps, initial=start_chunk * steps_per_chunk, unit="step",
+            unit_scale=True, desc=f"{config.algo} {env_id}", dynamic_ncols=True,
+            mininterval=5.0,
         )
-    wall = wall_offset
     with open(metrics_path, "a") as mf:
         for chunk in range(start_chunk + 1, end_chunk + 1):
             t = time.time()
-            runner, m = chunk_c(runner)
+            runner, m = chunk_exec(runner)
             m = jax.device_get(m)
             dt = time.time() - t
             wall += dt
             rec = dict(chunk=chunk, update=int(runner.update), **_jsonable_metrics(m))
-            rec.update(env_steps_per_s=config.updates_per_chunk * config.batch_size / dt,
-                       chunk_time_s=dt, wall_time_s=wall)
+            rec.update(env_steps_per_s=steps_per_chunk / dt, chunk_time_s=dt, wall_time_s=wall)
             if chunk == start_chunk + 1:
                 rec["compile_s"] = compile_s
             mf.write(json.dumps(rec) + "\n")
             mf.flush()
             if bar is not None:
-                post = dict(ret=f"{rec['return_mean']:.3g}" if rec["return_mean"] is not None
-                            else "-")
-                if "win_rate" in rec and rec["win_rate"] is not None:
+                post = {"ret": "-" if rec["return_mean"] is None else f"{rec['return_mean']:.3g}"}
+                if rec.get("win_rate") is not None:
                     post["win"] = f"{rec['win_rate']:.2f}"
                 post["sps"] = f"{rec['env_steps_per_s']:.0f}"
                 bar.set_postfix(post, refresh=False)
-                bar.update(config.updates_per_chunk * config.batch_size)
+                bar.update(steps_per_chunk)
             if chunk in ckpt_chunks:
                 info = save_checkpoint(runner, chunk, wall)
                 write_teacher(complete=False, wall=wall)

@@ -1,0 +1,326 @@
+"""Environment throughput: jaxil adapters against the raw upstream environments.
+
+For every environment id (``envs.list()`` by default, ``--envs`` to choose) and
+every batch size (1, 64, 1024; 4096 with ``--big``) this measures env-steps/s
+of
+
+- the adapter: ``envs.AutoReset(envs.make(id))``, ``vmap``-ed, stepped in a
+  ``lax.scan`` with uniformly random legal actions (``envs.policies.random_policy``);
+- the raw upstream environment the adapter wraps, driven with its own API in
+  the same way: JaxMARL's ``env.step`` (which auto-resets: step, reset and a
+  select, as ``envs.AutoReset`` does), Jumanji's ``AutoResetWrapper`` (a
+  ``lax.cond`` that becomes the same select under ``vmap``), random legal
+  actions drawn from the upstream mask (or box) with the same sampler.
+
+With ``--reset none`` neither side resets: the adapter's plain ``step`` against
+JaxMARL's ``step_env`` / Jumanji's ``step`` (episodes that end keep being
+stepped, which every upstream env allows). This isolates the per-step cost,
+which a costly reset (Cleaner's maze generation, SMAX's unit placement)
+otherwise dilutes.
+
+Both sides carry their observations through the scan and return the final
+carry, so no observation work is dead code. Timed calls alternate between
+the two sides (after one warm-up call each) and the median over repeats is
+reported, with ``block_until_ready``. ``overhead = adapter time / raw time - 1``.
+
+    python benchmarks/env_throughput.py                      # everything
+    python benchmarks/env_throughput.py --envs jumanji:Cleaner-v0 --num-envs 1024
+
+Writes ``benchmarks/results/env_throughput-<host>-<date>.json`` and prints a
+table. MABrax ids are skipped when brax is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import envs  # noqa: E402
+from envs.policies import random_policy  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+class Runner(NamedTuple):
+    """``init(key) -> carry`` for E envs; ``run(carry, key) -> carry`` takes T steps."""
+
+    name: str
+    init: Callable[[jax.Array], Any]
+    run: Callable[[Any, jax.Array], Any]
+
+
+def _masked_sample(key: jax.Array, mask: jax.Array) -> jax.Array:
+    """One uniformly random legal action per row of a ``[N, A]`` mask."""
+    return jax.random.categorical(key, jnp.where(mask, 0.0, -jnp.inf), axis=-1).astype(jnp.int32)
+
+
+def _scan_runner(name, reset_one, step_one, num_envs: int, num_steps: int) -> Runner:
+    """Vmap ``reset_one(key) -> carry`` / ``step_one(carry, key) -> carry`` over
+    ``num_envs`` and scan ``num_steps`` steps, jitted (the carry is donated)."""
+
+    def init(key):
+        return jax.vmap(reset_one)(jax.random.split(key, num_envs))
+
+    def run(carry, key):
+        def body(c, k):
+            return jax.vmap(step_one)(c, jax.random.split(k, num_envs)), None
+
+        carry, _ = jax.lax.scan(body, carry, jax.random.split(key, num_steps))
+        return carry
+
+    return Runner(name, jax.jit(init), jax.jit(run, donate_argnums=0))
+
+
+def adapter_runner(
+    env: envs.MultiAgentEnv, num_envs: int, num_steps: int, auto_reset: bool = True
+) -> Runner:
+    auto = envs.AutoReset(env) if auto_reset else env
+    policy = random_policy(env.spec)
+
+    def reset_one(key):
+        return auto.reset(key)
+
+    def step_one(carry, key):
+        state, ts = carry
+        actions = policy(None, ts.obs, ts.avail_actions, key)
+        return auto.step(state, actions)
+
+    return _scan_runner("adapter", reset_one, step_one, num_envs, num_steps)
+
+
+def raw_runner(
+    env: envs.MultiAgentEnv, num_envs: int, num_steps: int, auto_reset: bool = True
+) -> Optional[Runner]:
+    """The upstream environment behind ``env``, driven through its own API."""
+    from envs.jumanji import JumanjiEnv
+    from envs.mpe import SpreadEnv
+    from envs.smax import SMAXEnv
+
+    if isinstance(env, JumanjiEnv):
+        from jumanji.wrappers import AutoResetWrapper
+
+        raw = AutoResetWrapper(env.raw) if auto_reset else env.raw
+        name = "jumanji AutoResetWrapper" if auto_reset else "jumanji step"
+
+        def step_one(carry, key):
+            state, ts = carry
+            return raw.step(state, _masked_sample(key, ts.observation.action_mask))
+
+        return _scan_runner(name, raw.reset, step_one, num_envs, num_steps)
+
+    name = "jaxmarl step (auto-reset)" if auto_reset else "jaxmarl step_env"
+
+    def raw_step(raw, key, state, actions):
+        if auto_reset:
+            return raw.step(key, state, actions)
+        return raw.step_env(key, state, actions)
+
+    if isinstance(env, (SMAXEnv, SpreadEnv)):
+        raw, agents = env.raw, env.raw.agents
+        continuous = not env.spec.discrete
+
+        def reset_one(key):
+            obs, state = raw.reset(key)
+            return state, obs
+
+        def step_one(carry, key):
+            state, _ = carry
+            k_act, k_step = jax.random.split(key)
+            keys = jax.random.split(k_act, len(agents))
+            if continuous:
+                actions = {
+                    a: jax.random.uniform(
+                        keys[i], raw.action_spaces[a].shape,
+                        minval=raw.action_spaces[a].low, maxval=raw.action_spaces[a].high,
+                    )
+                    for i, a in enumerate(agents)
+                }
+            else:
+                avail = raw.get_avail_actions(state) if isinstance(env, SMAXEnv) else None
+                actions = {
+                    a: _masked_sample(
+                        keys[i],
+                        avail[a] if avail is not None
+                        else jnp.ones((raw.action_spaces[a].n,), jnp.bool_),
+                    )
+                    for i, a in enumerate(agents)
+                }
+            obs, state, _, _, _ = raw_step(raw, k_step, state, actions)
+            return state, obs
+
+        return _scan_runner(name, reset_one, step_one, num_envs, num_steps)
+
+    if type(env).__name__ == "MABraxEnvAdapter":
+        raw, agents = env.raw, env.raw.agents
+
+        def reset_one(key):
+            obs, state = raw.reset(key)
+            return state, obs
+
+        def step_one(carry, key):
+            state, _ = carry
+            k_act, k_step = jax.random.split(key)
+            keys = jax.random.split(k_act, len(agents))
+            actions = {
+                a: jax.random.uniform(keys[i], raw.action_spaces[a].shape, minval=-1.0, maxval=1.0)
+                for i, a in enumerate(agents)
+            }
+            obs, state, _, _, _ = raw_step(raw, k_step, state, actions)
+            return state, obs
+
+        return _scan_runner(name, reset_one, step_one, num_envs, num_steps)
+
+    return None
+
+
+def _timed(runner: Runner, carry, key):
+    start = time.perf_counter()
+    carry = jax.block_until_ready(runner.run(carry, key))
+    return carry, time.perf_counter() - start
+
+
+def measure(
+    env, num_envs: int, num_steps: int, repeats: int, auto_reset: bool = True, seed: int = 0
+) -> dict:
+    """Median env-steps/s of the adapter and the raw env, timed alternately."""
+    runners = [
+        adapter_runner(env, num_envs, num_steps, auto_reset),
+        raw_runner(env, num_envs, num_steps, auto_reset),
+    ]
+    runners = [r for r in runners if r is not None]
+    key = jax.random.PRNGKey(seed)
+    carries, times, compile_s = [], [[] for _ in runners], []
+    for r in runners:
+        start = time.perf_counter()
+        carry = jax.block_until_ready(r.init(key))
+        carry, _ = _timed(r, carry, key)  # compile + warm-up
+        compile_s.append(time.perf_counter() - start)
+        carries.append(carry)
+    for rep in range(repeats):
+        k = jax.random.fold_in(key, rep + 1)
+        for i, r in enumerate(runners):
+            carries[i], dt = _timed(r, carries[i], k)
+            times[i].append(dt)
+    sps = [num_envs * num_steps / statistics.median(t) for t in times]
+    row = dict(
+        env=env.spec.env_id,
+        num_envs=num_envs,
+        num_steps=num_steps,
+        repeats=repeats,
+        reset="auto" if auto_reset else "none",
+        adapter_steps_per_s=sps[0],
+        adapter_times_s=times[0],
+        adapter_compile_s=compile_s[0],
+        raw=None,
+        raw_steps_per_s=None,
+        raw_times_s=None,
+        overhead=None,
+    )
+    if len(runners) == 2:
+        row.update(
+            raw=runners[1].name,
+            raw_steps_per_s=sps[1],
+            raw_times_s=times[1],
+            raw_compile_s=compile_s[1],
+            overhead=sps[1] / sps[0] - 1.0,
+        )
+    return row
+
+
+def _version(pkg: str) -> Optional[str]:
+    try:
+        return importlib.metadata.version(pkg)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _print_row(r: dict) -> None:
+    raw = f"{r['raw_steps_per_s']:>12,.0f}" if r["raw_steps_per_s"] else f"{'-':>12}"
+    ovh = f"{100 * r['overhead']:>+8.1f}%" if r["overhead"] is not None else f"{'-':>9}"
+    flag = "  > 10%" if r["overhead"] is not None and r["overhead"] > 0.10 else ""
+    print(
+        f"{r['env']:<34} {r['num_envs']:>6} {r['adapter_steps_per_s']:>12,.0f} {raw} {ovh}{flag}",
+        flush=True,
+    )
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--envs", nargs="+", default=None, help="ids (default: all of envs.list())")
+    p.add_argument("--num-envs", nargs="+", type=int, default=[1, 64, 1024])
+    p.add_argument("--big", action="store_true", help="also measure 4096 parallel envs")
+    p.add_argument("--steps", type=int, default=100, help="steps per timed scan")
+    p.add_argument("--repeats", type=int, default=5, help="timed calls per side (median)")
+    p.add_argument(
+        "--reset", choices=["auto", "none"], default="auto",
+        help="auto-reset on both sides (default) or on neither",
+    )
+    p.add_argument("--out", type=Path, default=None, help="output JSON path")
+    args = p.parse_args(argv)
+
+    sizes = sorted(set(args.num_envs + ([4096] if args.big else [])))
+    ids = args.envs or envs.list()
+    unknown = [e for e in ids if e not in envs.list()]
+    if unknown:
+        p.error(f"unknown env ids {unknown}; see envs.list()")
+
+    dev = jax.devices()[0]
+    meta = dict(
+        date=datetime.datetime.now().isoformat(timespec="seconds"),
+        host=socket.gethostname(),
+        python=platform.python_version(),
+        versions={k: _version(k) for k in ("jax", "jaxlib", "jaxmarl", "jumanji", "brax", "flax")},
+        device=dict(platform=dev.platform, kind=dev.device_kind, count=jax.device_count()),
+        cpu_count=os.cpu_count(),
+        xla_flags=os.environ.get("XLA_FLAGS", ""),
+        num_steps=args.steps,
+        repeats=args.repeats,
+        num_envs=sizes,
+        reset=args.reset,
+        target="adapter overhead <= 10% vs raw at 1024 envs",
+    )
+    print(f"{'env':<34} {'E':>6} {'adapter/s':>12} {'raw/s':>12} {'overhead':>9}", flush=True)
+    rows, skipped = [], {}
+    for eid in ids:
+        try:
+            env = envs.make(eid)
+        except ImportError as e:  # optional extras (MABrax without brax)
+            skipped[eid] = str(e)
+            print(f"{eid:<34} skipped: {e}", flush=True)
+            continue
+        for n in sizes:
+            row = measure(env, n, args.steps, args.repeats, args.reset == "auto")
+            rows.append(row)
+            _print_row(row)
+
+    result = dict(meta=meta, rows=rows, skipped=skipped)
+    out = args.out
+    if out is None:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        tag = "" if args.reset == "auto" else "-noreset"
+        out = RESULTS / (
+            f"env_throughput-{meta['host']}-{datetime.date.today().isoformat()}{tag}.json"
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,275 @@
+"""``jaxil data``: build, inspect, validate and list offline datasets.
+
+::
+
+    jaxil data list [--env smax-3m]
+    jaxil data build smax-3m/misodice-200e-1000p [--seed 0] [--out PATH]
+                     [--teacher DIR | --no-teacher] [--scale F] [--n-expert N ...]
+                     [--env-kwarg max_steps=50] [--chunk-size 128]
+                     [--measure-episodes 128] [--quiet]
+    jaxil data info runs/data/smax-3m-misodice-200e-1000p.npz [--json]
+    jaxil data validate runs/data/smax-3m-misodice-200e-1000p.npz
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from jaxil.data.zoo import TIERS
+
+
+def _kv(item: str) -> tuple[str, Any]:
+    if "=" not in item:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {item!r}")
+    k, v = item.split("=", 1)
+    try:
+        return k, json.loads(v)
+    except json.JSONDecodeError:
+        return k, v  # a bare string
+
+
+def _fmt(x: Any, spec: str = ".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+# -- build ---------------------------------------------------------------------------
+
+
+def _build(args) -> int:
+    from jaxil.data.recipes import build, get_recipe
+
+    r = get_recipe(args.recipe)
+    overrides = {t: getattr(args, f"n_{t}") for t in TIERS if getattr(args, f"n_{t}") is not None}
+    counts = r.resolve_counts(args.scale, overrides)
+    out = Path(args.out) if args.out else r.default_path(args.seed, counts)
+    if args.teacher and args.no_teacher:
+        raise ValueError("give --teacher DIR or --no-teacher, not both")
+    t0 = time.perf_counter()
+    ds = build(
+        r, seed=args.seed, out_path=out, teacher_dir=args.teacher, progress=not args.quiet,
+        scale=args.scale, counts=overrides, env_kwargs=dict(args.env_kwarg or []),
+        discover_teachers=not args.no_teacher, chunk_size=args.chunk_size,
+        measure_episodes=args.measure_episodes,
+    )
+    wall = time.perf_counter() - t0
+    print(f"wrote {out} ({os.path.getsize(out) / 2**20:.1f} MB, {len(ds)} trajectories, "
+          f"{ds.num_transitions} transitions) in {wall:.1f} s")
+    if not args.quiet:
+        _print_info(out, ds)
+    return 0
+
+
+# -- info ----------------------------------------------------------------------------
+
+
+def info_dict(path: os.PathLike | str, ds=None) -> dict[str, Any]:
+    """What ``jaxil data info`` shows, as a dict."""
+    import numpy as np
+
+    from jaxil.data.format import load
+
+    if ds is None:
+        ds = load(path)
+    summ = ds.summary()
+    tiers = np.asarray(ds.tier)
+    src = np.asarray(ds.source)
+    for i, name in enumerate(ds.info.tier_names):
+        used = sorted(set(src[tiers == i].tolist()))
+        summ["tiers"][name]["sources"] = [ds.info.source_names[j] for j in used]
+    args = ds.info.creation_args
+    return dict(
+        path=str(path),
+        file_mb=os.path.getsize(path) / 2**20,
+        memory_mb=sum(a.nbytes for a in ds.arrays().values()) / 2**20,
+        recipe=ds.info.recipe,
+        seed=args.get("seed"),
+        scale=args.get("scale"),
+        env_kwargs=args.get("env_kwargs"),
+        spec=ds.spec.to_dict(),
+        num_trajectories=len(ds),
+        num_transitions=ds.num_transitions,
+        num_steps=ds.num_steps,
+        overall=summ["overall"],
+        tiers=summ["tiers"],
+        tier_measurements=args.get("tier_measurements"),
+        versions=dict(ds.info.versions),
+    )
+
+
+def _spec_line(spec: dict) -> str:
+    a = spec["action"]
+    action = (f"discrete({a['num_actions']})" if a["kind"] == "discrete"
+              else f"box[{a['low']}, {a['high']}]^{a['dim']}")
+    return (f"{spec['env_id']}  agents {spec['num_agents']}  obs {spec['obs_dim']}  "
+            f"state {spec['state_dim']}  action {action}  max_steps {spec['max_steps']}  "
+            f"win {'yes' if spec['has_win'] else 'no'}")
+
+
+def _print_info(path, ds=None) -> None:
+    d = info_dict(path, ds)
+    print(f"{d['path']}  ({d['file_mb']:.1f} MB on disk, {d['memory_mb']:.1f} MB in memory)")
+    extra = []
+    if d["seed"] is not None:
+        extra.append(f"seed {d['seed']}")
+    if d["scale"] not in (None, 1.0):
+        extra.append(f"scale {d['scale']}")
+    if d["env_kwargs"]:
+        extra.append(f"env {json.dumps(d['env_kwargs'], sort_keys=True)}")
+    print(f"recipe        {d['recipe'] or '-'}" + (f"  ({', '.join(extra)})" if extra else ""))
+    print(f"environment   {_spec_line(d['spec'])}")
+    print(f"trajectories  {d['num_trajectories']}   transitions {d['num_transitions']}   "
+          f"time axis T={d['num_steps']}")
+    print()
+    head = (f"{'tier':<8} {'count':>6} {'expert':>7} {'return mean ± std':>22} "
+            f"{'win rate':>9} {'length':>7}  source")
+    print("dataset tiers")
+    print(head)
+    rows = list(d["tiers"].items()) + [("all", dict(d["overall"], sources=[]))]
+    for name, s in rows:
+        ret = (f"{s['mean_return']:.4g} ± {s['std_return']:.3g}"
+               if s["mean_return"] is not None else "-")
+        print(f"{name:<8} {s['count']:>6} {_fmt(s['expert_fraction'], '.2f'):>7} {ret:>22} "
+              f"{_fmt(s['win_rate'], '.3f'):>9} {_fmt(s['mean_length'], '.1f'):>7}  "
+              f"{', '.join(s.get('sources', []))}")
+    m = d["tier_measurements"]
+    if m:
+        print()
+        print(f"measured tiers ({m['num_episodes']} fresh episodes each, seed {m['seed']})")
+        print(f"{'tier':<8} {'return mean ± std':>22} {'win rate':>9} {'length':>7}  source")
+        for name, s in m["tiers"].items():
+            ret = f"{s['mean_return']:.4g} ± {s['std_return']:.3g}"
+            print(f"{name:<8} {ret:>22} {_fmt(s['win_rate'], '.3f'):>9} "
+                  f"{s['mean_length']:>7.1f}  {s['source']}")
+    print()
+    print("versions      " + ", ".join(f"{k} {v}" for k, v in sorted(d["versions"].items())))
+
+
+def _info(args) -> int:
+    from jaxil.data.format import load
+
+    try:
+        ds = load(args.path)
+    except Exception as e:  # noqa: BLE001 - every load failure is reported the same way
+        from jaxil.data.validate import DatasetError
+
+        if isinstance(e, (DatasetError, FileNotFoundError)):
+            print(f"jaxil data info: error: {e}", file=sys.stderr)
+            return 1
+        raise
+    if args.json:
+        print(json.dumps(info_dict(args.path, ds), indent=2, sort_keys=True))
+    else:
+        _print_info(args.path, ds)
+    return 0
+
+
+# -- validate ------------------------------------------------------------------------
+
+
+def _validate(args) -> int:
+    from jaxil.data.format import load
+    from jaxil.data.validate import DatasetError
+
+    try:
+        ds = load(args.path)
+    except (DatasetError, FileNotFoundError) as e:
+        print(f"INVALID {e}", file=sys.stderr)
+        return 1
+    print(f"OK {args.path}: {len(ds)} trajectories, {ds.num_transitions} transitions, "
+          f"{ds.spec.env_id}, checksums verified")
+    return 0
+
+
+# -- list ----------------------------------------------------------------------------
+
+
+def _expert_note(env_id: str) -> str:
+    from jaxil.data.zoo import find_teacher
+
+    t = find_teacher(env_id)
+    if t is not None:
+        return f"teacher {os.path.relpath(t)}"
+    if env_id.startswith(("smax:", "mpe:simple_spread")) or env_id == "jumanji:LevelBasedForaging-v0":
+        return "scripted"
+    return f"needs a teacher: jaxil teach {env_id}"
+
+
+def _list(args) -> int:
+    from jaxil.data.recipes import KINDS, env_short, list_recipes
+
+    recipes = list_recipes()
+    if args.env:
+        recipes = [r for r in recipes if args.env in (r.env_short, r.env_id)]
+        if not recipes:
+            raise ValueError(f"no recipes for environment {args.env!r}")
+    width = max(len(r.name) for r in recipes) + 2
+    notes: dict[str, str] = {}
+    print(f"{'recipe':<{width}}{'trajectories':>13}  contents")
+    last = None
+    for r in recipes:
+        if r.env_id != last and last is not None:
+            print()
+        last = r.env_id
+        print(f"{r.name:<{width}}{r.total:>13}  {r.description}")
+        notes.setdefault(env_short(r.env_id), _expert_note(r.env_id))
+    print()
+    print("expert tier per environment (a complete teacher under runs/teachers/ wins over "
+          "the scripted expert):")
+    for short, note in notes.items():
+        print(f"  {short:<{width}}{note}")
+    print()
+    print(f"kinds: {', '.join(KINDS)}; any mix as <env>/mix-<n><e|m|p|r>-..., e.g. "
+          f"smax-3m/mix-200e-500m-1000p. Build with `jaxil data build <recipe>`.")
+    return 0
+
+
+# -- registration --------------------------------------------------------------------
+
+
+def register(sub) -> None:
+    p = sub.add_parser("data", help="build, inspect, validate and list offline datasets",
+                       description=__doc__.splitlines()[0])
+    dsub = p.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+    b = dsub.add_parser("build", help="collect a named recipe into a dataset file")
+    b.add_argument("recipe", help="e.g. smax-3m/misodice-200e-1000p (see `jaxil data list`)")
+    b.add_argument("--seed", type=int, default=0, help="build seed (default 0)")
+    b.add_argument("--out", default=None,
+                   help="output file (default runs/data/<env-short>-<recipe>[...].npz)")
+    b.add_argument("--teacher", default=None, metavar="DIR",
+                   help="teacher run directory for the tiers (default: look under runs/teachers)")
+    b.add_argument("--no-teacher", action="store_true",
+                   help="ignore trained teachers; use the scripted expert")
+    b.add_argument("--scale", type=float, default=1.0,
+                   help="multiply every tier count (e.g. 0.01 for a tiny test version)")
+    for t in TIERS:
+        b.add_argument(f"--n-{t}", type=int, default=None, metavar="N",
+                       help=f"number of {t} trajectories (overrides the recipe and --scale)")
+    b.add_argument("--env-kwarg", type=_kv, action="append", metavar="KEY=VALUE",
+                   help="environment keyword override (JSON value), e.g. max_steps=50")
+    b.add_argument("--chunk-size", type=int, default=128,
+                   help="episodes per compiled call (default 128)")
+    b.add_argument("--measure-episodes", type=int, default=128,
+                   help="episodes per tier to measure every tier's return (0: skip)")
+    b.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    b.set_defaults(func=_build)
+
+    i = dsub.add_parser("info", help="tiers, returns, win rates, sizes, spec, recipe, versions")
+    i.add_argument("path")
+    i.add_argument("--json", action="store_true", help="machine-readable output")
+    i.set_defaults(func=_info)
+
+    v = dsub.add_parser("validate", help="check a dataset file (exit 0 valid, 1 invalid)")
+    v.add_argument("path")
+    v.set_defaults(func=_validate)
+
+    ls = dsub.add_parser("list", help="all named recipes")
+    ls.add_argument("--env", default=None, help="only this environment (short name or id)")
+    ls.set_defaults(func=_list)

@@ -1,0 +1,735 @@
+"""The policy zoo: per environment, demonstrators of named quality tiers.
+
+Every environment that has an expert gets four tiers::
+
+    expert   the best checkpoint of a trained teacher (``jaxil.teachers``), or,
+             without one, a scripted expert where jaxil has a correct one
+             (SMAX: JaxMARL's heuristic; MPE spread: landmark assignment +
+             PD control; LevelBasedForaging: BFS to the team's target food)
+    medium   a mid-training teacher checkpoint whose evaluated return lies in
+             the medium band, else the expert with ε = 0.4 per-agent noise
+    poor     an early teacher checkpoint in the poor band, else the expert
+             with ε = 0.85 per-agent noise
+    random   uniform over the available actions (or the action box)
+
+Bands are on the teacher's own evaluation (``teacher.json``) normalised as
+``(R - R_random) / (R_best - R_random)``: medium in ``[0.3, 0.8]`` (nearest
+0.55 wins), poor in ``[0.0, 0.35]`` (nearest 0.15). ε-noise is
+:func:`envs.policies.epsilon_mixture`: each agent independently acts
+uniformly at random with probability ε at every step.
+
+Teachers are looked up under ``runs/teachers/<env>/`` (``<env>`` is the id with
+``:`` replaced by ``_``, e.g. ``runs/teachers/smax_3m``; the short recipe name
+such as ``smax-3m`` and the bare name ``3m`` also match) in ``$JAXIL_TEACHERS``,
+the working directory and the repository; only complete runs are picked up
+automatically, an explicit ``teacher_dir`` may be a run still in progress.
+
+Collection is one jitted program per tier and chunk size: a ``vmap`` of
+:func:`envs.run_episodes` for ONE episode over a chunk of per-episode keys,
+so episode ``i`` is reproducible on its own from its integer seed::
+
+    envs.run_episodes(env, tier.policy, tier.params, jax.random.PRNGKey(seed_i), 1)
+
+:func:`measure_tiers` rolls every tier out (default 128 episodes, one compiled
+program per tier) and reports mean return ± std, win rate and length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import envs
+from envs.core import EnvSpec, MultiAgentEnv
+from envs.policies import Policy, as_policy, random_policy
+
+TIERS = ("expert", "medium", "poor", "random")
+EPSILON = {"medium": 0.4, "poor": 0.85}
+# Per-environment ε where the defaults do not separate the tiers (see
+# data_report.md): LevelBasedForaging pays 1 for clearing the board however
+# long it takes, so ε = 0.4 still clears every board within the time limit
+# (return 1.0, like the expert); ε = 0.7 clears about half.
+EPSILON_OVERRIDES: dict[str, dict[str, float]] = {
+    "jumanji:LevelBasedForaging-v0": {"medium": 0.7},
+}
+# Normalised-score bands (lo, hi, target) for picking teacher checkpoints.
+CHECKPOINT_BANDS = {"medium": (0.3, 0.8, 0.55), "poor": (0.0, 0.35, 0.15)}
+TEACHERS_ENV_VAR = "JAXIL_TEACHERS"
+DEFAULT_CHUNK = 128
+MAX_SEED = 2**31  # per-episode seeds are < 2**31, so PRNGKey(seed) is exact
+
+
+class ExpertUnavailable(ValueError):
+    """An environment has no trained teacher and no scripted expert."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TierPolicy:
+    """One demonstrator: ``policy`` (a plain function or :class:`envs.policies.Policy`)
+    with its ``params``.
+
+    Attributes:
+      tier: ``"expert"``, ``"medium"``, ``"poor"`` or ``"random"``.
+      source: short stable name recorded in datasets, e.g.
+        ``"smax-heuristic"``, ``"smax-heuristic+eps0.85"``,
+        ``"teacher:smax_3m@2990080"``, ``"random"``.
+      details: JSON-friendly provenance (kind, epsilon, teacher dir and step,
+        the teacher's own evaluation, ...).
+      program: tiers with the same ``program`` share one policy function and
+        differ only in ``params``, so they share compiled collectors.
+    """
+
+    tier: str
+    source: str
+    policy: Any
+    params: Any
+    details: Mapping[str, Any]
+    program: str
+
+
+# ---------------------------------------------------------------------------
+# Teachers
+# ---------------------------------------------------------------------------
+def teacher_roots() -> list[Path]:
+    """Where teachers are looked up: ``$JAXIL_TEACHERS`` (``os.pathsep``
+    separated), ``./runs/teachers``, and ``<repository>/runs/teachers``."""
+    roots = []
+    env = os.environ.get(TEACHERS_ENV_VAR)
+    if env:
+        roots += [Path(p) for p in env.split(os.pathsep) if p]
+    roots.append(Path.cwd() / "runs" / "teachers")
+    roots.append(Path(__file__).resolve().parents[2] / "runs" / "teachers")
+    out: list[Path] = []
+    for r in roots:
+        if r.resolve() not in [o.resolve() for o in out]:
+            out.append(r)
+    return out
+
+
+def teacher_dir_names(env_id: str) -> list[str]:
+    """Directory names a teacher of ``env_id`` may have under a root."""
+    family, _, name = env_id.partition(":")
+    return list(dict.fromkeys([env_id.replace(":", "_"), f"{family}-{name}", name]))
+
+
+def _read_teacher(path: Path) -> Optional[dict]:
+    f = path / "teacher.json"
+    if not f.is_file():
+        return None
+    try:
+        with open(f) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def find_teacher(env_id: str) -> Optional[Path]:
+    """A COMPLETE teacher run of ``env_id`` under :func:`teacher_roots`, or None."""
+    for root in teacher_roots():
+        for name in teacher_dir_names(env_id):
+            d = root / name
+            doc = _read_teacher(d)
+            if doc and doc.get("env_id") == env_id and doc.get("complete") and doc.get(
+                "checkpoints"
+            ):
+                return d
+    return None
+
+
+def _compatible(a: EnvSpec, b: EnvSpec) -> bool:
+    """Same agents, observations and actions (time limits may differ)."""
+    return (a.num_agents, a.obs_dim, a.action) == (b.num_agents, b.obs_dim, b.action)
+
+
+def noisy_policy(policy: Any, spec: EnvSpec) -> Policy:
+    """``policy`` with per-agent ε-noise, ε a traced parameter.
+
+    ``params = {"base": base_params, "epsilon": ε}``: at every step each agent
+    independently acts uniformly at random (over its available actions, or the
+    action box) with probability ε and follows ``policy`` otherwise — the
+    semantics of :func:`envs.policies.epsilon_mixture`, but one compiled
+    program serves every ε and every checkpoint of the same network, so the
+    expert, medium and poor tiers of an environment compile once.
+    """
+    base = as_policy(policy)
+    rand = random_policy(spec)
+    n = spec.num_agents
+
+    def act(params, obs, avail, key, carry):
+        k_base, k_rand, k_coin = jax.random.split(key, 3)
+        a, carry = base.act(params["base"], obs, avail, k_base, carry)
+        r = rand(None, obs, avail, k_rand)
+        explore = jax.random.uniform(k_coin, (n,)) < params["epsilon"]
+        explore = explore.reshape((n,) + (1,) * (a.ndim - 1))
+        return jnp.where(explore, r, a).astype(a.dtype), carry
+
+    return Policy(init=base.init, act=act)
+
+
+def noisy_params(base_params: Any, epsilon: float) -> dict[str, Any]:
+    if not 0.0 <= epsilon <= 1.0:
+        raise ValueError(f"epsilon must be in [0, 1], got {epsilon}")
+    return {"base": base_params, "epsilon": np.float32(epsilon)}
+
+
+def tier_epsilons(env_id: str) -> dict[str, float]:
+    """ε of the noised-expert medium and poor tiers of ``env_id``."""
+    return {**EPSILON, **EPSILON_OVERRIDES.get(env_id, {})}
+
+
+def _teacher_tiers(env: MultiAgentEnv, teacher_dir: Path) -> dict[str, TierPolicy]:
+    from jaxil.teachers import load_teacher
+
+    doc = _read_teacher(teacher_dir)
+    if doc is None:
+        raise FileNotFoundError(
+            f"{teacher_dir} has no readable teacher.json; give the output directory of "
+            f"`jaxil teach` / jaxil.teachers.train_teacher"
+        )
+    spec = env.spec
+    if doc.get("env_id") != spec.env_id:
+        raise ValueError(
+            f"teacher {teacher_dir} was trained on {doc.get('env_id')!r}, not {spec.env_id!r}"
+        )
+    ckpts = [c for c in doc.get("checkpoints", []) if "eval_stochastic" in c]
+    if not ckpts:
+        raise FileNotFoundError(
+            f"teacher {teacher_dir} has no evaluated checkpoints yet; wait for training "
+            f"to write one"
+        )
+    if not doc.get("complete"):
+        warnings.warn(f"teacher {teacher_dir} is still training; using its checkpoints so far")
+    ret = lambda c: float(c["eval_stochastic"]["return_mean"])  # noqa: E731
+    best = max(ckpts, key=lambda c: (ret(c), c["step"]))
+    r_best = ret(best)
+    r_rand = (doc.get("random_baseline") or {}).get("return_mean")
+    name = teacher_dir.name
+
+    def load(step):
+        policy, params, tspec = load_teacher(str(teacher_dir), step=step)
+        if not _compatible(tspec, spec):
+            raise ValueError(
+                f"teacher {teacher_dir} acts on {tspec} but the environment is {spec}; "
+                f"train the teacher with the same environment keywords"
+            )
+        return policy, params
+
+    def ckpt_details(c):
+        ev = c["eval_stochastic"]
+        out = dict(teacher_dir=str(teacher_dir), step=int(c["step"]),
+                   teacher_eval_return=ev["return_mean"])
+        if "win_rate" in ev:
+            out["teacher_eval_win_rate"] = ev["win_rate"]
+        return out
+
+    # Every checkpoint has the same network: one policy function (and one
+    # compiled program) serves them all, noised or not.
+    base, best_params = load(best["step"])
+    policy = noisy_policy(base, spec)
+    program = f"teacher:{name}"
+    expert_src = f"teacher:{name}@{best['step']}"
+    tiers = {
+        "expert": TierPolicy("expert", expert_src, policy, noisy_params(best_params, 0.0),
+                             dict(kind="teacher", **ckpt_details(best)), program)
+    }
+    eps = tier_epsilons(spec.env_id)
+    for tier in ("medium", "poor"):
+        chosen = None
+        if r_rand is not None and r_best > r_rand:
+            lo, hi, target = CHECKPOINT_BANDS[tier]
+            scored = [((ret(c) - r_rand) / (r_best - r_rand), c) for c in ckpts
+                      if c["step"] != best["step"]]
+            inside = [(abs(sc - target), sc, c) for sc, c in scored if lo <= sc <= hi]
+            if inside:
+                _, score, chosen = min(inside, key=lambda x: (x[0], x[2]["step"]))
+        if chosen is not None:
+            _, params = load(chosen["step"])
+            tiers[tier] = TierPolicy(
+                tier, f"teacher:{name}@{chosen['step']}", policy, noisy_params(params, 0.0),
+                dict(kind="teacher-checkpoint", normalized_score=round(score, 4),
+                     band=list(CHECKPOINT_BANDS[tier][:2]), **ckpt_details(chosen)), program)
+        else:
+            e = eps[tier]
+            tiers[tier] = TierPolicy(
+                tier, f"{expert_src}+eps{e}", policy, noisy_params(best_params, e),
+                dict(kind="epsilon-expert", epsilon=e,
+                     note="no teacher checkpoint in the band "
+                          f"{list(CHECKPOINT_BANDS[tier][:2])}", **ckpt_details(best)),
+                program)
+    return tiers
+
+
+# ---------------------------------------------------------------------------
+# Scripted experts
+# ---------------------------------------------------------------------------
+def spread_expert(env: MultiAgentEnv, horizon: float = 2.0) -> Callable:
+    """Scripted expert for MPE ``simple_spread`` (continuous or discrete).
+
+    Every agent rebuilds the whole layout from its OWN observation
+    ``[vel (2), pos (2), landmarks - pos (2L), others - pos (2(N-1)), comm]``
+    (other agents in index order), solves the same agent→landmark assignment
+    (minimum total distance, exhaustively over all injective maps when there
+    are at most 40 320 of them, greedily otherwise) and steers to its landmark
+    with a dead-beat velocity controller: MPE integrates ``p += 0.1 v`` then
+    ``v = 0.75 v + 0.5 u`` (``u`` the net force in ``[-1, 1]^2``), so it asks for
+    the velocity that closes the remaining gap in ``horizon`` steps and applies
+    the force that gets there, clipped. Continuous actions encode ``u`` as
+    ``(0, u_x^-, u_x^+, u_y^-, u_y^+)``; discrete ones take the dominant axis
+    (no-op when the force is small). Agents without a landmark (N > L) hold
+    still. Collisions are not planned around.
+    """
+    raw = getattr(env, "raw", None)
+    if raw is None or not hasattr(raw, "num_landmarks") or not env.spec.env_id.startswith(
+        "mpe:simple_spread"
+    ):
+        raise TypeError(f"spread_expert needs an mpe:simple_spread environment, got {env!r}")
+    N, L = int(raw.num_agents), int(raw.num_landmarks)
+    damping, dt = float(raw.damping), float(raw.dt)
+    accel = float(np.asarray(raw.accel)[0])
+    gain = accel * dt  # velocity change per unit force per step
+    spec = env.spec
+    small, large = (N, L) if N <= L else (L, N)
+    exhaustive = math.perm(large, small) <= 40_320
+    if exhaustive:
+        maps = jnp.array(list(itertools.permutations(range(large), small)), jnp.int32)
+
+    def assignment(cost):  # cost [N, L] -> landmark of each agent (-1: none)
+        if exhaustive:
+            if N <= L:
+                total = cost[jnp.arange(N)[None], maps].sum(-1)  # maps: agent -> landmark
+                return maps[jnp.argmin(total)]
+            total = cost[maps, jnp.arange(L)[None]].sum(-1)  # maps: landmark -> agent
+            best = maps[jnp.argmin(total)]
+            return jnp.full((N,), -1, jnp.int32).at[best].set(jnp.arange(L, dtype=jnp.int32))
+        out = jnp.full((N,), -1, jnp.int32)
+        c = cost
+        for _ in range(small):  # globally nearest free pair first
+            k = jnp.argmin(c)
+            a, l = k // L, k % L
+            out = out.at[a].set(l)
+            c = c.at[a, :].set(jnp.inf).at[:, l].set(jnp.inf)
+        return out
+
+    def agent_force(i, o):
+        vel, pos = o[0:2], o[2:4]
+        lm = pos + o[4:4 + 2 * L].reshape(L, 2)
+        others = pos + o[4 + 2 * L:4 + 2 * L + 2 * (N - 1)].reshape(N - 1, 2)
+        j = jnp.arange(N)
+        agents = jnp.where(
+            (j == i)[:, None], pos, others[jnp.clip(j - (j > i), 0, N - 2)]
+        ) if N > 1 else pos[None]
+        cost = jnp.linalg.norm(agents[:, None, :] - lm[None, :, :], axis=-1)
+        target = assignment(cost)[i]
+        gap = lm[jnp.maximum(target, 0)] - (pos + dt * vel)
+        v_star = gap / (dt * horizon)
+        u = jnp.clip((v_star - (1.0 - damping) * vel) / gain, -1.0, 1.0)
+        return jnp.where(target >= 0, u, jnp.clip(-(1.0 - damping) * vel / gain, -1.0, 1.0))
+
+    def act(params, obs, avail, key):
+        u = jax.vmap(agent_force)(jnp.arange(N), obs)  # [N, 2]
+        if spec.discrete:
+            ax = jnp.argmax(jnp.abs(u), axis=-1)
+            val = jnp.take_along_axis(u, ax[:, None], -1)[:, 0]
+            a = 1 + 2 * ax + (val > 0)  # 1: -x, 2: +x, 3: -y, 4: +y
+            return jnp.where(jnp.abs(val) < 0.05, 0, a).astype(jnp.int32)
+        zero = jnp.zeros((N, 1), jnp.float32)
+        pos_u, neg_u = jnp.maximum(u, 0.0), jnp.maximum(-u, 0.0)
+        out = jnp.concatenate(
+            [zero, neg_u[:, :1], pos_u[:, :1], neg_u[:, 1:], pos_u[:, 1:]], axis=-1
+        )
+        return jnp.clip(out, spec.action.low, spec.action.high)
+
+    return act
+
+
+def lbf_expert(env: MultiAgentEnv, jitter: float = 0.05) -> Callable:
+    """Scripted expert for Jumanji LevelBasedForaging (full-view vector obs).
+
+    With ``fov = grid_size`` the vector view holds absolute (row, col, level)
+    of every food (eaten: level 0), of the agent itself, then of the other
+    agents in index order, so every agent sees the same layout and makes the
+    same team decisions:
+
+    1. target: among remaining food whose level the whole team can lift, the
+       one with the smallest summed Manhattan distance to all agents (lowest
+       index on ties) — with ``force_coop`` every food needs everyone;
+    2. cells: the agents take distinct free cells next to the target food,
+       the assignment minimising total Manhattan distance (exhaustive for at
+       most 4 agents, greedy in index order otherwise);
+    3. move: shortest path (BFS over the grid, food and other agents are
+       walls) to the own cell, ties broken at random; once there, ``load``
+       every step until the food is gone (it goes when the loading levels
+       add up).
+
+    With probability ``jitter`` an agent takes a random legal action instead,
+    which breaks the rare livelock of two agents bumping into the same cell.
+    Needs the default full view (``fov == grid_size``) and the vector
+    observation; otherwise it raises :class:`ExpertUnavailable`.
+    """
+    cfg = getattr(env, "config", None)
+    if cfg is None or env.spec.env_id != "jumanji:LevelBasedForaging-v0":
+        raise TypeError(f"lbf_expert needs a LevelBasedForaging environment, got {env!r}")
+    if cfg["grid_observation"] or cfg["fov"] != cfg["grid_size"]:
+        raise ExpertUnavailable(
+            "the scripted LevelBasedForaging expert needs the full-view vector observation "
+            f"(fov == grid_size, grid_observation=False), got fov={cfg['fov']}, "
+            f"grid_size={cfg['grid_size']}, grid_observation={cfg['grid_observation']}; "
+            f"train a teacher instead: jaxil teach {env.spec.env_id}"
+        )
+    G, N, F = int(cfg["grid_size"]), env.spec.num_agents, int(cfg["num_food"])
+    LOAD, BIG = 5, 10_000
+    moves = jnp.array([[0, 0], [-1, 0], [1, 0], [0, -1], [0, 1]], jnp.int32)  # noop,U,D,L,R
+    sides = moves[1:]
+    cell_maps = (
+        jnp.array(list(itertools.permutations(range(4), N)), jnp.int32) if N <= 4 else None
+    )
+
+    def manhattan(a, b):
+        return jnp.abs(a - b).sum(-1)
+
+    def bfs(target, blocked):  # distances [G, G] to target over free cells
+        dist = jnp.full((G, G), BIG, jnp.int32).at[target[0], target[1]].set(0)
+
+        def relax(_, d):
+            pad = jnp.pad(d, 1, constant_values=BIG)
+            nb = jnp.minimum(
+                jnp.minimum(pad[:-2, 1:-1], pad[2:, 1:-1]), jnp.minimum(pad[1:-1, :-2], pad[1:-1, 2:])
+            )
+            return jnp.where(blocked, BIG, jnp.minimum(d, nb + 1))
+
+        return jax.lax.fori_loop(0, G * G, relax, dist)
+
+    def agent_act(i, o, avail, key):
+        v = jnp.round(o).astype(jnp.int32).reshape(F + N, 3)
+        food, f_lvl = v[:F, :2], v[:F, 2]
+        me = v[F, :2]
+        others, o_lvl = v[F + 1:, :2], v[F + 1:, 2]
+        j = jnp.arange(N)
+        idx = jnp.clip(j - (j > i), 0, max(N - 2, 0))
+        if N > 1:
+            pos = jnp.where((j == i)[:, None], me, others[idx])
+            lvl = jnp.where(j == i, v[F, 2], o_lvl[idx])
+        else:
+            pos, lvl = me[None], v[F, 2][None]
+        seen = lvl > 0
+        present = f_lvl > 0
+        loadable = present & (f_lvl <= jnp.sum(jnp.where(seen, lvl, 0)))
+        team_cost = jnp.sum(jnp.where(seen[None], manhattan(food[:, None], pos[None]), 0), -1)
+        f = jnp.argmin(jnp.where(loadable, team_cost, BIG))
+        any_food = jnp.any(loadable)
+        cells = food[f] + sides  # [4, 2]
+        in_grid = jnp.all((cells >= 0) & (cells < G), -1)
+        on_food = jnp.any(jnp.all(cells[:, None] == food[None], -1) & present[None], -1)
+        cell_ok = in_grid & ~on_food
+        cost = jnp.where(cell_ok[None] & seen[:, None], manhattan(pos[:, None], cells[None]), BIG)
+        if cell_maps is not None:
+            total = cost[jnp.arange(N)[None], cell_maps].sum(-1)
+            mine = cell_maps[jnp.argmin(total)][i]
+        else:
+            taken = jnp.zeros((4,), bool)
+            mine = jnp.int32(0)
+            for k in range(N):
+                c = jnp.argmin(jnp.where(taken, BIG + 1, cost[k]))
+                mine = jnp.where(k == i, c, mine)
+                taken = taken.at[c].set(True)
+        valid = cell_ok[mine]
+        target = jnp.clip(cells[mine], 0, G - 1)
+        grid = jnp.zeros((G, G), bool)
+        grid = grid.at[food[:, 0], food[:, 1]].max(present, mode="drop")
+        other = (j != i) & seen
+        grid = grid.at[pos[:, 0], pos[:, 1]].max(other, mode="drop")
+        grid = grid.at[target[0], target[1]].set(False)
+        dist = bfs(target, grid)
+        nxt = me[None] + moves[1:]
+        nxt_ok = jnp.all((nxt >= 0) & (nxt < G), -1)
+        d_next = jnp.where(nxt_ok, dist[jnp.clip(nxt[:, 0], 0, G - 1), jnp.clip(nxt[:, 1], 0, G - 1)], BIG)
+        k_tie, k_jit, k_rand = jax.random.split(key, 3)
+        score = d_next + 0.5 * jax.random.uniform(k_tie, (4,))
+        improving = avail[1:5] & (d_next < dist[me[0], me[1]])
+        best = 1 + jnp.argmin(jnp.where(improving, score, BIG))
+        rand = jax.random.categorical(k_rand, jnp.where(avail, 0.0, -jnp.inf)).astype(jnp.int32)
+        arrived = jnp.all(me == target)
+        a = jnp.where(arrived, LOAD, jnp.where(jnp.any(improving), best, rand))
+        a = jnp.where(any_food & valid, a, 0)
+        a = jnp.where(jax.random.uniform(k_jit) < jitter, rand, a)
+        return a.astype(jnp.int32)
+
+    def act(params, obs, avail, key):
+        return jax.vmap(agent_act)(jnp.arange(N), obs, avail, jax.random.split(key, N))
+
+    return act
+
+
+def scripted_expert(env: MultiAgentEnv) -> Optional[tuple[Any, str, str]]:
+    """``(policy, source name, description)`` of jaxil's scripted expert for
+    ``env``, or None when there is none."""
+    eid = env.spec.env_id
+    if eid.startswith("smax:"):
+        from envs.smax import heuristic_policy
+
+        return (heuristic_policy(env), "smax-heuristic",
+                "JaxMARL's scripted SMAX micro-management policy driving the allies")
+    if eid.startswith("mpe:simple_spread"):
+        return (spread_expert(env), "spread-assign-pd",
+                "min-total-distance landmark assignment from the own observation, "
+                "dead-beat velocity control (jaxil.data.zoo.spread_expert)")
+    if eid == "jumanji:LevelBasedForaging-v0":
+        return (lbf_expert(env), "lbf-bfs-coop",
+                "team targets the nearest liftable food, BFS to distinct adjacent "
+                "cells, load together (jaxil.data.zoo.lbf_expert)")
+    return None
+
+
+# ---------------------------------------------------------------------------
+# The zoo
+# ---------------------------------------------------------------------------
+class Zoo:
+    """The tiers of one environment, plus cached compiled collectors.
+
+    Build with :func:`make_zoo`. ``zoo["expert"]`` is a :class:`TierPolicy`;
+    :meth:`collect` rolls a tier out for a list of per-episode seeds.
+    """
+
+    def __init__(self, env_id: str, env_kwargs: Mapping[str, Any], env: MultiAgentEnv,
+                 tiers: Mapping[str, TierPolicy]):
+        self.env_id = env_id
+        self.env_kwargs = dict(env_kwargs)
+        self.env = env
+        self.tiers = dict(tiers)
+        self._compiled: dict[tuple[str, int], Callable] = {}
+
+    @property
+    def spec(self) -> EnvSpec:
+        return self.env.spec
+
+    def __getitem__(self, tier: str) -> TierPolicy:
+        if tier not in self.tiers:
+            raise KeyError(f"unknown tier {tier!r}; tiers: {', '.join(self.tiers)}")
+        return self.tiers[tier]
+
+    def __repr__(self) -> str:
+        srcs = ", ".join(f"{t}={p.source}" for t, p in self.tiers.items())
+        return f"Zoo({self.env_id!r}: {srcs})"
+
+    def describe(self) -> dict[str, dict[str, Any]]:
+        """``{tier: {"source", **details}}`` (JSON-friendly)."""
+        return {t: dict(source=p.source, **p.details) for t, p in self.tiers.items()}
+
+    def collector(self, tier: str, chunk_size: int) -> Callable:
+        """Jitted ``(params, keys [C, 2] uint32) -> Episodes [C, ...]``: one
+        episode per key, compiled once per program (see
+        :attr:`TierPolicy.program`) and chunk size."""
+        k = (self[tier].program, int(chunk_size))
+        if k not in self._compiled:
+            pol = as_policy(self[tier].policy)
+            env = self.env
+
+            def one(params, key):
+                ep = envs.run_episodes(env, pol, params, key, 1)
+                return jax.tree.map(lambda x: x[0], ep)
+
+            self._compiled[k] = jax.jit(jax.vmap(one, in_axes=(None, 0)))
+        return self._compiled[k]
+
+    def collect(self, tier: str, seeds: Sequence[int], chunk_size: int = DEFAULT_CHUNK,
+                bar: Any = None) -> Any:
+        """Roll ``tier`` out once per seed; numpy ``Episodes`` batch-major ``[E, ...]``.
+
+        Seeds go through in chunks of ``chunk_size`` (the last chunk is padded,
+        so one compiled program serves every chunk); ``bar`` (a tqdm bar) is
+        advanced by the episodes of each chunk.
+        """
+        seeds = np.asarray(seeds, np.int64).reshape(-1)
+        if seeds.size and (seeds.min() < 0 or seeds.max() >= MAX_SEED):
+            raise ValueError(f"episode seeds must lie in [0, 2**31), got {seeds.min()}..{seeds.max()}")
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        fn = self.collector(tier, chunk_size)
+        params = self[tier].params
+        parts = []
+        for start in range(0, len(seeds), chunk_size):
+            chunk = seeds[start:start + chunk_size]
+            padded = np.concatenate([chunk, np.zeros(chunk_size - len(chunk), np.int64)])
+            out = jax.device_get(fn(params, episode_keys(padded)))
+            parts.append(jax.tree.map(lambda x, n=len(chunk): np.asarray(x)[:n], out))
+            if bar is not None:
+                bar.update(len(chunk))
+        if not parts:
+            raise ValueError("collect needs at least one seed")
+        return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *parts)
+
+
+def episode_keys(seeds: Any) -> jax.Array:
+    """``[E, 2]`` uint32 keys equal to ``jax.random.PRNGKey(seed)`` for each
+    seed in ``[0, 2**31)``."""
+    s = np.asarray(seeds, np.int64)
+    return jnp.asarray(np.stack([np.zeros_like(s), s], -1).astype(np.uint32))
+
+
+def no_expert_message(env_id: str) -> str:
+    return (
+        f"{env_id} has no expert: no trained teacher was found (looked for "
+        f"{', '.join(str(r / n) for r in teacher_roots() for n in teacher_dir_names(env_id)[:1])}) "
+        f"and jaxil has no scripted expert for it. Train one with `jaxil teach {env_id}` "
+        f"(or `python -m jaxil.teachers.zoo --env {env_id} --out "
+        f"runs/teachers/{env_id.replace(':', '_')}`) and pass its directory as teacher_dir / "
+        f"--teacher."
+    )
+
+
+def make_zoo(
+    env_id: str,
+    *,
+    env_kwargs: Optional[Mapping[str, Any]] = None,
+    teacher_dir: Optional[os.PathLike | str] = None,
+    discover: bool = True,
+    cache: bool = True,
+) -> Zoo:
+    """The four tiers of ``env_id``.
+
+    Args:
+      env_id: registry id, e.g. ``"smax:3m"``.
+      env_kwargs: keyword overrides for :func:`envs.make` (e.g. ``max_steps``).
+      teacher_dir: a teacher run directory to take the tiers from (may still
+        be training); ``None`` looks one up (see the module docstring).
+      discover: look for a complete teacher when ``teacher_dir`` is None;
+        ``False`` forces the scripted expert.
+      cache: reuse the zoo (and its compiled collectors) of an earlier call
+        with the same arguments in this process; a teacher whose
+        ``teacher.json`` changed since is reloaded.
+
+    Raises:
+      ExpertUnavailable: neither a teacher nor a scripted expert exists.
+    """
+    env_kwargs = dict(env_kwargs or {})
+    if teacher_dir is None and discover:
+        teacher_dir = find_teacher(env_id)
+    key = None
+    if cache:
+        stamp = None
+        if teacher_dir is not None:
+            f = Path(teacher_dir) / "teacher.json"
+            stamp = f.stat().st_mtime_ns if f.exists() else None
+        key = (env_id, json.dumps(env_kwargs, sort_keys=True, default=str),
+               None if teacher_dir is None else str(Path(teacher_dir).resolve()), stamp)
+        if key in _ZOO_CACHE:
+            return _ZOO_CACHE[key]
+    zoo = _make_zoo(env_id, env_kwargs, teacher_dir)
+    if key is not None:
+        while len(_ZOO_CACHE) >= 8:
+            _ZOO_CACHE.pop(next(iter(_ZOO_CACHE)))
+        _ZOO_CACHE[key] = zoo
+    return zoo
+
+
+_ZOO_CACHE: dict[tuple, Zoo] = {}
+
+
+def _make_zoo(env_id: str, env_kwargs: dict, teacher_dir: Optional[os.PathLike | str]) -> Zoo:
+    env = envs.make(env_id, **env_kwargs)
+    spec = env.spec
+    if teacher_dir is not None:
+        tiers = _teacher_tiers(env, Path(teacher_dir))
+    else:
+        scripted = scripted_expert(env)
+        if scripted is None:
+            raise ExpertUnavailable(no_expert_message(env_id))
+        base, name, desc = scripted
+        policy = noisy_policy(base, spec)
+        tiers = {"expert": TierPolicy("expert", name, policy, noisy_params(None, 0.0),
+                                      dict(kind="scripted", description=desc), name)}
+        for tier, e in tier_epsilons(env_id).items():
+            tiers[tier] = TierPolicy(tier, f"{name}+eps{e}", policy, noisy_params(None, e),
+                                     dict(kind="epsilon-expert", epsilon=e), name)
+    tiers["random"] = TierPolicy("random", "random", random_policy(spec), None,
+                                 dict(kind="random"), "random")
+    return Zoo(env_id, env_kwargs, env, {t: tiers[t] for t in TIERS})
+
+
+def measurement_seeds(seed: int, num_episodes: int) -> np.ndarray:
+    """Distinct per-episode seeds of :func:`measure_tiers` (independent of the
+    seeds a recipe collects with)."""
+    return np.random.default_rng([int(seed), 0x6D656173]).choice(
+        MAX_SEED, size=num_episodes, replace=False
+    )
+
+
+def summarize_episodes(eps: Any, has_win: bool) -> dict[str, Any]:
+    ret = np.asarray(eps.episode_return, np.float64)
+    out = dict(
+        episodes=int(ret.size),
+        mean_return=float(ret.mean()),
+        std_return=float(ret.std()),
+        mean_length=float(np.asarray(eps.length).mean()),
+    )
+    out["win_rate"] = float(np.asarray(eps.won).mean()) if has_win else None
+    return out
+
+
+def measure_tiers(
+    env_id: str,
+    *,
+    tiers: Sequence[str] = TIERS,
+    num_episodes: int = 128,
+    seed: int = 0,
+    teacher_dir: Optional[os.PathLike | str] = None,
+    discover: bool = True,
+    env_kwargs: Optional[Mapping[str, Any]] = None,
+    chunk_size: Optional[int] = None,
+    out_path: Optional[os.PathLike | str] = None,
+    zoo: Optional[Zoo] = None,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Mean return ± std, win rate and length of each tier over ``num_episodes``.
+
+    Each tier is one compiled, vectorized program (the collector of
+    :meth:`Zoo.collect`; ``chunk_size`` defaults to ``num_episodes``, so one
+    call). Pass ``zoo`` to reuse its compiled programs. Writes the result as
+    JSON to ``out_path`` if given.
+
+    Returns:
+      ``{"env_id", "env_kwargs", "num_episodes", "seed", "tiers": {tier:
+      {"source", "episodes", "mean_return", "std_return", "win_rate",
+      "mean_length"}}}`` (``win_rate`` None when the task has no win).
+    """
+    if num_episodes < 1:
+        raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
+    if zoo is None:
+        zoo = make_zoo(env_id, env_kwargs=env_kwargs, teacher_dir=teacher_dir, discover=discover)
+    elif zoo.env_id != env_id:
+        raise ValueError(f"zoo is for {zoo.env_id!r}, not {env_id!r}")
+    seeds = measurement_seeds(seed, num_episodes)
+    chunk = int(chunk_size or num_episodes)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=num_episodes * len(tiers), unit="ep", desc=f"measure {env_id}",
+                   dynamic_ncols=True)
+    result = {}
+    try:
+        for t in tiers:
+            eps = zoo.collect(t, seeds, chunk, bar)
+            result[t] = dict(source=zoo[t].source, **summarize_episodes(eps, zoo.spec.has_win))
+    finally:
+        if bar is not None:
+            bar.close()
+    doc = dict(env_id=env_id, env_kwargs=zoo.env_kwargs, num_episodes=int(num_episodes),
+               seed=int(seed), tiers=result)
+    if out_path is not None:
+        out_path = Path(out_path)
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out_path.with_name(f".{out_path.name}.tmp")
+        tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, out_path)
+    return doc
