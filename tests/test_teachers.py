@@ -121,6 +121,10 @@ class ContinuousToy(MultiAgentEnv):
 envs.register("toy:masked", MaskedToy)
 envs.register("toy:continuous", ContinuousToy)
 
+# Compilation dominates these tests on a CPU; XLA's optimisation level 0
+# halves it (the programs run slower, which does not matter at this size).
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
+
 TINY = PPOConfig(
     algo="mappo",
     total_timesteps=4 * 2 * 16 * 8,  # 4 chunks x 2 updates x (16 envs x 8 steps)
@@ -138,38 +142,48 @@ TINY = PPOConfig(
 # The masked actor
 # --------------------------------------------------------------------------
 def test_masked_actor_gives_unavailable_actions_zero_probability():
-    n, a = 3, 6
-    actor = Actor(num_agents=n, action_dim=a, discrete=True, hidden_sizes=(32,))
-    key = jax.random.PRNGKey(0)
-    params = actor.init(key, jnp.zeros((n, 5)))
-    # Blow the output layer up so that masked logits are large and varied.
-    params = jax.tree.map(lambda x: x * 300.0, params)
-    obs = jax.random.normal(jax.random.PRNGKey(1), (64, n, 5)) * 10
-    avail = jax.random.uniform(jax.random.PRNGKey(2), (64, n, a)) < 0.3
-    avail = avail.at[:, :, 0].set(avail[:, :, 0] | ~avail.any(-1))  # >= 1 legal
-    avail = avail.at[0, 0].set(jnp.zeros(a, bool).at[a - 1].set(True))  # exactly one
-    p = np.asarray(action_probs(actor, params, obs, avail))
-    assert np.isfinite(p).all()
-    assert (p[~np.asarray(avail)] == 0.0).all()
-    np.testing.assert_allclose(p.sum(-1), 1.0, rtol=1e-5)
-    assert p[0, 0, a - 1] == 1.0
-
+    n, a, B = 3, 6, 64
     spec = EnvSpec("toy:x", n, 5, 0, DiscreteActions(a), 10)
     cfg = TINY.replace(hidden_sizes=(32,))
-    for deterministic in (False, True):
-        pol = jax.jit(jax.vmap(make_policy(spec, cfg, deterministic), in_axes=(None, 0, 0, 0)))
-        for k in range(5):
-            acts = np.asarray(pol(params, obs, avail, jax.random.split(jax.random.PRNGKey(k), 64)))
-            assert np.take_along_axis(np.asarray(avail), acts[..., None], -1).all()
+    actor = make_actor(spec, cfg)
+    obs = jax.random.normal(jax.random.PRNGKey(1), (B, n, 5)) * 10
+    avail = jax.random.uniform(jax.random.PRNGKey(2), (B, n, a)) < 0.3
+    avail = avail.at[:, :, 0].set(avail[:, :, 0] | ~avail.any(-1))  # >= 1 legal
+    avail = avail.at[0, 0].set(jnp.zeros(a, bool).at[a - 1].set(True))  # exactly one
+    stoch = jax.vmap(make_policy(spec, cfg, False), in_axes=(None, 0, 0, 0))
+    greedy = jax.vmap(make_policy(spec, cfg, True), in_axes=(None, 0, 0, 0))
 
-    # Log-prob and entropy stay finite, even for a row with nothing available.
-    logits = jnp.array([[1e4, -3.0, 2.0], [0.0, 0.0, 0.0]])
-    av = jnp.array([[False, True, True], [False, False, False]])
-    logp, ent = categorical_log_prob_entropy(logits, av, jnp.array([1, 0]))
-    assert np.isfinite(np.asarray(logp)).all() and np.isfinite(np.asarray(ent)).all()
-    g = jax.grad(lambda l: categorical_log_prob_entropy(l, av, jnp.array([1, 0]))[1].sum())(logits)
-    assert np.isfinite(np.asarray(g)).all()
-    assert (np.asarray(jax.nn.softmax(masked_logits(logits, av)))[0, 0]) == 0.0
+    @jax.jit  # one compiled program keeps the test fast
+    def run(key):
+        params = actor.init(key, obs[0])
+        # Blow the weights up so that logits are large and varied.
+        params = jax.tree.map(lambda x: x * 300.0, params)
+        keys = jax.random.split(key, (5, B))
+        sampled = jax.vmap(lambda k: stoch(params, obs, avail, k))(keys)
+        return action_probs(actor, params, obs, avail), sampled, greedy(params, obs, avail, keys[0])
+
+    p, sampled, det = (np.asarray(x) for x in run(jax.random.PRNGKey(0)))
+    av = np.asarray(avail)
+    assert np.isfinite(p).all()
+    assert (p[~av] == 0.0).all()
+    np.testing.assert_allclose(p.sum(-1), 1.0, rtol=1e-5)
+    assert p[0, 0, a - 1] == 1.0
+    for acts in (*sampled, det):
+        assert np.take_along_axis(av, acts[..., None], -1).all()
+
+    # Log-prob, entropy and their gradients stay finite, even for a row with
+    # nothing available.
+    @jax.jit
+    def stats(logits):
+        av = jnp.array([[False, True, True], [False, False, False]])
+        f = lambda l: categorical_log_prob_entropy(l, av, jnp.array([1, 0]))
+        g = jax.grad(lambda l: sum(x.sum() for x in f(l)))(logits)
+        return f(logits), g, jax.nn.softmax(masked_logits(logits, av))
+
+    (logp, ent), g, probs = stats(jnp.array([[1e4, -3.0, 2.0], [0.0, 0.0, 0.0]]))
+    for x in (logp, ent, g, probs):
+        assert np.isfinite(np.asarray(x)).all()
+    assert np.asarray(probs)[0, 0] == 0.0
 
 
 def test_gae_matches_numpy_reference():
@@ -198,7 +212,8 @@ def test_gae_matches_numpy_reference():
 def test_train_runs_under_jit_and_vmap_over_seeds_and_learns():
     cfg = TINY.replace(total_timesteps=12 * 2 * 16 * 8, lr=1e-2)
     train = make_train(envs.make("toy:masked"), cfg)
-    runner, metrics = jax.jit(jax.vmap(train))(jax.random.split(jax.random.PRNGKey(0), 2))
+    keys = jax.random.split(jax.random.PRNGKey(0), 2)
+    runner, metrics = jax.jit(jax.vmap(train)).lower(keys).compile(FAST_COMPILE)(keys)
     assert runner.update.tolist() == [cfg.num_updates] * 2
     for k in ("actor_loss", "value_loss", "entropy", "approx_kl", "clip_frac", "return_mean",
               "win_rate", "lr"):
@@ -214,6 +229,7 @@ def test_train_runs_under_jit_and_vmap_over_seeds_and_learns():
     assert (ret[:, -3:].mean(1) > ret[:, :2].mean(1) + 1.0).all(), ret
 
 
+@pytest.mark.slow  # ~1 min of compilation on a shared 2-core CPU
 def test_continuous_ippo_trains_under_jit_and_vmap():
     cfg = TINY.replace(algo="ippo", total_timesteps=2 * 2 * 16 * 8)
     env = envs.make("toy:continuous")
@@ -242,6 +258,19 @@ def test_gaussian_head_log_prob_matches_numpy():
     np.testing.assert_allclose(np.asarray(ent), np.full(4, (np.log(sd) + 0.5 * np.log(2 * np.pi * np.e)).sum()), rtol=1e-5)
     box = np.asarray(squash(jnp.array([-1e3, 0.0, 1e3]), 0.0, 1.0))
     np.testing.assert_allclose(box, [0.0, 0.5, 1.0])
+    # A continuous policy acts inside the box, stochastic or not.
+    spec = envs.make("toy:continuous").spec
+    actor = make_actor(spec, TINY)
+
+    @jax.jit
+    def act(key):
+        params = actor.init(key, jnp.zeros((2, 3)))
+        obs = jax.random.normal(key, (2, 3)) * 100
+        return [make_policy(spec, TINY, d)(params, obs, None, key) for d in (False, True)]
+
+    for a in act(jax.random.PRNGKey(0)):
+        a = np.asarray(a)
+        assert a.shape == (2, 2) and (a >= 0).all() and (a <= 1).all()
 
 
 # --------------------------------------------------------------------------
@@ -251,12 +280,12 @@ def test_gaussian_head_log_prob_matches_numpy():
 def uninterrupted(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("teacher_full"))
     doc = train_teacher("toy:masked", TINY, seed=3, out_dir=out, num_checkpoints=2,
-                        eval_episodes=64, progress=False)
+                        eval_episodes=64, progress=False, compiler_options=FAST_COMPILE)
     return out, doc
 
 
 def _runner_leaves(out_dir, step):
-    like = jax.eval_shape(_program("toy:masked", (), TINY).ppo.init, jax.random.PRNGKey(0))
+    like = jax.eval_shape(_program("toy:masked", (), TINY, ()).ppo.init, jax.random.PRNGKey(0))
     tree = _restore_tree(os.path.join(out_dir, "checkpoints", str(step), "runner"), like)
     return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
@@ -284,7 +313,8 @@ def test_train_teacher_writes_metrics_checkpoints_and_teacher_json(uninterrupted
 def test_resume_is_bit_identical_to_an_uninterrupted_run(uninterrupted, tmp_path):
     full, full_doc = uninterrupted
     out = str(tmp_path / "teacher_resumed")
-    kw = dict(seed=3, out_dir=out, num_checkpoints=2, eval_episodes=64, progress=False)
+    kw = dict(seed=3, out_dir=out, num_checkpoints=2, eval_episodes=64, progress=False,
+              compiler_options=FAST_COMPILE)
     # "Killed" after chunk 3: the last checkpoint (chunk 2) holds the runner state.
     part = train_teacher("toy:masked", TINY, stop_after_chunks=3, **kw)
     assert not part["complete"] and len(part["checkpoints"]) == 1

@@ -50,6 +50,15 @@ def _build(args) -> int:
     out = Path(args.out) if args.out else r.default_path(args.seed, counts)
     if args.teacher and args.no_teacher:
         raise ValueError("give --teacher DIR or --no-teacher, not both")
+    if not args.quiet:
+        from jaxil.data.zoo import make_zoo
+
+        zoo = make_zoo(r.env_id, env_kwargs=dict(args.env_kwarg or []), teacher_dir=args.teacher,
+                       discover=not args.no_teacher)
+        print(f"{r.name}: " + ", ".join(f"{t} {n}" for t, n in counts.items())
+              + f" -> {out}", file=sys.stderr)
+        for t, p in zoo.tiers.items():
+            print(f"  {t:<7} {p.source}", file=sys.stderr)
     t0 = time.perf_counter()
     ds = build(
         r, seed=args.seed, out_path=out, teacher_dir=args.teacher, progress=not args.quiet,

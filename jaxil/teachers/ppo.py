@@ -709,21 +709,30 @@ class _Program:
     :func:`_program`) so that a resume, or a second run with the same config,
     does not compile again."""
 
-    def __init__(self, env_id: str, env_kwargs_items: tuple, config: PPOConfig):
+    def __init__(self, env_id: str, env_kwargs_items: tuple, config: PPOConfig,
+                 compiler_items: tuple = ()):
         self.env = envs.make(env_id, **dict(env_kwargs_items))
         self.spec = self.env.spec
         self.ppo = make_ppo(self.env, config)
-        self.init = jax.jit(self.ppo.init)
+        self.compiler_options = dict(compiler_items) or None
+        self._init = None
         self._chunk = None
         self._eval = {}
+
+    def _compile(self, fn, *args):
+        return jax.jit(fn).lower(*args).compile(self.compiler_options)
+
+    def init(self, key: jax.Array) -> RunnerState:
+        if self._init is None:
+            self._init = self._compile(self.ppo.init, key)
+        return self._init(key)
 
     def chunk(self, runner: RunnerState):
         """Ahead-of-time compiled ``update_chunk`` (first chunk timings stay
         honest); returns ``(executable, compile_seconds)``."""
         if self._chunk is None:
             t0 = time.time()
-            self._chunk = (jax.jit(self.ppo.update_chunk).lower(runner).compile(),
-                           time.time() - t0)
+            self._chunk = (self._compile(self.ppo.update_chunk, runner), time.time() - t0)
         return self._chunk
 
     def evaluate(self, params: Any, key: jax.Array, num_episodes: int) -> dict[str, dict]:
@@ -737,25 +746,32 @@ class _Program:
                 actor_params, det = p
                 return jax.lax.cond(det, greedy, stoch, actor_params, obs, avail, key)
 
-            self._eval[num_episodes] = jax.jit(
-                lambda p, det, k: envs.run_episodes(self.env, policy, (p, det), k, num_episodes)
+            self._eval[num_episodes] = self._compile(
+                lambda p, det, k: envs.run_episodes(self.env, policy, (p, det), k, num_episodes),
+                params, jnp.bool_(False), key,
             )
         run = self._eval[num_episodes]
         has_win = self.spec.has_win
         return dict(
-            eval_stochastic=summarize_episodes(run(params, False, key), has_win),
-            eval_deterministic=summarize_episodes(run(params, True, key), has_win),
+            eval_stochastic=summarize_episodes(run(params, jnp.bool_(False), key), has_win),
+            eval_deterministic=summarize_episodes(run(params, jnp.bool_(True), key), has_win),
         )
 
     @functools.lru_cache(maxsize=8)
     def random_baseline(self, num_episodes: int, seed: int) -> dict:
         key = jax.random.fold_in(jax.random.PRNGKey(seed), 0x5EED)
-        return evaluate(self.env, random_policy(self.spec), None, key, num_episodes)
+        policy = random_policy(self.spec)
+        run = self._compile(
+            lambda k: envs.run_episodes(self.env, policy, None, k, num_episodes), key
+        )
+        return summarize_episodes(run(key), self.spec.has_win)
 
 
 @functools.lru_cache(maxsize=8)
-def _program(env_id: str, env_kwargs_items: tuple, config: PPOConfig) -> _Program:
-    return _Program(env_id, env_kwargs_items, config)
+def _program(
+    env_id: str, env_kwargs_items: tuple, config: PPOConfig, compiler_items: tuple = ()
+) -> _Program:
+    return _Program(env_id, env_kwargs_items, config, compiler_items)
 
 
 def _ckptr():
@@ -845,6 +861,7 @@ def train_teacher(
     env_kwargs: Optional[dict] = None,
     stop_after_chunks: Optional[int] = None,
     progress: bool = True,
+    compiler_options: Optional[dict] = None,
 ) -> dict:
     """Train an IPPO/MAPPO teacher chunk by chunk and write it to ``out_dir``.
 
@@ -868,6 +885,9 @@ def train_teacher(
     result is bit-identical to an uninterrupted run. Without it, an ``out_dir``
     that already holds checkpoints is an error. ``stop_after_chunks`` stops
     after that chunk (as a kill would), for tests and time-boxed runs.
+    ``compiler_options`` go to XLA (``jax.stages.Lowered.compile``), e.g.
+    ``{"xla_backend_optimization_level": 0}`` halves CPU compile time for smoke
+    runs (and slows the run down).
 
     Returns the ``teacher.json`` content.
     """
@@ -908,7 +928,8 @@ def train_teacher(
                     f"{header[k]!r} (num_checkpoints must match too)"
                 )
 
-    prog = _program(env_id, tuple(sorted(env_kwargs.items())), config)
+    prog = _program(env_id, tuple(sorted(env_kwargs.items())), config,
+                    tuple(sorted((compiler_options or {}).items())))
     spec = prog.spec
     header["spec"] = spec.to_dict()
     os.makedirs(os.path.join(out_dir, CKPT_DIR), exist_ok=True)
