@@ -602,6 +602,7 @@ def parse_args(argv=None):
     if args.quick:
         args.learners = [x for x in args.learners if x in ("bc_union", "misodice")] or args.learners
         args.paper_repeats = min(args.paper_repeats, 3)
+        args.no_peak_subprocess = True
     if args.no_sweep:
         args.axes = ""
     return args
@@ -653,10 +654,35 @@ def main(argv=None) -> dict[str, Any]:
         rows, skipped = run_sweeps(args, flops, Shapes())
     load["end"] = common.loadavg()
     payload.update(rows=rows, skipped=skipped, load=load, wall_s=time.perf_counter() - t0)
+    payload["summary"] = summary(payload)
     path = common.write_json(args.name, payload, args.out_dir)
     report(payload)
     print(f"\nwrote {path} ({payload['wall_s']:.0f} s)")
     return payload
+
+
+def summary(payload: dict[str, Any]) -> dict[str, Any]:
+    """Headline numbers: MisoDICE at the paper shapes against the matmul rates."""
+    out: dict[str, Any] = {}
+    paper = payload.get("paper") or {}
+    peaks = payload.get("matmul_peak", {})
+    mm = (paper.get("matmul_in_process") or {}).get("summary", {})
+    for name, res in paper.get("learners", {}).items():
+        for label in ("single", "fused"):
+            if label not in res:
+                continue
+            s = res[label]
+            h = {"update_ms": s["update_ms"], "gflop_per_update": s["flops_per_update"] / 1e9,
+                 "gflops": s["gflops"], "gflops_cpu": s["gflops_cpu"],
+                 "ratio_to_probe_1024": s["ratio_to_probe_median"]}
+            if mm.get("mlp_best_gflops"):
+                h["ratio_to_mlp_best_in_process"] = s["gflops"] / mm["mlp_best_gflops"]
+            for th in ("all", "1"):
+                pk = peaks.get(th, {}).get("summary", {}).get("peak_gflops")
+                if pk:
+                    h[f"ratio_to_peak_{th}_threads"] = s["gflops"] / pk
+            out[f"{name}_{label}"] = h
+    return out
 
 
 def report(payload: dict[str, Any]) -> None:

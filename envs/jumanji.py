@@ -76,10 +76,10 @@ Cleaner-v0 (N=3 agents, 10x10 maze, time limit 100)
   must be equal: upstream's action mask assumes a square maze),
   ``penalty_per_timestep``.
 
-  - obs ``[N, 2 R C + 2 N]``: the dirty-tile layer and the wall layer of the
-    maze (a clean tile is neither), then the agent's own (row, col), then the
-    other agents' in index order. Upstream shows everyone the whole maze.
-  - global state ``[2 R C + 2 N]``: the two layers, then every agent's
+  - obs ``[N, R C + 2 N]``: the maze, one number per tile (+1 dirty, 0 clean,
+    -1 wall), then the agent's own (row, col), then the other agents' in index
+    order. Upstream shows everyone the whole maze.
+  - global state ``[R C + 2 N]``: the same tile layer, then every agent's
     (row, col) in index order.
   - actions (4): up, right, down, left; there is no no-op, so an illegal
     action is replaced by the agent's first legal one (``noop_action=None``).
@@ -93,6 +93,7 @@ Cleaner-v0 (N=3 agents, 10x10 maze, time limit 100)
 
 from __future__ import annotations
 
+import abc
 import functools
 from typing import Any, Callable
 
@@ -159,14 +160,16 @@ def _self_first(n: int) -> np.ndarray:
     return np.array([[i] + [j for j in range(n) if j != i] for i in range(n)], np.int32)
 
 
-class JumanjiEnv(MultiAgentEnv):
+class JumanjiEnv(MultiAgentEnv, abc.ABC):
     """Base of the Jumanji adapters: holds ``raw`` (the upstream environment)
     and turns its ``(state, timestep)`` into a :class:`Step` via ``_out``."""
 
     raw: Any
 
+    @abc.abstractmethod
     def _out(self, state: Any, ts: Any, first: bool) -> Step:
-        raise NotImplementedError  # pragma: no cover - abstract
+        """Upstream ``(state, timestep)`` -> :class:`Step`; ``first`` on reset
+        (reward 0, not done), else the transition's reward and ending flags."""
 
     def _reset(self, key: jax.Array) -> Step:
         state, ts = self.raw.reset(key)
@@ -486,8 +489,8 @@ class CleanerEnv(JumanjiEnv):
         self.spec = EnvSpec(
             env_id=self.ENV_ID,
             num_agents=n,
-            obs_dim=2 * cells + 2 * n,
-            state_dim=2 * cells + 2 * n,
+            obs_dim=cells + 2 * n,
+            state_dim=cells + 2 * n,
             action=DiscreteActions(4, noop_action=None),
             max_steps=int(self.raw.time_limit),
             has_win=True,
@@ -497,11 +500,11 @@ class CleanerEnv(JumanjiEnv):
         n = self.spec.num_agents
         grid = state.grid.reshape(-1)
         dirty = grid == CLEANER_DIRTY
-        layers = jnp.concatenate([dirty, grid == CLEANER_WALL]).astype(jnp.float32)
+        tiles = dirty.astype(jnp.float32) - (grid == CLEANER_WALL).astype(jnp.float32)
         pos = state.agents_locations.astype(jnp.float32)  # [N, 2]
-        gs = jnp.concatenate([layers, pos.reshape(-1)])
+        gs = jnp.concatenate([tiles, pos.reshape(-1)])
         obs = jnp.concatenate(
-            [jnp.broadcast_to(layers, (n, layers.shape[0])), pos[self._order].reshape(n, -1)],
+            [jnp.broadcast_to(tiles, (n, tiles.shape[0])), pos[self._order].reshape(n, -1)],
             axis=1,
         )
         mask = state.action_mask

@@ -240,21 +240,20 @@ def load_dataset(arg: str, seed: int = 0):
     """A dataset path, or a recipe name that is built (once) under runs/data/."""
     from jaxil.data import load
 
+    from jaxil.data import recipes
+
     p = Path(arg)
     if p.exists():
         return load(p)
     try:
-        from jaxil.data import recipes
-    except ImportError:  # pragma: no cover
-        recipes = None
-    if recipes is not None and arg in recipes.list_recipes():
-        path = Path("runs/data") / (arg.replace("/", "-") + f"-seed{seed}.jxd")
-        if not path.exists():
-            recipes.build(arg, seed=seed, out_path=path)
-        return load(path)
-    raise FileNotFoundError(
-        f"--dataset {arg!r} is neither a file nor a known recipe (see `jaxil data list`)"
-    )
+        recipe = recipes.get_recipe(arg)
+    except KeyError as e:
+        raise FileNotFoundError(f"--dataset {arg!r} is not a file, and {e.args[0]}") from None
+    stem = arg.replace("/", "-")
+    path = Path("runs/data") / (f"{stem}.npz" if seed == 0 else f"{stem}-seed{seed}.npz")
+    if not path.exists():
+        recipes.build(recipe, seed=seed, out_path=path)
+    return load(path)
 
 
 def expert_labels(dataset, labels: str) -> Optional[np.ndarray]:

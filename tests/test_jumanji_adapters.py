@@ -111,7 +111,7 @@ def test_default_specs_follow_upstream_defaults():
     assert (s.num_agents, s.obs_dim, s.state_dim, s.max_steps) == (10, 150, 150, 50)
     assert s.action.num_actions == 5 and s.action.noop_action == 0 and s.has_win
     s = envs.make(CLEAN).spec
-    assert (s.num_agents, s.obs_dim, s.state_dim, s.max_steps) == (3, 206, 206, 100)
+    assert (s.num_agents, s.obs_dim, s.state_dim, s.max_steps) == (3, 106, 106, 100)
     assert s.action.num_actions == 4 and s.action.noop_action is None and s.has_win
 
 
@@ -136,7 +136,7 @@ def test_keyword_overrides_reach_upstream():
 
     env = envs.make(CLEAN, num_agents=4, num_rows=6, num_cols=6, penalty_per_timestep=0.1)
     assert isinstance(env, CleanerEnv)
-    assert (env.spec.num_agents, env.spec.obs_dim, env.spec.max_steps) == (4, 2 * 36 + 8, 36)
+    assert (env.spec.num_agents, env.spec.obs_dim, env.spec.max_steps) == (4, 36 + 8, 36)
     assert env.raw.penalty_per_timestep == 0.1
 
 
@@ -240,14 +240,13 @@ def test_global_state_and_egocentric_obs_layouts():
 
     _, _, (ts, _, _, inner) = _parallel_run(CLEAN)
     cells = 25
-    np.testing.assert_array_equal(ts.global_state[:, :cells], (inner.grid == 0).reshape(-1, cells))
-    np.testing.assert_array_equal(
-        ts.global_state[:, cells : 2 * cells], (inner.grid == 2).reshape(-1, cells)
-    )
-    np.testing.assert_array_equal(
-        ts.global_state[:, 2 * cells :], inner.agents_locations.reshape(-1, 4)
-    )
-    np.testing.assert_array_equal(ts.obs[:, 1, 2 * cells : 2 * cells + 2], inner.agents_locations[:, 1])
+    tiles = (inner.grid == 0).astype(np.float32) - (inner.grid == 2)  # +1 dirty, -1 wall
+    np.testing.assert_array_equal(ts.global_state[:, :cells], tiles.reshape(-1, cells))
+    np.testing.assert_array_equal(ts.global_state[:, cells:], inner.agents_locations.reshape(-1, 4))
+    for i in range(2):
+        np.testing.assert_array_equal(ts.obs[:, i, :cells], ts.global_state[:, :cells])
+        np.testing.assert_array_equal(ts.obs[:, i, cells : cells + 2], inner.agents_locations[:, i])
+    np.testing.assert_array_equal(ts.obs[:, 0, cells + 2 :], inner.agents_locations[:, 1])
 
 
 # -- constructed episodes: success flags and exact rewards ------------------------------

@@ -60,13 +60,13 @@ def test_metadata(built):
     np.testing.assert_array_equal(ds.expert, tiers == "expert")
     sources = np.array(ds.info.source_names)[ds.source]
     assert set(sources[tiers == "expert"]) == {"spread-assign-pd"}
-    assert set(sources[tiers == "poor"]) == {"spread-assign-pd+eps0.85"}
+    assert set(sources[tiers == "poor"]) == {"spread-assign-pd+eps0.9"}
     assert len(set(ds.seed.tolist())) == 12 and (ds.seed >= 0).all()
     assert not (tiers[:4] == "expert").all()  # shuffled
     args = ds.info.creation_args
     assert args["seed"] == 0 and args["counts"] == COUNTS and args["env_kwargs"] == ENV_KW
     assert args["zoo"]["expert"]["kind"] == "scripted"
-    assert args["zoo"]["poor"]["epsilon"] == 0.85
+    assert args["zoo"]["poor"]["epsilon"] == 0.9
 
 
 def test_episode_reproducible_from_its_seed(built):

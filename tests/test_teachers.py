@@ -125,6 +125,13 @@ envs.register("toy:continuous", ContinuousToy)
 # halves it (the programs run slower, which does not matter at this size).
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
 
+
+
+def fast_call(fn, *args):
+    """``jax.jit(fn)(*args)`` compiled with FAST_COMPILE."""
+    return jax.jit(fn).lower(*args).compile(FAST_COMPILE)(*args)
+
+
 TINY = PPOConfig(
     algo="mappo",
     total_timesteps=4 * 2 * 16 * 8,  # 4 chunks x 2 updates x (16 envs x 8 steps)
@@ -153,8 +160,7 @@ def test_masked_actor_gives_unavailable_actions_zero_probability():
     stoch = jax.vmap(make_policy(spec, cfg, False), in_axes=(None, 0, 0, 0))
     greedy = jax.vmap(make_policy(spec, cfg, True), in_axes=(None, 0, 0, 0))
 
-    @jax.jit  # one compiled program keeps the test fast
-    def run(key):
+    def run(key):  # one compiled program keeps the test fast
         params = actor.init(key, obs[0])
         # Blow the weights up so that logits are large and varied.
         params = jax.tree.map(lambda x: x * 300.0, params)
@@ -162,7 +168,7 @@ def test_masked_actor_gives_unavailable_actions_zero_probability():
         sampled = jax.vmap(lambda k: stoch(params, obs, avail, k))(keys)
         return action_probs(actor, params, obs, avail), sampled, greedy(params, obs, avail, keys[0])
 
-    p, sampled, det = (np.asarray(x) for x in run(jax.random.PRNGKey(0)))
+    p, sampled, det = (np.asarray(x) for x in fast_call(run, jax.random.PRNGKey(0)))
     av = np.asarray(avail)
     assert np.isfinite(p).all()
     assert (p[~av] == 0.0).all()
@@ -173,14 +179,13 @@ def test_masked_actor_gives_unavailable_actions_zero_probability():
 
     # Log-prob, entropy and their gradients stay finite, even for a row with
     # nothing available.
-    @jax.jit
     def stats(logits):
         av = jnp.array([[False, True, True], [False, False, False]])
         f = lambda l: categorical_log_prob_entropy(l, av, jnp.array([1, 0]))
         g = jax.grad(lambda l: sum(x.sum() for x in f(l)))(logits)
         return f(logits), g, jax.nn.softmax(masked_logits(logits, av))
 
-    (logp, ent), g, probs = stats(jnp.array([[1e4, -3.0, 2.0], [0.0, 0.0, 0.0]]))
+    (logp, ent), g, probs = fast_call(stats, jnp.array([[1e4, -3.0, 2.0], [0.0, 0.0, 0.0]]))
     for x in (logp, ent, g, probs):
         assert np.isfinite(np.asarray(x)).all()
     assert np.asarray(probs)[0, 0] == 0.0
@@ -262,13 +267,12 @@ def test_gaussian_head_log_prob_matches_numpy():
     spec = envs.make("toy:continuous").spec
     actor = make_actor(spec, TINY)
 
-    @jax.jit
     def act(key):
         params = actor.init(key, jnp.zeros((2, 3)))
         obs = jax.random.normal(key, (2, 3)) * 100
         return [make_policy(spec, TINY, d)(params, obs, None, key) for d in (False, True)]
 
-    for a in act(jax.random.PRNGKey(0)):
+    for a in fast_call(act, jax.random.PRNGKey(0)):
         a = np.asarray(a)
         assert a.shape == (2, 2) and (a >= 0).all() and (a <= 1).all()
 
@@ -346,17 +350,23 @@ def test_load_teacher_gives_a_policy_for_run_episodes(uninterrupted):
     env = envs.make("toy:masked")
     policy, params, spec = load_teacher(out)
     assert spec == env.spec
-    eps = envs.run_episodes(env, policy, params, jax.random.PRNGKey(0), 8)
+    first = doc["checkpoints"][0]["step"]
+    greedy, p_first, _ = load_teacher(out, step=first, deterministic=True)
+    actor = make_actor(spec, TINY)
+
+    def run(params, p_first, key):
+        eps = envs.run_episodes(env, policy, params, key, 8)
+        obs, avail = eps.obs[:, 0], eps.avail_actions[:, 0]
+        probs = jax.vmap(lambda o, a: action_probs(actor, p_first, o, a))(obs, avail)
+        g = jax.vmap(lambda o, a: greedy(p_first, o, a, key))(obs, avail)
+        return eps, g, jnp.argmax(probs, -1)
+
+    eps, g, argmax = fast_call(run, params, p_first, jax.random.PRNGKey(0))
     assert eps.actions.shape == (8, spec.max_steps, spec.num_agents)
     acts = np.asarray(eps.actions)[..., None]
     assert np.take_along_axis(np.asarray(eps.avail_actions)[:, :-1], acts, -1).all()
     # deterministic=True is the greedy policy of the chosen checkpoint.
-    first = doc["checkpoints"][0]["step"]
-    greedy, p_first, _ = load_teacher(out, step=first, deterministic=True)
-    obs, avail = eps.obs[0, 0], eps.avail_actions[0, 0]
-    probs = action_probs(make_actor(spec, TINY), p_first, obs, avail)
-    a = greedy(p_first, obs, avail, jax.random.PRNGKey(5))
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(jnp.argmax(probs, -1)))
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(argmax))
     assert not all(
         np.array_equal(np.asarray(x), np.asarray(y))
         for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(p_first))

@@ -54,7 +54,7 @@ def _build(args) -> int:
         from jaxil.data.zoo import make_zoo
 
         zoo = make_zoo(r.env_id, env_kwargs=dict(args.env_kwarg or []), teacher_dir=args.teacher,
-                       discover=not args.no_teacher)
+                       discover=not args.no_teacher, epsilons=dict(args.epsilon or []))
         print(f"{r.name}: " + ", ".join(f"{t} {n}" for t, n in counts.items())
               + f" -> {out}", file=sys.stderr)
         for t, p in zoo.tiers.items():
@@ -63,6 +63,7 @@ def _build(args) -> int:
     ds = build(
         r, seed=args.seed, out_path=out, teacher_dir=args.teacher, progress=not args.quiet,
         scale=args.scale, counts=overrides, env_kwargs=dict(args.env_kwarg or []),
+        epsilons=dict(args.epsilon or []),
         discover_teachers=not args.no_teacher, chunk_size=args.chunk_size,
         measure_episodes=args.measure_episodes,
     )
@@ -140,7 +141,10 @@ def _print_info(path, ds=None) -> None:
     print("dataset tiers")
     print(head)
     rows = list(d["tiers"].items()) + [("all", dict(d["overall"], sources=[]))]
+    has_win = d["spec"]["has_win"]
     for name, s in rows:
+        if not has_win:  # no win condition: `success` is always False
+            s = dict(s, win_rate=None)
         ret = (f"{s['mean_return']:.4g} ± {s['std_return']:.3g}"
                if s["mean_return"] is not None else "-")
         print(f"{name:<8} {s['count']:>6} {_fmt(s['expert_fraction'], '.2f'):>7} {ret:>22} "
@@ -263,6 +267,8 @@ def register(sub) -> None:
                        help=f"number of {t} trajectories (overrides the recipe and --scale)")
     b.add_argument("--env-kwarg", type=_kv, action="append", metavar="KEY=VALUE",
                    help="environment keyword override (JSON value), e.g. max_steps=50")
+    b.add_argument("--epsilon", type=_kv, action="append", metavar="TIER=EPS",
+                   help="ε of a noised-expert tier, e.g. medium=0.2 (defaults: 0.4 / 0.85)")
     b.add_argument("--chunk-size", type=int, default=128,
                    help="episodes per compiled call (default 128)")
     b.add_argument("--measure-episodes", type=int, default=128,

@@ -257,6 +257,7 @@ def build(
     scale: float = 1.0,
     counts: Optional[Mapping[str, int]] = None,
     env_kwargs: Optional[Mapping[str, Any]] = None,
+    epsilons: Optional[Mapping[str, float]] = None,
     discover_teachers: bool = True,
     chunk_size: int = DEFAULT_CHUNK,
     measure_episodes: int = 128,
@@ -275,6 +276,8 @@ def build(
       scale: multiply every count (rounded, at least 1), for small versions.
       counts: per-tier count overrides, e.g. ``{"expert": 4, "poor": 8}``.
       env_kwargs: :func:`envs.make` overrides (e.g. ``{"max_steps": 10}``).
+      epsilons: ε of the noised-expert tiers, e.g. ``{"medium": 0.2}``
+        (defaults: :func:`jaxil.data.zoo.tier_epsilons`).
       discover_teachers: with ``teacher_dir=None``, look for a trained
         teacher; False forces the scripted expert.
       chunk_size: episodes per compiled call (one compile per policy program).
@@ -292,7 +295,7 @@ def build(
         raise ValueError(f"measure_episodes must be >= 0, got {measure_episodes}")
     env_kwargs = dict(env_kwargs or {})
     zoo = make_zoo(r.env_id, env_kwargs=env_kwargs, teacher_dir=teacher_dir,
-                   discover=discover_teachers)
+                   discover=discover_teachers, epsilons=epsilons)
     total = sum(n.values())
     seeds = episode_seeds(seed, total)
     bar = None
@@ -320,9 +323,7 @@ def build(
             if bar is not None:
                 bar.set_postfix_str("measuring tiers")
             measured = measure_tiers(r.env_id, zoo=zoo, num_episodes=measure_episodes,
-                                     seed=seed, chunk_size=chunk_size)
-            if bar is not None:
-                bar.update(measure_episodes * len(TIERS))
+                                     seed=seed, chunk_size=chunk_size, progress=bar)
             timings["measure_s"] = time.perf_counter() - t0
     finally:
         if bar is not None:

@@ -8,15 +8,18 @@ Every environment that has an expert gets four tiers::
              PD control; LevelBasedForaging: BFS to the team's target food)
     medium   a mid-training teacher checkpoint whose evaluated return lies in
              the medium band, else the expert with ε = 0.4 per-agent noise
+             (LevelBasedForaging 0.7, MPE spread 0.6: ``EPSILON_OVERRIDES``)
     poor     an early teacher checkpoint in the poor band, else the expert
-             with ε = 0.85 per-agent noise
+             with ε = 0.85 per-agent noise (MPE spread 0.9)
     random   uniform over the available actions (or the action box)
 
 Bands are on the teacher's own evaluation (``teacher.json``) normalised as
 ``(R - R_random) / (R_best - R_random)``: medium in ``[0.3, 0.8]`` (nearest
-0.55 wins), poor in ``[0.0, 0.35]`` (nearest 0.15). ε-noise is
-:func:`envs.policies.epsilon_mixture`: each agent independently acts
-uniformly at random with probability ε at every step.
+0.55 wins), poor in ``[0.0, 0.35]`` (nearest 0.15). ε-noise
+(:func:`noisy_policy`) has the semantics of
+:func:`envs.policies.epsilon_mixture` (each agent independently acts
+uniformly at random with probability ε at every step) with ε a traced
+parameter, so expert, medium and poor share one compiled program.
 
 Teachers are looked up under ``runs/teachers/<env>/`` (``<env>`` is the id with
 ``:`` replaced by ``_``, e.g. ``runs/teachers/smax_3m``; the short recipe name
@@ -24,19 +27,21 @@ such as ``smax-3m`` and the bare name ``3m`` also match) in ``$JAXIL_TEACHERS``,
 the working directory and the repository; only complete runs are picked up
 automatically, an explicit ``teacher_dir`` may be a run still in progress.
 
-Collection is one jitted program per tier and chunk size: a ``vmap`` of
+Collection is one jitted program per policy and chunk size: a ``vmap`` of
 :func:`envs.run_episodes` for ONE episode over a chunk of per-episode keys,
 so episode ``i`` is reproducible on its own from its integer seed::
 
     envs.run_episodes(env, tier.policy, tier.params, jax.random.PRNGKey(seed_i), 1)
 
-:func:`measure_tiers` rolls every tier out (default 128 episodes, one compiled
-program per tier) and reports mean return ± std, win rate and length.
+:func:`measure_tiers` rolls every tier out (default 128 episodes, one compiled,
+vectorized program per tier, shared where the policy is) and reports mean
+return ± std, win rate and length.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import json
 import math
@@ -55,12 +60,17 @@ from envs.policies import Policy, as_policy, random_policy
 
 TIERS = ("expert", "medium", "poor", "random")
 EPSILON = {"medium": 0.4, "poor": 0.85}
-# Per-environment ε where the defaults do not separate the tiers (see
-# data_report.md): LevelBasedForaging pays 1 for clearing the board however
-# long it takes, so ε = 0.4 still clears every board within the time limit
-# (return 1.0, like the expert); ε = 0.7 clears about half.
+# Per-environment ε where the defaults put a tier far outside its band (the
+# CHECKPOINT_BANDS below, on the normalised return; calibration in
+# data_report.md). LevelBasedForaging pays 1 for clearing the board however
+# long it takes, so ε = 0.4 still clears every board (return 1.0, like the
+# expert); ε = 0.7 clears about half. The spread expert recovers quickly from
+# random pushes: ε = 0.4 / 0.85 keep 87 % / 39 % of its margin over random,
+# ε = 0.6 / 0.9 keep 73 % / 29 %.
 EPSILON_OVERRIDES: dict[str, dict[str, float]] = {
     "jumanji:LevelBasedForaging-v0": {"medium": 0.7},
+    "mpe:simple_spread_continuous": {"medium": 0.6, "poor": 0.9},
+    "mpe:simple_spread": {"medium": 0.6, "poor": 0.9},
 }
 # Normalised-score bands (lo, hi, target) for picking teacher checkpoints.
 CHECKPOINT_BANDS = {"medium": (0.3, 0.8, 0.55), "poor": (0.0, 0.35, 0.15)}
@@ -151,6 +161,18 @@ def _compatible(a: EnvSpec, b: EnvSpec) -> bool:
     return (a.num_agents, a.obs_dim, a.action) == (b.num_agents, b.obs_dim, b.action)
 
 
+def params_digest(params: Any) -> str:
+    """SHA-256 over a parameter pytree's leaves (dtype, shape and bytes, in
+    tree order): pins the exact teacher weights a dataset was collected with,
+    even if a run directory is later overwritten."""
+    h = hashlib.sha256()
+    for x in jax.tree.leaves(params):
+        a = np.ascontiguousarray(np.asarray(x))
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.reshape(-1).view(np.uint8))
+    return h.hexdigest()
+
+
 def noisy_policy(policy: Any, spec: EnvSpec) -> Policy:
     """``policy`` with per-agent ε-noise, ε a traced parameter.
 
@@ -182,12 +204,22 @@ def noisy_params(base_params: Any, epsilon: float) -> dict[str, Any]:
     return {"base": base_params, "epsilon": np.float32(epsilon)}
 
 
-def tier_epsilons(env_id: str) -> dict[str, float]:
-    """ε of the noised-expert medium and poor tiers of ``env_id``."""
-    return {**EPSILON, **EPSILON_OVERRIDES.get(env_id, {})}
+def tier_epsilons(env_id: str, overrides: Optional[Mapping[str, float]] = None
+                  ) -> dict[str, float]:
+    """ε of the noised-expert medium and poor tiers of ``env_id``
+    (:data:`EPSILON`, then :data:`EPSILON_OVERRIDES`, then ``overrides``)."""
+    out = {**EPSILON, **EPSILON_OVERRIDES.get(env_id, {})}
+    for tier, e in (overrides or {}).items():
+        if tier not in EPSILON:
+            raise ValueError(f"epsilon overrides apply to {', '.join(EPSILON)}, not {tier!r}")
+        if not 0.0 <= float(e) <= 1.0:
+            raise ValueError(f"epsilon of tier {tier!r} must be in [0, 1], got {e}")
+        out[tier] = float(e)
+    return out
 
 
-def _teacher_tiers(env: MultiAgentEnv, teacher_dir: Path) -> dict[str, TierPolicy]:
+def _teacher_tiers(env: MultiAgentEnv, teacher_dir: Path,
+                   epsilons: Mapping[str, float]) -> dict[str, TierPolicy]:
     from jaxil.teachers import load_teacher
 
     doc = _read_teacher(teacher_dir)
@@ -222,11 +254,15 @@ def _teacher_tiers(env: MultiAgentEnv, teacher_dir: Path) -> dict[str, TierPolic
                 f"teacher {teacher_dir} acts on {tspec} but the environment is {spec}; "
                 f"train the teacher with the same environment keywords"
             )
+        loaded[int(step)] = params
         return policy, params
+
+    loaded: dict[int, Any] = {}
 
     def ckpt_details(c):
         ev = c["eval_stochastic"]
         out = dict(teacher_dir=str(teacher_dir), step=int(c["step"]),
+                   params_sha256=params_digest(loaded[int(c["step"])]),
                    teacher_eval_return=ev["return_mean"])
         if "win_rate" in ev:
             out["teacher_eval_win_rate"] = ev["win_rate"]
@@ -242,7 +278,7 @@ def _teacher_tiers(env: MultiAgentEnv, teacher_dir: Path) -> dict[str, TierPolic
         "expert": TierPolicy("expert", expert_src, policy, noisy_params(best_params, 0.0),
                              dict(kind="teacher", **ckpt_details(best)), program)
     }
-    eps = tier_epsilons(spec.env_id)
+    eps = dict(epsilons)
     for tier in ("medium", "poor"):
         chosen = None
         if r_rand is not None and r_best > r_rand:
@@ -593,6 +629,7 @@ def make_zoo(
     env_kwargs: Optional[Mapping[str, Any]] = None,
     teacher_dir: Optional[os.PathLike | str] = None,
     discover: bool = True,
+    epsilons: Optional[Mapping[str, float]] = None,
     cache: bool = True,
 ) -> Zoo:
     """The four tiers of ``env_id``.
@@ -604,6 +641,8 @@ def make_zoo(
         be training); ``None`` looks one up (see the module docstring).
       discover: look for a complete teacher when ``teacher_dir`` is None;
         ``False`` forces the scripted expert.
+      epsilons: ε overrides of the noised-expert tiers, e.g. ``{"medium": 0.2}``
+        (a tier taken from a teacher checkpoint stays so).
       cache: reuse the zoo (and its compiled collectors) of an earlier call
         with the same arguments in this process; a teacher whose
         ``teacher.json`` changed since is reloaded.
@@ -612,6 +651,7 @@ def make_zoo(
       ExpertUnavailable: neither a teacher nor a scripted expert exists.
     """
     env_kwargs = dict(env_kwargs or {})
+    eps = tier_epsilons(env_id, epsilons)
     if teacher_dir is None and discover:
         teacher_dir = find_teacher(env_id)
     key = None
@@ -621,10 +661,11 @@ def make_zoo(
             f = Path(teacher_dir) / "teacher.json"
             stamp = f.stat().st_mtime_ns if f.exists() else None
         key = (env_id, json.dumps(env_kwargs, sort_keys=True, default=str),
-               None if teacher_dir is None else str(Path(teacher_dir).resolve()), stamp)
+               None if teacher_dir is None else str(Path(teacher_dir).resolve()), stamp,
+               tuple(sorted(eps.items())))
         if key in _ZOO_CACHE:
             return _ZOO_CACHE[key]
-    zoo = _make_zoo(env_id, env_kwargs, teacher_dir)
+    zoo = _make_zoo(env_id, env_kwargs, teacher_dir, eps)
     if key is not None:
         while len(_ZOO_CACHE) >= 8:
             _ZOO_CACHE.pop(next(iter(_ZOO_CACHE)))
@@ -635,11 +676,12 @@ def make_zoo(
 _ZOO_CACHE: dict[tuple, Zoo] = {}
 
 
-def _make_zoo(env_id: str, env_kwargs: dict, teacher_dir: Optional[os.PathLike | str]) -> Zoo:
+def _make_zoo(env_id: str, env_kwargs: dict, teacher_dir: Optional[os.PathLike | str],
+              epsilons: Mapping[str, float]) -> Zoo:
     env = envs.make(env_id, **env_kwargs)
     spec = env.spec
     if teacher_dir is not None:
-        tiers = _teacher_tiers(env, Path(teacher_dir))
+        tiers = _teacher_tiers(env, Path(teacher_dir), epsilons)
     else:
         scripted = scripted_expert(env)
         if scripted is None:
@@ -648,7 +690,7 @@ def _make_zoo(env_id: str, env_kwargs: dict, teacher_dir: Optional[os.PathLike |
         policy = noisy_policy(base, spec)
         tiers = {"expert": TierPolicy("expert", name, policy, noisy_params(None, 0.0),
                                       dict(kind="scripted", description=desc), name)}
-        for tier, e in tier_epsilons(env_id).items():
+        for tier, e in epsilons.items():
             tiers[tier] = TierPolicy(tier, f"{name}+eps{e}", policy, noisy_params(None, e),
                                      dict(kind="epsilon-expert", epsilon=e), name)
     tiers["random"] = TierPolicy("random", "random", random_policy(spec), None,
@@ -688,14 +730,15 @@ def measure_tiers(
     chunk_size: Optional[int] = None,
     out_path: Optional[os.PathLike | str] = None,
     zoo: Optional[Zoo] = None,
-    progress: bool = False,
+    progress: Any = False,
 ) -> dict[str, Any]:
     """Mean return ± std, win rate and length of each tier over ``num_episodes``.
 
     Each tier is one compiled, vectorized program (the collector of
     :meth:`Zoo.collect`; ``chunk_size`` defaults to ``num_episodes``, so one
     call). Pass ``zoo`` to reuse its compiled programs. Writes the result as
-    JSON to ``out_path`` if given.
+    JSON to ``out_path`` if given. ``progress``: True for a tqdm bar, or an
+    existing bar to advance.
 
     Returns:
       ``{"env_id", "env_kwargs", "num_episodes", "seed", "tiers": {tier:
@@ -710,19 +753,21 @@ def measure_tiers(
         raise ValueError(f"zoo is for {zoo.env_id!r}, not {env_id!r}")
     seeds = measurement_seeds(seed, num_episodes)
     chunk = int(chunk_size or num_episodes)
-    bar = None
-    if progress:
+    bar, own_bar = None, False
+    if progress is True:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=num_episodes * len(tiers), unit="ep", desc=f"measure {env_id}",
-                   dynamic_ncols=True)
+        bar, own_bar = tqdm(total=num_episodes * len(tiers), unit="ep",
+                            desc=f"measure {env_id}", dynamic_ncols=True), True
+    elif progress:
+        bar = progress
     result = {}
     try:
         for t in tiers:
             eps = zoo.collect(t, seeds, chunk, bar)
             result[t] = dict(source=zoo[t].source, **summarize_episodes(eps, zoo.spec.has_win))
     finally:
-        if bar is not None:
+        if own_bar:
             bar.close()
     doc = dict(env_id=env_id, env_kwargs=zoo.env_kwargs, num_episodes=int(num_episodes),
                seed=int(seed), tiers=result)

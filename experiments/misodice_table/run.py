@@ -1,0 +1,122 @@
+"""The MisoDICE paper's comparison on jaxil's mixed-quality datasets.
+
+BC(D_U), BC(D_E), INDD, MisoDICE-VDN and MisoDICE on each environment's
+``misodice-200e-1000p`` dataset, ``--seeds`` seeds vmapped per learner;
+mean ± std of the final evaluation return and win rate. Writes
+``results.json``, ``table.md`` and ``bars.png`` into ``--out``.
+
+    python experiments/misodice_table/run.py                      # CPU size
+    python experiments/misodice_table/run.py --updates 20000 --hidden 256 256 --batch-size 512  # GPU size
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import envs
+from jaxil.learners import LearnerData, make_learner
+from jaxil.train import expand_grid, expert_labels, load_dataset, train
+
+ALGOS = ("bc_union", "bc_expert", "indd", "misodice_vdn", "misodice")
+LABELS = {"bc_union": "BC(D_U)", "bc_expert": "BC(D_E)", "indd": "INDD",
+          "misodice_vdn": "MisoDICE-VDN", "misodice": "MisoDICE"}
+DEFAULT_ENVS = ("smax-3m", "smax-2s3z", "smax-5m_vs_6m", "smax-smacv2_5_units",
+                "mpe-simple_spread_continuous", "jumanji-LevelBasedForaging-v0")
+
+
+def run_env(name: str, args) -> list[dict]:
+    ds = load_dataset(f"{name}/misodice-200e-1000p", args.data_seed)
+    env = envs.make(ds.spec.env_id)
+    rows = []
+    for algo in args.algos:
+        learner = make_learner(algo, ds.spec, hidden=tuple(args.hidden), batch_size=args.batch_size)
+        flags = expert_labels(ds, "none" if algo == "bc_union" else "ground_truth")
+        data = LearnerData.from_dataset(ds, flags)
+        out = train(learner, env, data, runs=expand_grid({}, args.seeds), num_updates=args.updates,
+                    eval_every=args.updates // args.evals, eval_episodes=args.eval_episodes,
+                    base_seed=args.seed, progress=True)
+        p = out["points"][0]
+        rows.append(dict(env=ds.spec.env_id, algo=algo, seconds=out["wall_seconds"],
+                         **{k: p[k] for k in ("return_mean", "return_std", "win_mean", "win_std",
+                                              "returns", "seeds")}))
+        print(f"{ds.spec.env_id:<34}{LABELS[algo]:<14}{p['return_mean']:8.3f} ± {p['return_std']:.3f}"
+              f"  win {p['win_mean']:.3f} ± {p['win_std']:.3f}  ({out['wall_seconds']:.0f}s)", flush=True)
+    return rows
+
+
+def write_outputs(rows: list[dict], out: Path, meta: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(dict(meta, rows=rows), indent=2))
+    env_ids = list(dict.fromkeys(r["env"] for r in rows))
+    algos = list(dict.fromkeys(r["algo"] for r in rows))
+    cell = {(r["env"], r["algo"]): r for r in rows}
+    lines = ["| env | " + " | ".join(LABELS[a] for a in algos) + " |",
+             "|---|" + "---|" * len(algos)]
+    for e in env_ids:
+        vals = []
+        for a in algos:
+            r = cell.get((e, a))
+            if r is None:
+                vals.append("-")
+                continue
+            v = f"{r['return_mean']:.2f} ± {r['return_std']:.2f}"
+            if envs.make(e).spec.has_win:
+                v += f" (win {r['win_mean']:.2f})"
+            vals.append(v)
+        lines.append(f"| {e} | " + " | ".join(vals) + " |")
+    (out / "table.md").write_text(
+        "\n".join(lines) + f"\n\nCommand: `{meta['command']}`  \nWall time: {meta['wall_seconds']:.0f}s; "
+        f"{meta['seeds']} seeds, {meta['updates']} updates, mean ± std over seeds of the final "
+        f"evaluation return ({meta['eval_episodes']} episodes per seed).\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(env_ids), figsize=(3.2 * len(env_ids), 3.4), squeeze=False)
+    for ax, e in zip(axes[0], env_ids):
+        rs = [cell[(e, a)] for a in algos if (e, a) in cell]
+        ax.bar(range(len(rs)), [r["return_mean"] for r in rs], yerr=[r["return_std"] for r in rs],
+               capsize=3, color=["#999", "#bbb", "#6a9", "#58c", "#c55"][: len(rs)])
+        ax.set_xticks(range(len(rs)), [LABELS[r["algo"]] for r in rs], rotation=45, ha="right",
+                      fontsize=8)
+        ax.set_title(e, fontsize=9)
+        ax.set_ylabel("return")
+    fig.tight_layout()
+    fig.savefig(out / "bars.png", dpi=120)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--envs", default=",".join(DEFAULT_ENVS))
+    p.add_argument("--algos", default=",".join(ALGOS))
+    p.add_argument("--seeds", type=int, default=4)
+    p.add_argument("--updates", type=int, default=2000)
+    p.add_argument("--evals", type=int, default=4, help="evaluations per run")
+    p.add_argument("--eval-episodes", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--hidden", type=int, nargs="+", default=[128, 128])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-seed", type=int, default=0)
+    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = p.parse_args(argv)
+    args.algos = args.algos.split(",")
+    t0 = time.perf_counter()
+    rows = []
+    for name in args.envs.split(","):
+        rows.extend(run_env(name.strip(), args))
+    meta = dict(command="python " + " ".join([sys.argv[0]] + sys.argv[1:] if argv is None else argv),
+                wall_seconds=time.perf_counter() - t0, seeds=args.seeds, updates=args.updates,
+                eval_episodes=args.eval_episodes, hidden=args.hidden, batch_size=args.batch_size)
+    write_outputs(rows, Path(args.out), meta)
+    print((Path(args.out) / "table.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
