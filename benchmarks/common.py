@@ -238,7 +238,7 @@ def xla_loop_flops_multiplier() -> float:
 def results_path(name: str, out_dir: Optional[Path] = None) -> Path:
     """``<out_dir>/<name>-<host>-<YYYY-MM-DD>.json`` (default: benchmarks/results)."""
     out_dir = Path(out_dir) if out_dir is not None else RESULTS_DIR
-    host = socket.gethostname().split(".")[0] or "host"
+    host = socket.gethostname() or "host"  # as benchmarks/env_throughput.py names its files
     date = _dt.date.today().isoformat()
     return out_dir / f"{name}-{host}-{date}.json"
 

@@ -589,6 +589,9 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=7, help="most timed calls per sweep point")
     p.add_argument("--repeats-min", type=int, default=2, help="fewest timed calls per sweep point")
     p.add_argument("--target-s", type=float, default=3.0, help="about this many seconds of timed calls per point")
+    p.add_argument("--cache-dir", default=None,
+                   help="JAX persistent compilation cache (reruns then load instead of compiling; "
+                   "compile_s measures the load)")
     p.add_argument("--out-dir", default=None, help="where the JSON goes (default benchmarks/results)")
     p.add_argument("--name", default="learner_throughput", help="JSON file name prefix")
     args = p.parse_args(argv)
@@ -610,6 +613,9 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.cache_dir:
+        jax.config.update("jax_compilation_cache_dir", args.cache_dir)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     t0 = time.perf_counter()
     load = {"start": common.loadavg()}
     flops = FlopCounter()

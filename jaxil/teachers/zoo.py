@@ -46,7 +46,7 @@ _SMAX = PPOConfig(
 
 PRESETS: dict[str, PPOConfig] = {
     "smax:3m": _SMAX,
-    "smax:2s3z": _SMAX.replace(total_timesteps=5_000_000),
+    "smax:2s3z": _SMAX.replace(total_timesteps=2_000_000),
     "mpe:simple_spread_continuous": PPOConfig(
         algo="mappo",
         total_timesteps=6_000_000,
