@@ -14,7 +14,7 @@ import sys
 _MODULES = (
     "jaxil.cli_envs",  # envs, quickstart
     "jaxil.data.cli",  # data build/info/validate
-    "jaxil.teachers.cli",  # teach
+    "jaxil.teachers.zoo",  # teach
     "jaxil.train",  # train, sweep, eval
 )
 
