@@ -177,6 +177,9 @@ class JumanjiEnv(MultiAgentEnv, abc.ABC):
     and turns its ``(state, timestep)`` into a :class:`Step` via ``_out``."""
 
     raw: Any
+    # Jumanji steps are deterministic given the state (RobotWarehouse keeps
+    # its own key in the state), so ``step`` does not split a key for them.
+    stochastic_step = False
 
     @abc.abstractmethod
     def _out(self, state: Any, ts: Any, first: bool) -> Step:
@@ -188,8 +191,6 @@ class JumanjiEnv(MultiAgentEnv, abc.ABC):
         return self._out(state, ts, first=True)
 
     def _step(self, key: jax.Array, inner: Any, actions: jax.Array) -> Step:
-        # Jumanji steps are deterministic given the state (RobotWarehouse keeps
-        # its own key in the state), so ``key`` is not needed.
         state, ts = self.raw.step(inner, actions)
         return self._out(state, ts, first=False)
 
