@@ -328,6 +328,24 @@ def test_preference_loss(jit):
         L.preference_loss(rx[:, None], ry[:, None], label[:, None], rewards)
 
 
+@jit_param
+def test_preference_loss_reward_mask(jit):
+    """The penalty averages only the valid steps; padding does not dilute it."""
+    rewards = _f32(2 * B, 7, scale=0.5)
+    mask = RNG.random((2 * B, 7)) < 0.6
+    mask[:, 0] = True
+    r = rewards * mask
+    rx, ry = r[:B].sum(-1), r[B:].sum(-1)
+    label = RNG.integers(0, 2, B).astype(np.float32)
+    got = _maybe_jit(L.preference_loss, jit)(rx, ry, label, r, 0.5, mask)
+    logit = rx.astype(np.float64) - ry
+    bce = label * _np_softplus(-logit) + (1 - label) * _np_softplus(logit)
+    want = np.mean(bce) + 0.5 * np.sum(r.astype(np.float64) ** 2) / mask.sum()
+    np.testing.assert_allclose(float(got), want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(AssertionError):
+        L.preference_loss(rx, ry, label, r, 0.5, mask[:, :-1])
+
+
 # ------------------------------------------------------------------ Gumbel value
 
 
@@ -348,6 +366,23 @@ def test_gumbel_value_loss_and_weights(jit):
     # Small z: expm1 keeps relative accuracy where exp(z) − 1 − z cancels.
     tiny = L.gumbel_value_loss(np.full((1, 1), 1e-3), np.zeros((1, 1)), np.ones((1, 1)), 1.0)
     np.testing.assert_allclose(float(tiny), np.expm1(1e-3) - 1e-3, rtol=1e-3)
+
+
+@jit_param
+def test_gumbel_value_loss_mask(jit):
+    beta = 1.5
+    q, v, w = _f32(B, N, scale=3), _f32(B, N, scale=3), np.abs(_f32(B, N))
+    mask = RNG.random(B) < 0.5
+    mask[0] = True
+    z = _np_gumbel_z(q, v, w, beta, 10.0)
+    per = np.mean(np.exp(z) - z - 1, axis=-1)
+    got = _maybe_jit(L.gumbel_value_loss, jit)(q, v, w, beta, 10.0, mask)
+    np.testing.assert_allclose(float(got), per[mask].mean(), rtol=1e-5, atol=1e-6)
+    # Masked-out rows carry no gradient.
+    g = jax.grad(lambda v: L.gumbel_value_loss(q, v, w, beta, 10.0, mask))(jnp.asarray(v))
+    assert np.all(np.asarray(g)[~mask] == 0) and np.any(np.asarray(g)[mask] != 0)
+    with pytest.raises(AssertionError):
+        L.gumbel_value_loss(q, v, w, beta, 10.0, mask[:-1])
 
 
 def test_gumbel_value_loss_gradient_matches_authors_form():

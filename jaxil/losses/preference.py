@@ -8,7 +8,7 @@ the summed rewards, plus an L2 penalty on the rewards.
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Optional, Union
 
 import chex
 import jax
@@ -23,11 +23,12 @@ def preference_loss(
     label: jax.Array,
     rewards: jax.Array,
     reg_coef: Scalar = 0.5,
+    reward_mask: Optional[jax.Array] = None,
 ) -> jax.Array:
     """Bradley–Terry cross-entropy plus a reward L2 penalty.
 
         ℓ_b = R_x,b − R_y,b,   P(x ≻ y) = σ(ℓ_b)
-        L   = mean_b BCE(ℓ_b, y_b) + c·mean(r²)
+        L   = mean_b BCE(ℓ_b, y_b) + c·mean_{valid}(r²)
         BCE(ℓ, y) = −y·log σ(ℓ) − (1−y)·log(1−σ(ℓ)) = y·softplus(−ℓ) + (1−y)·softplus(ℓ)
 
     with ``R = Σ_t r_t`` the learned returns and ``c = reg_coef`` (0.5 in
@@ -41,6 +42,8 @@ def preference_loss(
       label: ``[B]`` probability that ``x`` is preferred, in ``[0, 1]``.
       rewards: any shape, the per-step rewards entering the penalty.
       reg_coef: weight of the penalty (traced OK).
+      reward_mask: optional mask, same shape as ``rewards``: the penalty
+        averages over the valid (padding-free) steps only.
 
     Returns:
       Scalar loss.
@@ -52,4 +55,10 @@ def preference_loss(
     logits = return_x - return_y
     y = jnp.asarray(label).astype(logits.dtype)
     bce = y * jax.nn.softplus(-logits) + (1.0 - y) * jax.nn.softplus(logits)
-    return jnp.mean(bce) + reg_coef * jnp.mean(jnp.square(rewards))
+    if reward_mask is None:
+        penalty = jnp.mean(jnp.square(rewards))
+    else:
+        chex.assert_equal_shape([rewards, reward_mask])
+        m = jnp.asarray(reward_mask).astype(rewards.dtype)
+        penalty = jnp.sum(m * jnp.square(rewards)) / jnp.maximum(jnp.sum(m), 1.0)
+    return jnp.mean(bce) + reg_coef * penalty

@@ -23,7 +23,7 @@ evaluated as ``expm1(z) − z`` to avoid cancellation near z = 0.
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Optional, Union
 
 import chex
 import jax
@@ -48,11 +48,12 @@ def gumbel_value_loss(
     w_target: jax.Array,
     beta: Scalar,
     clip: Scalar = 10.0,
+    mask: Optional[jax.Array] = None,
 ) -> jax.Array:
     """O-MAPL local value loss (Gumbel regression through the mixer weights).
 
         z_bi = clip(w̄_bi·(Q̄_bi − V_bi)/β, −clip, clip)
-        L    = mean_{b,i}[exp(z_bi) − z_bi − 1]
+        L    = Σ_b m_b·mean_i[exp(z_bi) − z_bi − 1] / max(Σ_b m_b, 1)
 
     Equal, up to terms constant in V and a positive detached scale, to the
     authors' ``mean[exp(z − max z) + exp(−max z)·w̄·V/β]`` inside the clip
@@ -69,12 +70,19 @@ def gumbel_value_loss(
       w_target: ``[B, N]`` target mixer weights w̄_i(s) ≥ 0.
       beta: temperature β > 0 (``alpha`` = 10 in the O-MAPL code; traced OK).
       clip: bound on |z|.
+      mask: optional ``[B]`` validity mask (padding steps of a segment);
+        ``None`` = all valid.
 
     Returns:
       Scalar loss (≥ 0).
     """
     z = _gumbel_z(q_target, v, w_target, beta, clip)
-    return jnp.mean(jnp.expm1(z) - z)
+    per_sample = jnp.mean(jnp.expm1(z) - z, axis=-1)
+    if mask is None:
+        return jnp.mean(per_sample)
+    chex.assert_shape(mask, per_sample.shape)
+    m = jnp.asarray(mask).astype(per_sample.dtype)
+    return jnp.sum(m * per_sample) / jnp.maximum(jnp.sum(m), 1.0)
 
 
 def gumbel_weights(
