@@ -96,10 +96,17 @@ def _write_jsonl_atomic(path: Path, rows: list[dict]) -> None:
 
 
 @functools.lru_cache(maxsize=32)
+def chunk_fn(learner: Learner, k: int):
+    """``(states [R], data) -> (states, last metrics [R])``: K fused updates
+    for every run (data shared), jitted once per (learner, K)."""
+    return jax.jit(jax.vmap(lambda s, d: update_n(learner, s, d, k), in_axes=(0, None)))
+
+
+@functools.lru_cache(maxsize=32)
 def _compiled(learner: Learner, env, eval_every: int, eval_episodes: int, deterministic: bool):
     """Jitted chunk and evaluation, cached so repeated runs compile once."""
     policy = learner.policy_fn(deterministic)
-    chunk = jax.jit(jax.vmap(lambda s, d: update_n(learner, s, d, eval_every), in_axes=(0, None)))
+    chunk = chunk_fn(learner, eval_every)
     evaluate = jax.jit(
         jax.vmap(lambda p, k: envs.run_episodes(env, policy, p, k, eval_episodes), in_axes=(0, None))
     )

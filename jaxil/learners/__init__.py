@@ -9,6 +9,7 @@
 ``indd``        independent DemoDICE per agent
 ``misodice_vdn`` MisoDICE with sum mixing
 ``misodice``    MisoDICE (hypernetwork mixers)
+``omapl``       O-MAPL preference learner (Phase 1; trains on PreferenceData)
 ==============  ==========================================================
 """
 
@@ -20,10 +21,13 @@ from envs.core import EnvSpec
 from jaxil.learners.base import Learner, LearnerData, LearnerState, update_n
 from jaxil.learners.bc import BCConfig, BCHParams, make_bc
 from jaxil.learners.dice import DiceConfig, DiceHParams, make_dice
+from jaxil.learners.omapl import OMAPLConfig, OMAPLHParams, PreferenceData, make_omapl
 
 _BC_BETA = {"bc_union": 0.0, "bc_expert": 1.0, "bc_mix": 0.5}
 _DICE_MIXING = {"indd": "none", "misodice_vdn": "sum", "misodice": "hyper"}
 LEARNERS = tuple(_BC_BETA) + tuple(_DICE_MIXING)
+#: Learners that train on preference queries instead of labelled transitions.
+PREFERENCE_LEARNERS = ("omapl",)
 
 
 def make_learner(name: str, spec: EnvSpec, **config) -> Learner:
@@ -45,10 +49,13 @@ def _make_learner(name: str, spec: EnvSpec, config_items: tuple) -> Learner:
         return make_bc(spec, BCConfig(**config), beta=_BC_BETA[name])._replace(name=name)
     if name in _DICE_MIXING:
         return make_dice(spec, DiceConfig(mixing=_DICE_MIXING[name], **config))
-    raise KeyError(f"unknown learner {name!r}; choose one of {', '.join(LEARNERS)}")
+    if name == "omapl":
+        return make_omapl(spec, OMAPLConfig(**config))
+    raise KeyError(f"unknown learner {name!r}; choose one of {', '.join(LEARNERS + PREFERENCE_LEARNERS)}")
 
 
 __all__ = [
     "BCConfig", "BCHParams", "DiceConfig", "DiceHParams", "Learner", "LearnerData",
-    "LearnerState", "LEARNERS", "make_learner", "update_n",
+    "LearnerState", "LEARNERS", "OMAPLConfig", "OMAPLHParams", "PREFERENCE_LEARNERS",
+    "PreferenceData", "make_learner", "update_n",
 ]
