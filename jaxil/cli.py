@@ -16,6 +16,7 @@ _MODULES = (
     "jaxil.data.cli",  # data build/info/validate
     "jaxil.teachers.zoo",  # teach
     "jaxil.train",  # train, sweep, eval
+    "jaxil.phase1.pipeline",  # label, pipeline
 )
 
 

@@ -1,0 +1,180 @@
+"""Preference queries: which trajectory segments an oracle is asked to compare.
+
+A query set is chosen once, on the host, with a budget (the number of
+queries); the oracle answers it once; the preference learner then trains on
+minibatches of the answered queries. :class:`QueryPairs` holds indices only
+(trajectory and start step of both sides), so the same queries can be
+answered by several oracles and compared.
+
+    pairs = sample_query_pairs(dataset, num_queries=1000, segment_len=None, seed=0)
+    x, y = pair_segments(dataset, pairs)          # numpy Segments [Q, L(+1), ...]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Optional
+
+import numpy as np
+
+from jaxil.data.format import Dataset
+from jaxil.data.sampling import Segments
+
+
+@dataclasses.dataclass(frozen=True)
+class QueryPairs:
+    """Q preference queries over one dataset: segment x vs segment y.
+
+    Attributes:
+      traj_x, traj_y: ``[Q]`` int32 trajectory indices (never equal in a pair).
+      start_x, start_y: ``[Q]`` int32 first step of each segment.
+      segment_len: steps per segment; ``None`` = whole trajectories (start 0,
+        length = the dataset's padded T, masked past each episode's end).
+    """
+
+    traj_x: np.ndarray
+    traj_y: np.ndarray
+    start_x: np.ndarray
+    start_y: np.ndarray
+    segment_len: Optional[int] = None
+
+    def __post_init__(self):
+        shapes = {a.shape for a in (self.traj_x, self.traj_y, self.start_x, self.start_y)}
+        if len(shapes) != 1 or len(next(iter(shapes))) != 1:
+            raise ValueError(f"QueryPairs arrays must all be [Q]; got shapes {sorted(shapes)}")
+        if np.any(self.traj_x == self.traj_y):
+            raise ValueError("a query compares a trajectory with itself; sample distinct pairs")
+
+    def __len__(self) -> int:
+        return int(self.traj_x.shape[0])
+
+    def keys(self, dataset_id: str = "") -> list[str]:
+        """A stable string per query (for caching answers): the dataset id,
+        both trajectories, both starts and the segment length."""
+        L = "all" if self.segment_len is None else str(self.segment_len)
+        return [
+            f"{dataset_id}|{int(a)}@{int(sa)}|{int(b)}@{int(sb)}|{L}"
+            for a, sa, b, sb in zip(self.traj_x, self.start_x, self.traj_y, self.start_y)
+        ]
+
+    def take(self, idx) -> "QueryPairs":
+        idx = np.asarray(idx)
+        return QueryPairs(self.traj_x[idx], self.traj_y[idx], self.start_x[idx],
+                          self.start_y[idx], self.segment_len)
+
+
+def dataset_id(dataset: Dataset) -> str:
+    """A short content hash of the trajectories a query set indexes into."""
+    h = hashlib.sha256()
+    for name in ("episode_return", "length", "seed", "reward"):
+        h.update(np.ascontiguousarray(getattr(dataset, name)).tobytes())
+    h.update(dataset.info.env_id.encode())
+    return h.hexdigest()[:16]
+
+
+def sample_query_pairs(
+    dataset: Dataset,
+    num_queries: int,
+    segment_len: Optional[int] = None,
+    seed: int = 0,
+) -> QueryPairs:
+    """``num_queries`` random pairs of distinct trajectories (uniform), each
+    cut to a segment of ``segment_len`` steps starting uniformly in
+    ``[0, max(length − L, 0)]`` (so it lies inside the episode when the
+    episode is long enough), or whole trajectories when ``segment_len`` is
+    None. Deterministic given ``seed``."""
+    M = dataset.num_trajectories
+    T = dataset.reward.shape[1]
+    if int(num_queries) < 1:
+        raise ValueError(f"num_queries must be >= 1, got {num_queries}")
+    if M < 2:
+        raise ValueError(f"preference queries need at least 2 trajectories; the dataset has {M}")
+    if segment_len is not None and not 1 <= int(segment_len) <= T:
+        raise ValueError(
+            f"segment_len must be in [1, T={T}] (the dataset's padded length) or None for "
+            f"whole trajectories, got {segment_len}"
+        )
+    rng = np.random.default_rng(seed)
+    Q = int(num_queries)
+    tx = rng.integers(0, M, Q)
+    ty = (tx + rng.integers(1, M, Q)) % M
+    length = np.asarray(dataset.length, np.int64)
+
+    def starts(t):
+        if segment_len is None:
+            return np.zeros(Q, np.int32)
+        hi = np.maximum(length[t] - int(segment_len), 0)
+        return np.floor(rng.random(Q) * (hi + 1)).astype(np.int32)
+
+    return QueryPairs(tx.astype(np.int32), ty.astype(np.int32), starts(tx), starts(ty),
+                      None if segment_len is None else int(segment_len))
+
+
+def _window(x: np.ndarray, traj: np.ndarray, start: np.ndarray, n: int) -> np.ndarray:
+    """``x[traj, start:start+n]`` per query, zero-padded past the end of T."""
+    T = x.shape[1]
+    steps = start[:, None] + np.arange(n)[None, :]  # [Q, n]
+    valid = steps < T
+    out = x[traj[:, None], np.minimum(steps, T - 1)]
+    shape = valid.shape + (1,) * (out.ndim - 2)
+    return np.where(valid.reshape(shape), out, np.zeros((), out.dtype))
+
+
+def segments(dataset: Dataset, traj: np.ndarray, start: np.ndarray, L: Optional[int]) -> Segments:
+    """numpy :class:`Segments` of the given trajectories/starts. ``L=None``
+    means whole trajectories, cut to the dataset's longest episode (padding
+    beyond it would only cost compute)."""
+    n = int(np.max(dataset.length)) if L is None else int(L)
+    mask = _window(dataset.mask, traj, start, n)
+    return Segments(
+        obs=_window(dataset.obs, traj, start, n + 1),
+        global_state=_window(dataset.global_state, traj, start, n + 1),
+        avail=_window(dataset.avail_actions, traj, start, n + 1),
+        actions=_window(dataset.actions, traj, start, n),
+        reward=_window(dataset.reward, traj, start, n) * mask,
+        mask=mask,
+        done=_window(dataset.done, traj, start, n) & mask,
+        traj_index=np.asarray(traj, np.int32),
+        start=np.asarray(start, np.int32),
+    )
+
+
+def pair_segments(dataset: Dataset, pairs: QueryPairs) -> tuple[Segments, Segments]:
+    """Both sides of every query as numpy :class:`Segments` ``[Q, ...]``."""
+    M = dataset.num_trajectories
+    for name in ("traj_x", "traj_y"):
+        t = getattr(pairs, name)
+        if t.size and (t.min() < 0 or t.max() >= M):
+            raise IndexError(f"QueryPairs.{name} indexes outside a dataset of {M} trajectories; "
+                             "were the queries sampled from another dataset?")
+    return (segments(dataset, pairs.traj_x, pairs.start_x, pairs.segment_len),
+            segments(dataset, pairs.traj_y, pairs.start_y, pairs.segment_len))
+
+
+def valid_steps(dataset: Dataset, traj: np.ndarray, start: np.ndarray, n: int) -> np.ndarray:
+    """Valid steps of each segment ``[Q]``: those in ``[start, start + n)``
+    before the episode's end (the dataset's mask is a prefix of each row)."""
+    end = np.minimum(np.asarray(dataset.length, np.int64)[traj], np.asarray(start, np.int64) + n)
+    return np.maximum(end - start, 0)
+
+
+def segment_returns(dataset: Dataset, pairs: QueryPairs) -> tuple[np.ndarray, np.ndarray]:
+    """True (recorded) returns of both sides of every query, ``[Q]`` float64
+    each, summed over the segments' valid steps (without building the
+    observation windows that :func:`pair_segments` gathers)."""
+    n = dataset.reward.shape[1] if pairs.segment_len is None else int(pairs.segment_len)
+    reward = np.asarray(dataset.reward)
+    T = reward.shape[1]
+    M = dataset.num_trajectories
+    out = []
+    for traj, start in ((pairs.traj_x, pairs.start_x), (pairs.traj_y, pairs.start_y)):
+        traj, start = np.asarray(traj, np.int64), np.asarray(start, np.int64)
+        if traj.size and (traj.min() < 0 or traj.max() >= M):
+            raise IndexError(f"the queries index trajectories outside a dataset of {M}; "
+                             "were they sampled from another dataset?")
+        steps = start[:, None] + np.arange(n)[None, :]
+        valid = np.arange(n)[None, :] < valid_steps(dataset, traj, start, n)[:, None]
+        r = reward[traj[:, None], np.minimum(steps, T - 1)].astype(np.float64)
+        out.append(np.where(valid, r, 0.0).sum(-1))
+    return out[0], out[1]

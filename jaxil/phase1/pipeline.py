@@ -1,0 +1,264 @@
+"""``jaxil label`` and ``jaxil pipeline``: unlabeled data → labels → MisoDICE.
+
+    jaxil label runs/data/smax-3m-misodice-200e-1000p.npz --oracle ground_truth --queries 1000 --top-k 200
+    jaxil label smax-3m/misodice-200e-1000p --oracle external --external mymod:ask_llm --cache answers.jsonl
+    jaxil pipeline smax:3m --seeds 4          # Phase 1, Phase 2, and the two comparisons
+
+``label`` never modifies its input: it writes a labelled copy (``expert`` =
+the Phase-1 labels) and ``<out>.labels.json`` (labels, scores, metrics
+against the hidden ground truth, the oracle's report), which ``jaxil train
+--labels`` also accepts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from jaxil.data.format import Dataset, save
+from jaxil.phase1.label import (
+    ensemble_scores,
+    fit_preferences,
+    label_metrics,
+    labelled_copy,
+    summary_line,
+    to_json,
+    top_labels,
+)
+from jaxil.phase1.pairs import dataset_id, sample_query_pairs
+
+ORACLES = ("ground_truth", "semantic", "external")
+
+
+def make_oracle(name: str, *, flip_rate: float = 0.0, seed: int = 0,
+                external: Optional[Callable[[str], str]] = None,
+                cache: Optional[str] = None):
+    """Build an oracle by name (see :mod:`jaxil.phase1.oracles`)."""
+    from jaxil.phase1 import oracles
+
+    if name == "ground_truth":
+        return oracles.GroundTruthOracle(flip_rate=flip_rate, seed=seed)
+    if flip_rate:
+        raise ValueError("--flip-rate applies to the ground_truth oracle only")
+    if name == "semantic":
+        return oracles.SMAXSemanticOracle()
+    if name == "external":
+        if external is None:
+            raise ValueError("the external oracle needs a callable: --external MODULE:FUNCTION "
+                             "(a function str -> '#1' | '#2')")
+        return oracles.ExternalOracle(external, cache_path=cache)
+    raise ValueError(f"unknown oracle {name!r}; choose one of {', '.join(ORACLES)}")
+
+
+def load_callable(spec: str) -> Callable[[str], str]:
+    """``"package.module:function"`` -> the function."""
+    mod, sep, fn = spec.partition(":")
+    if not sep or not mod or not fn:
+        raise ValueError(f"--external takes MODULE:FUNCTION, got {spec!r}")
+    try:
+        f = getattr(importlib.import_module(mod), fn)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"--external {spec!r}: {e}") from None
+    if not callable(f):
+        raise ValueError(f"--external {spec!r} is not callable")
+    return f
+
+
+@dataclasses.dataclass
+class LabelOutcome:
+    labels: np.ndarray  # [M] bool, from the ensemble of seeds
+    scores: np.ndarray  # [S, M]
+    metrics: dict  # ensemble metrics vs ground truth
+    per_seed: list[dict]  # metrics of each seed's own top-K
+    oracle: dict  # name, queries answered, report
+    fit_seconds: float
+    history: list[dict]
+
+
+def phase1(dataset: Dataset, oracle, *, queries: int = 1000, segment_len: Optional[int] = None,
+           top_k: Optional[int] = None, top_frac: Optional[float] = None, seeds: int = 3,
+           updates: int = 1000, seed: int = 0, progress: bool = True, hparams=None,
+           **config) -> LabelOutcome:
+    """Ask ``oracle`` about ``queries`` random pairs, fit O-MAPL (``seeds``
+    vmapped), label the top trajectories by learned return."""
+    pairs = sample_query_pairs(dataset, queries, segment_len, seed=seed)
+    prefs = np.asarray(oracle(dataset, pairs), np.float32)
+    answered = int(np.isfinite(prefs).sum())
+    fit = fit_preferences(dataset, pairs, prefs, seeds=seeds, updates=updates, seed=seed,
+                          progress=progress, hparams=hparams, **config)
+    truth = np.asarray(dataset.expert, bool)
+    if top_k is None and top_frac is None:
+        raise ValueError("give top_k or top_frac: how many trajectories to label expert")
+    per_seed = [label_metrics(top_labels(s, top_k, top_frac), truth, s, dataset.episode_return)
+                for s in fit.scores]
+    ens = ensemble_scores(fit.scores)
+    labels = top_labels(ens, top_k, top_frac)
+    report = dict(getattr(oracle, "report", {}) or {})
+    return LabelOutcome(
+        labels=labels, scores=fit.scores,
+        metrics=label_metrics(labels, truth, ens, dataset.episode_return), per_seed=per_seed,
+        oracle=dict(name=getattr(oracle, "name", type(oracle).__name__), queries=queries,
+                    answered=answered, segment_len=segment_len, report=report),
+        fit_seconds=fit.seconds, history=fit.history,
+    )
+
+
+def write_labels(dataset: Dataset, outcome: LabelOutcome, out: Path, provenance: dict) -> Path:
+    """The labelled copy at ``out`` and its ``.labels.json`` sidecar (both atomic)."""
+    save(labelled_copy(dataset, outcome.labels, provenance), out)
+    side = out.with_suffix(".labels.json")
+    tmp = side.with_name(f".{side.name}.tmp")
+    tmp.write_text(to_json(dict(
+        provenance, expert=outcome.labels.astype(bool).tolist(), metrics=outcome.metrics,
+        per_seed=outcome.per_seed, oracle=outcome.oracle, scores=outcome.scores.round(5).tolist(),
+        fit_seconds=outcome.fit_seconds)))
+    tmp.replace(side)
+    return side
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def _phase1_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--oracle", choices=ORACLES, default="ground_truth")
+    p.add_argument("--flip-rate", type=float, default=0.0,
+                   help="ground_truth oracle: probability of flipping each answer")
+    p.add_argument("--external", default=None, help="MODULE:FUNCTION, a callable str -> '#1'|'#2'")
+    p.add_argument("--cache", default=None, help="external oracle: JSONL answer cache (resumable)")
+    p.add_argument("--queries", type=int, default=1000, help="query budget (pairs asked)")
+    p.add_argument("--segment-len", type=int, default=None, help="steps per segment (default: whole)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--top-k", type=int, default=None, help="label this many trajectories expert")
+    g.add_argument("--top-frac", type=float, default=None, help="... or this fraction")
+    p.add_argument("--label-updates", type=int, default=1000, help="O-MAPL updates")
+    p.add_argument("--label-seeds", type=int, default=3, help="O-MAPL seeds (ensembled)")
+    p.add_argument("--label-hidden", type=int, nargs="+", default=[64, 64])
+    p.add_argument("--pairs-per-batch", type=int, default=8, help="O-MAPL batch (pairs)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true")
+
+
+def _run_phase1(ds: Dataset, args) -> LabelOutcome:
+    ext = load_callable(args.external) if args.external else None
+    oracle = make_oracle(args.oracle, flip_rate=args.flip_rate, seed=args.seed, external=ext,
+                         cache=args.cache)
+    top_k = args.top_k
+    if top_k is None and args.top_frac is None:
+        top_k = int(np.sum(ds.expert)) or None
+        if top_k is None:
+            raise ValueError("the dataset marks no expert trajectories to size the labels by; "
+                             "pass --top-k or --top-frac")
+        print(f"labelling the top {top_k} trajectories (the dataset's expert count; "
+              "change with --top-k / --top-frac)")
+    out = phase1(ds, oracle, queries=args.queries, segment_len=args.segment_len, top_k=top_k,
+                 top_frac=args.top_frac, seeds=args.label_seeds, updates=args.label_updates,
+                 seed=args.seed, progress=not args.no_progress,
+                 hidden=tuple(args.label_hidden), batch_size=args.pairs_per_batch)
+    rep = out.oracle["report"]
+    if rep:
+        print("oracle report: " + json.dumps({k: v for k, v in rep.items() if k != "failed"}))
+    print(f"oracle {out.oracle['name']}: {out.oracle['answered']}/{args.queries} queries answered")
+    print(f"labels vs ground truth ({int(out.labels.sum())} labelled): {summary_line(out.metrics)}")
+    return out
+
+
+def _provenance(ds: Dataset, args, source: str) -> dict:
+    return dict(source=source, source_id=dataset_id(ds), oracle=args.oracle,
+                flip_rate=args.flip_rate, queries=args.queries, segment_len=args.segment_len,
+                top_k=args.top_k, top_frac=args.top_frac, label_updates=args.label_updates,
+                label_seeds=args.label_seeds, seed=args.seed)
+
+
+def _label_cmd(args) -> int:
+    from jaxil.train import load_dataset
+
+    ds = load_dataset(args.dataset)
+    src = Path(args.dataset)
+    if args.out:
+        out = Path(args.out)
+    else:
+        stem = src.stem if src.exists() else args.dataset.replace("/", "-")
+        out = Path("runs/labels") / f"{stem}-{args.oracle}.npz"
+    if src.exists() and out.resolve() == src.resolve():
+        raise ValueError("--out is the input dataset; `jaxil label` never modifies its input, "
+                         "choose another path")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    outcome = _run_phase1(ds, args)
+    side = write_labels(ds, outcome, out, _provenance(ds, args, args.dataset))
+    print(f"wrote {out} and {side}")
+    return 0
+
+
+def _pipeline_cmd(args) -> int:
+    import envs
+    from jaxil.data.recipes import env_short
+    from jaxil.learners import LearnerData, make_learner
+    from jaxil.train import expand_grid, load_dataset, train
+
+    t0 = time.perf_counter()
+    env_id = args.env if ":" in args.env else args.env.replace("-", ":", 1)
+    ds = load_dataset(f"{env_short(env_id)}/{args.recipe}")
+    env = envs.make(ds.spec.env_id)
+    print(f"dataset {ds.info.recipe}: {ds.num_trajectories} trajectories, "
+          f"{int(ds.expert.sum())} expert (hidden from Phase 1)")
+    outcome = _run_phase1(ds, args)
+    settings = {"phase1": outcome.labels}
+    if args.compare:
+        settings.update(ground_truth=np.asarray(ds.expert, bool),
+                        no_phase1=np.ones(ds.num_trajectories, bool))
+    learner = make_learner(args.algo, ds.spec, hidden=tuple(args.hidden), batch_size=args.batch_size)
+    results = {}
+    for name, labels in settings.items():
+        s = train(learner, env, LearnerData.from_dataset(ds, labels),
+                  runs=expand_grid({}, args.seeds), num_updates=args.updates,
+                  eval_every=args.updates // args.evals, eval_episodes=args.eval_episodes,
+                  base_seed=args.seed, progress=not args.no_progress)
+        results[name] = {k: s["points"][0][k] for k in
+                         ("return_mean", "return_std", "win_mean", "win_std", "returns")}
+    summary = dict(env=ds.spec.env_id, recipe=ds.info.recipe, algo=args.algo, seeds=args.seeds,
+                   updates=args.updates, labelling=outcome.metrics, oracle=outcome.oracle,
+                   phase2=results, wall_seconds=time.perf_counter() - t0)
+    print(f"\n== pipeline {ds.spec.env_id}: {args.algo}, {args.seeds} seeds, {args.updates} updates ==")
+    print(f"Phase 1 ({outcome.oracle['name']}, {args.queries} queries): {summary_line(outcome.metrics)}")
+    names = {"phase1": "Phase-1 labels", "ground_truth": "ground-truth labels",
+             "no_phase1": "no Phase 1 (all expert)"}
+    for k, r in results.items():
+        print(f"  {names[k]:<26} return {r['return_mean']:.3f} ± {r['return_std']:.3f}   "
+              f"win {r['win_mean']:.3f} ± {r['win_std']:.3f}")
+    print(f"wall time {summary['wall_seconds']:.0f}s")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "pipeline.json").write_text(to_json(summary))
+        print(f"summary in {out / 'pipeline.json'}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("label", help="Phase 1: label a dataset's trajectories from preferences")
+    p.add_argument("dataset", help="dataset file or recipe name")
+    p.add_argument("--out", default=None, help="labelled copy (default runs/labels/<name>-<oracle>.npz)")
+    _phase1_args(p)
+    p.set_defaults(func=_label_cmd)
+    q = sub.add_parser("pipeline", help="unlabeled data → Phase-1 labels → MisoDICE → evaluation")
+    q.add_argument("env", help="environment id, e.g. smax:3m")
+    q.add_argument("--recipe", default="misodice-200e-1000p")
+    q.add_argument("--algo", default="misodice")
+    q.add_argument("--seeds", type=int, default=4)
+    q.add_argument("--updates", type=int, default=2000)
+    q.add_argument("--evals", type=int, default=4)
+    q.add_argument("--eval-episodes", type=int, default=32)
+    q.add_argument("--hidden", type=int, nargs="+", default=[128, 128])
+    q.add_argument("--batch-size", type=int, default=256)
+    q.add_argument("--no-compare", dest="compare", action="store_false",
+                   help="skip the ground-truth-label and no-Phase-1 runs")
+    q.add_argument("--out", default=None, help="directory for pipeline.json")
+    _phase1_args(q)
+    q.set_defaults(func=_pipeline_cmd)
