@@ -1,7 +1,7 @@
 """Learner throughput: updates/s, transitions/s and achieved GFLOP/s.
 
-For the learners ``bc_union``, ``indd``, ``misodice_vdn`` and ``misodice`` on
-synthetic on-device data (a :class:`~jaxil.data.sampling.Transitions` of
+For the learners ``bc_union``, ``indd``, ``misodice_vdn`` and ``misodice``
+(and O-MAPL at the paper shapes) on synthetic on-device data (a :class:`~jaxil.data.sampling.Transitions` of
 random arrays with expert labels, so no environment is needed):
 
 1. **Paper shapes** (MisoDICE on SMACv1 5m_vs_6m): N = 5 agents, obs 124,
@@ -16,7 +16,10 @@ random arrays with expert labels, so no environment is needed):
    update in one call) and of K = 16 fused updates is set against the fp32
    matmul rate measured in between the repeats (1024² ``jnp.dot``), and
    against :mod:`benchmarks.matmul_peak`'s MLP-shaped products and its
-   1-thread/all-thread child processes.
+   1-thread/all-thread child processes. O-MAPL at the same shapes: B = 8
+   trajectory pairs × 2 × T = 70 = 1120 joint transitions per update, as in
+   the O-MAPL authors' SMAC configuration (their PyTorch update: ≈200 ms on
+   one core of the reference machine).
 2. **Sweeps** around a base point (B = 512, N = 5, seeds = 1, K = 16), one
    axis at a time: batch size, number of agents (state = 156·N), seeds
    (``vmap`` over learner states, shared data) and K (updates fused in one
@@ -62,10 +65,13 @@ import jax.numpy as jnp  # noqa: E402
 from benchmarks import common, matmul_peak  # noqa: E402
 from envs.core import DiscreteActions, EnvSpec  # noqa: E402
 from jaxil.data.sampling import Transitions  # noqa: E402
-from jaxil.learners import LearnerData, make_learner, update_n  # noqa: E402
+from jaxil.data.sampling import Segments  # noqa: E402
+from jaxil.learners import LearnerData, PreferenceData, make_learner, update_n  # noqa: E402
 
 LEARNERS = ("bc_union", "indd", "misodice_vdn", "misodice")
 DICE = ("indd", "misodice_vdn", "misodice")
+#: O-MAPL at the paper shapes: B = 8 trajectory pairs of T = 70 steps per update.
+PAPER_PAIRS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,13 +174,43 @@ def synthetic_data(
     return jax.block_until_ready(make(ks))
 
 
-def transitions_per_update(name: str, batch: int) -> int:
+def synthetic_preferences(key: jax.Array, spec: EnvSpec, num_pairs: int, episode_len: int) -> PreferenceData:
+    """``num_pairs`` answered queries of two whole ``episode_len``-step
+    trajectories each (random arrays, every step valid, terminal at the end)."""
+    n, o, s, a, T = spec.num_agents, spec.obs_dim, spec.state_dim, spec.num_actions, episode_len
+
+    @jax.jit
+    def make(key):
+        def side(k):
+            ks = jax.random.split(k, 4)
+            actions = jax.random.randint(ks[2], (num_pairs, T, n), 0, a, jnp.int32)
+            avail = jax.random.uniform(ks[3], (num_pairs, T + 1, n, a)) > 1 / 6
+            avail = avail.at[:, :T].set(avail[:, :T] | jax.nn.one_hot(actions, a, dtype=jnp.bool_))
+            return Segments(
+                obs=jax.random.normal(ks[0], (num_pairs, T + 1, n, o), jnp.float32),
+                global_state=jax.random.normal(ks[1], (num_pairs, T + 1, s), jnp.float32),
+                avail=avail, actions=actions, reward=jnp.zeros((num_pairs, T), jnp.float32),
+                mask=jnp.ones((num_pairs, T), bool),
+                done=jnp.broadcast_to(jnp.arange(T) == T - 1, (num_pairs, T)),
+                traj_index=jnp.arange(num_pairs, dtype=jnp.int32), start=jnp.zeros(num_pairs, jnp.int32))
+
+        kx, ky, kl = jax.random.split(key, 3)
+        label = jax.random.bernoulli(kl, 0.5, (num_pairs,)).astype(jnp.float32)
+        return PreferenceData(x=side(kx), y=side(ky), label=label)
+
+    return jax.block_until_ready(make(key))
+
+
+def transitions_per_update(name: str, batch: int, episode_len: int = Shapes.episode_len) -> int:
+    """Joint transitions one update consumes (O-MAPL: ``batch`` pairs × 2 × T)."""
+    if name == "omapl":
+        return 2 * batch * episode_len
     return 2 * batch if name in DICE else batch
 
 
 def _learner(name: str, spec: EnvSpec, batch: int, shapes: Shapes):
     cfg: dict[str, Any] = {"batch_size": batch, "hidden": shapes.hidden}
-    if name in DICE:
+    if name in DICE or name == "omapl":
         cfg["mixer_hidden"] = shapes.mixer_hidden
     return make_learner(name, spec, **cfg)
 
@@ -371,13 +407,17 @@ def run_paper(args, flops: FlopCounter) -> dict[str, Any]:
     mm = matmul_peak.measure(matmul_peak.matmul_shapes(PAPER.batch * PAPER.agents), repeats=5, target_s=0.5)
     out["matmul_in_process"] = {"rows": mm, "summary": matmul_peak.summarize(mm)}
     out["learners"] = {}
+    pref_data = None
     for name in args.paper_learners:
         res: dict[str, Any] = {}
+        if name == "omapl" and pref_data is None:
+            pref_data = synthetic_preferences(jax.random.PRNGKey(1), spec, 16 * PAPER_PAIRS, shapes.episode_len)
+        batch = PAPER_PAIRS if name == "omapl" else PAPER.batch
         for label, k, reps in (("single", 1, args.paper_repeats), ("fused", PAPER.k, args.paper_fused_repeats)):
             if label == "fused" and args.quick:
                 continue
-            p = dataclasses.replace(PAPER, k=k)
-            compiled, call_args, compile_s = build_call(name, spec, p, data, shapes)
+            p = dataclasses.replace(PAPER, k=k, batch=batch)
+            compiled, call_args, compile_s = build_call(name, spec, p, pref_data if name == "omapl" else data, shapes)
             flops_call, cost = flops.per_call(compiled, k)
             # a fused call lasts K single updates: skip its warm-up when that is long
             warm = label == "single" or res["single"]["update_ms"] * k < 10e3
@@ -386,8 +426,8 @@ def run_paper(args, flops: FlopCounter) -> dict[str, Any]:
             res[label] = {"k": k, "compile_s": compile_s, "flops_per_update": flops_call / k,
                           "bytes_accessed_per_call": cost.get("bytes accessed"),
                           "update_ms": 1e3 * r["timing"]["median_s"] / k, "updates_per_s": upd_s,
-                          "transitions_per_s": upd_s * transitions_per_update(name, PAPER.batch),
-                          "agent_steps_per_s": upd_s * transitions_per_update(name, PAPER.batch) * PAPER.agents,
+                          "transitions_per_s": upd_s * transitions_per_update(name, batch),
+                          "agent_steps_per_s": upd_s * transitions_per_update(name, batch) * PAPER.agents,
                           "loadavg": common.loadavg(), **r}
             s = res[label]
             print(f"  {name:13s} {label:6s} K={k:<3d} compile {compile_s:5.1f}s  {s['update_ms']:8.1f} ms/update  "
@@ -577,7 +617,8 @@ def parse_args(argv=None):
     p.add_argument("--axes", default="batch,agents,seeds,k", help="sweep axes (comma-separated; '' for none)")
     p.add_argument("--no-sweep", action="store_true", help="paper shapes only")
     p.add_argument("--no-paper", action="store_true", help="sweeps only")
-    p.add_argument("--paper-learners", default="misodice", help="learners to run at the paper shapes")
+    p.add_argument("--paper-learners", default="misodice,omapl",
+                   help="learners to run at the paper shapes (" + ",".join(LEARNERS + ("omapl",)) + ")")
     p.add_argument("--paper-trajectories", type=int, default=1200, help="dataset size at the paper shapes (x70 steps)")
     p.add_argument("--paper-repeats", type=int, default=5, help="timed single updates at the paper shapes")
     p.add_argument("--paper-fused-repeats", type=int, default=2, help="timed K=16 calls at the paper shapes")
@@ -597,9 +638,12 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     args.learners = [x for x in args.learners.split(",") if x]
     args.paper_learners = [x for x in args.paper_learners.split(",") if x]
-    for x in args.learners + args.paper_learners:
+    for x in args.learners:
         if x not in LEARNERS:
             p.error(f"unknown learner {x!r}; choose from {', '.join(LEARNERS)}")
+    for x in args.paper_learners:
+        if x not in LEARNERS + ("omapl",):
+            p.error(f"unknown paper learner {x!r}; choose from {', '.join(LEARNERS + ('omapl',))}")
     if args.budget_s is None:
         args.budget_s = 0.0 if args.full else (120.0 if args.quick else 300.0)
     if args.quick:
