@@ -96,3 +96,25 @@ def test_external_labeler_end_to_end_with_resume(ds_path, tmp_path, monkeypatch,
     # answered pairs come from the cache; only the unanswered ones are asked again
     assert rep2["cached"] == 60 - rep["num_failed"] and rep2["parsed"] == 0
     assert len(calls) == 3 * rep["num_failed"]
+
+
+@pytest.mark.slow
+def test_pipeline_end_to_end(tmp_path):
+    """`jaxil pipeline` on a small scripted-expert MPE dataset: Phase 1, then
+    MisoDICE with Phase-1 labels, ground-truth labels and no Phase 1."""
+    from jaxil.data import recipes as rc
+
+    path = tmp_path / "spread.npz"
+    rc.build("mpe-simple_spread_continuous/misodice-200e-1000p", 0, path,
+             counts={"expert": 8, "poor": 32}, discover_teachers=False, measure_episodes=0,
+             progress=False)
+    rc_ = main(["pipeline", "mpe:simple_spread_continuous", "--dataset", str(path), "--seeds", "2",
+                "--updates", "40", "--evals", "1", "--eval-episodes", "4", "--hidden", "16",
+                "--batch-size", "32", "--queries", "100", "--top-k", "8", "--out", str(tmp_path),
+                *FAST])
+    assert rc_ == 0
+    summary = json.loads((tmp_path / "pipeline.json").read_text())
+    assert set(summary["phase2"]) == {"phase1", "ground_truth", "no_phase1"}
+    assert all(np.isfinite(r["return_mean"]) for r in summary["phase2"].values())
+    assert summary["labelling"]["num_labelled"] == 8
+    assert summary["oracle"]["answered"] == 100 and summary["env"] == "mpe:simple_spread_continuous"

@@ -49,6 +49,33 @@ def _stats(per_seed: list[dict]) -> dict:
             for k in KEYS}
 
 
+class _Cache:
+    """Finished pieces of one environment's run, on disk (atomic writes), so a
+    killed run resumes where it stopped. Keyed by the settings that matter."""
+
+    def __init__(self, path: Path, settings: dict):
+        self.path = path
+        self.data = json.loads(path.read_text()) if path.exists() else {}
+        if self.data.get("settings") != settings:
+            self.data = {"settings": settings}
+
+    def get(self, key):
+        return self.data.get(key)
+
+    def put(self, key, value):
+        self.data[key] = value
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp.write_text(json.dumps(self.data))
+        tmp.replace(self.path)
+        return value
+
+
+class _Fit:
+    def __init__(self, d):
+        self.per_seed, self.scores = d["per_seed"], np.asarray(d["scores"])
+
+
 def run_env(name: str, args) -> dict:
     ds = load_dataset(f"{name}/misodice-200e-1000p", args.data_seed)
     env = envs.make(ds.spec.env_id)
@@ -56,15 +83,23 @@ def run_env(name: str, args) -> dict:
     cfg = dict(hidden=tuple(args.label_hidden), batch_size=args.pairs_per_batch)
     common = dict(seeds=args.label_seeds, updates=args.label_updates, seed=args.seed, **cfg)
     res: dict = dict(env=ds.spec.env_id, flip={}, budget={}, top_k={}, phase2={})
+    settings = {k: getattr(args, k) for k in ("label_seeds", "label_updates", "label_hidden",
+                                              "pairs_per_batch", "seeds", "updates", "hidden",
+                                              "batch_size", "evals", "eval_episodes", "seed",
+                                              "data_seed")}
+    cache = _Cache(Path(args.out) / f".cache-{name}.json", settings)
 
     def fit(queries, flip):
-        t = time.perf_counter()
-        out = phase1(ds, GroundTruthOracle(flip_rate=flip, seed=args.seed), queries=queries,
-                     top_k=200, **common)
-        print(f"{ds.spec.env_id} flip {flip:.2f} queries {queries}: precision "
-              f"{np.mean([m['precision'] for m in out.per_seed]):.3f} "
-              f"({time.perf_counter() - t:.0f}s)", flush=True)
-        return out
+        key = f"fit:{queries}:{flip}"
+        if cache.get(key) is None:
+            t = time.perf_counter()
+            out = phase1(ds, GroundTruthOracle(flip_rate=flip, seed=args.seed), queries=queries,
+                         top_k=200, **common)
+            print(f"{ds.spec.env_id} flip {flip:.2f} queries {queries}: precision "
+                  f"{np.mean([m['precision'] for m in out.per_seed]):.3f} "
+                  f"({time.perf_counter() - t:.0f}s)", flush=True)
+            cache.put(key, dict(per_seed=out.per_seed, scores=out.scores.tolist()))
+        return _Fit(cache.get(key))
 
     base = None
     for flip in args.flips:
@@ -90,17 +125,26 @@ def run_env(name: str, args) -> dict:
         res["top_k"][str(k)] = dict(_stats(per_seed), ensemble=label_metrics(
             settings[f"phase1_k{k}"], truth, ens, ds.episode_return))
     for name_, labels in settings.items():
-        s = train(learner, env, LearnerData.from_dataset(ds, labels),
-                  runs=expand_grid({}, args.seeds), num_updates=args.updates,
-                  eval_every=args.updates // args.evals, eval_episodes=args.eval_episodes,
-                  base_seed=args.seed, progress=True)
-        p = s["points"][0]
-        res["phase2"][name_] = {k: p[k] for k in ("return_mean", "return_std", "win_mean",
-                                                  "win_std", "returns")}
-        print(f"{ds.spec.env_id} phase2 {name_}: {p['return_mean']:.3f} ± {p['return_std']:.3f}",
-              flush=True)
+        key = f"phase2:{name_}:{hash_labels(labels)}"
+        if cache.get(key) is None:
+            s = train(learner, env, LearnerData.from_dataset(ds, labels),
+                      runs=expand_grid({}, args.seeds), num_updates=args.updates,
+                      eval_every=args.updates // args.evals, eval_episodes=args.eval_episodes,
+                      base_seed=args.seed, progress=True)
+            p = s["points"][0]
+            cache.put(key, {k: p[k] for k in ("return_mean", "return_std", "win_mean",
+                                              "win_std", "returns")})
+            print(f"{ds.spec.env_id} phase2 {name_}: {p['return_mean']:.3f} ± "
+                  f"{p['return_std']:.3f}", flush=True)
+        res["phase2"][name_] = cache.get(key)
     res["has_win"] = bool(env.spec.has_win)
     return res
+
+
+def hash_labels(labels) -> str:
+    import hashlib
+
+    return hashlib.sha256(np.packbits(np.asarray(labels, bool)).tobytes()).hexdigest()[:12]
 
 
 def _fmt(ms):

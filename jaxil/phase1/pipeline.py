@@ -204,8 +204,13 @@ def _pipeline_cmd(args) -> int:
 
     t0 = time.perf_counter()
     env_id = args.env if ":" in args.env else args.env.replace("-", ":", 1)
-    ds = load_dataset(f"{env_short(env_id)}/{args.recipe}")
+    ds = load_dataset(args.dataset or f"{env_short(env_id)}/{args.recipe}")
+    if ds.spec.env_id != env_id:
+        raise ValueError(f"the dataset was recorded on {ds.spec.env_id}, not {env_id}")
     env = envs.make(ds.spec.env_id)
+    if env.spec != ds.spec:
+        raise ValueError(f"dataset spec {ds.spec} does not match environment {env.spec}; "
+                         "was it recorded with non-default env kwargs?")
     print(f"dataset {ds.info.recipe}: {ds.num_trajectories} trajectories, "
           f"{int(ds.expert.sum())} expert (hidden from Phase 1)")
     outcome = _run_phase1(ds, args)
@@ -249,7 +254,9 @@ def register(sub) -> None:
     p.set_defaults(func=_label_cmd)
     q = sub.add_parser("pipeline", help="unlabeled data → Phase-1 labels → MisoDICE → evaluation")
     q.add_argument("env", help="environment id, e.g. smax:3m")
-    q.add_argument("--recipe", default="misodice-200e-1000p")
+    q.add_argument("--recipe", default="misodice-200e-1000p",
+                   help="dataset recipe for the env (built under runs/data/ if missing)")
+    q.add_argument("--dataset", default=None, help="a dataset file instead of the recipe")
     q.add_argument("--algo", default="misodice")
     q.add_argument("--seeds", type=int, default=4)
     q.add_argument("--updates", type=int, default=2000)
