@@ -6,8 +6,8 @@ poor trajectories, expert flags hidden from Phase 1):
 1. labelling precision / accuracy / AUC vs the label-flip rate of the
    ground-truth oracle (0, 5, 10, 20, 30 %), 1000 whole-trajectory queries;
 2. the same vs the query budget (noiseless oracle);
-3. top-K ablation: labelling metrics and Phase-2 MisoDICE return for
-   several K, from one O-MAPL fit;
+3. top-K ablation: labelling metrics for several K from one O-MAPL fit
+   (and Phase-2 MisoDICE return for the K in ``--phase2-ks``);
 4. Phase-2 MisoDICE return with Phase-1 labels (K = 200) vs ground-truth
    labels vs no Phase 1 (every trajectory labelled expert).
 
@@ -53,11 +53,16 @@ class _Cache:
     """Finished pieces of one environment's run, on disk (atomic writes), so a
     killed run resumes where it stopped. Keyed by the settings that matter."""
 
-    def __init__(self, path: Path, settings: dict):
+    def __init__(self, path: Path, settings: dict, groups: dict[str, tuple[str, ...]]):
+        """``groups``: key prefix -> the settings its entries depend on; entries
+        whose settings changed are dropped, the others kept."""
         self.path = path
         self.data = json.loads(path.read_text()) if path.exists() else {}
-        if self.data.get("settings") != settings:
-            self.data = {"settings": settings}
+        old = self.data.get("settings", {})
+        for prefix, names in groups.items():
+            if any(old.get(n) != settings[n] for n in names):
+                self.data = {k: v for k, v in self.data.items() if not k.startswith(prefix)}
+        self.data["settings"] = settings
 
     def get(self, key):
         return self.data.get(key)
@@ -87,7 +92,9 @@ def run_env(name: str, args) -> dict:
                                               "pairs_per_batch", "seeds", "updates", "hidden",
                                               "batch_size", "evals", "eval_episodes", "seed",
                                               "data_seed")}
-    cache = _Cache(Path(args.out) / f".cache-{name}.json", settings)
+    fit_keys = ("label_seeds", "label_updates", "label_hidden", "pairs_per_batch", "seed", "data_seed")
+    cache = _Cache(Path(args.out) / f".cache-{name}.json", settings,
+                   {"fit:": fit_keys, "phase2:": tuple(settings)})
 
     def fit(queries, flip):
         key = f"fit:{queries}:{flip}"
@@ -116,10 +123,10 @@ def run_env(name: str, args) -> dict:
     # Top-K ablation and Phase 2, from the noiseless fit.
     ens = ensemble_scores(base.scores)
     learner = make_learner("misodice", ds.spec, hidden=tuple(args.hidden), batch_size=args.batch_size)
-    settings = {f"phase1_k{k}": top_labels(ens, top_k=k) for k in args.top_ks}
+    settings = {f"phase1_k{k}": top_labels(ens, top_k=k) for k in args.phase2_ks}
     settings["ground_truth"] = truth
     settings["no_phase1"] = np.ones_like(truth)
-    for k in args.top_ks:
+    for k in sorted(set(args.top_ks) | set(args.phase2_ks)):
         per_seed = [label_metrics(top_labels(s, top_k=k), truth, s, ds.episode_return)
                     for s in base.scores]
         res["top_k"][str(k)] = dict(_stats(per_seed), ensemble=label_metrics(
@@ -231,6 +238,8 @@ def main(argv=None) -> None:
     p.add_argument("--flips", type=float, nargs="+", default=list(FLIPS))
     p.add_argument("--budgets", type=int, nargs="+", default=list(BUDGETS))
     p.add_argument("--top-ks", type=int, nargs="+", default=list(TOP_KS))
+    p.add_argument("--phase2-ks", type=int, nargs="+", default=[200],
+                   help="K values whose labels are also used to train Phase 2 (MisoDICE)")
     p.add_argument("--queries", type=int, default=1000)
     p.add_argument("--label-seeds", type=int, default=3)
     p.add_argument("--label-updates", type=int, default=1000)

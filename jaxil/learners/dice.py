@@ -129,7 +129,15 @@ def make_dice(spec: EnvSpec, config: DiceConfig = DiceConfig(), alpha: float = 0
             alpha=jnp.float32(alpha),
             gamma=jnp.float32(0.99),
             lr_actor=jnp.float32(3e-4),
-            lr_critic=jnp.float32(3e-4),
+            # ν learns 10× slower than the rest. With 3e-4 on the SMAX 3m
+            # teacher dataset (200 expert + 1000 ε-noised), the discriminator
+            # separates expert from union almost perfectly (AUC 0.999) but ν's
+            # errors, amplified by exp(e/(1+α)), collapse the weights onto a
+            # few late poor transitions: the expert share of the policy weight
+            # falls from 0.90 (500 updates) to 0.17 (2000; the expert fraction
+            # is 0.145), effective sample size 0.2 %, return 0.43 ≈ BC(D_U).
+            # With 3e-5: share 0.93, ESS 2.8 %, return 1.44 ± 0.09 (4 seeds).
+            lr_critic=jnp.float32(3e-5),
             lr_disc=jnp.float32(3e-4),
             gp_coef=jnp.float32(0.1),
         )
