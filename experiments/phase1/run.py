@@ -130,7 +130,7 @@ def run_env(name: str, args) -> dict:
         per_seed = [label_metrics(top_labels(s, top_k=k), truth, s, ds.episode_return)
                     for s in base.scores]
         res["top_k"][str(k)] = dict(_stats(per_seed), ensemble=label_metrics(
-            settings[f"phase1_k{k}"], truth, ens, ds.episode_return))
+            top_labels(ens, top_k=k), truth, ens, ds.episode_return))
     for name_, labels in settings.items():
         key = f"phase2:{name_}:{hash_labels(labels)}"
         if cache.get(key) is None:
