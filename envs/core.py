@@ -186,6 +186,9 @@ class MultiAgentEnv:
     #: deterministic given the state set this to False, and ``step`` skips
     #: the per-step key split (a measurable share of a cheap env step).
     stochastic_step: bool = True
+    #: Whether every discrete action is always legal (``avail_actions`` all
+    #: True, e.g. MPE); ``legalize`` then only checks the range.
+    all_actions_available: bool = False
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.spec.env_id!r})"
@@ -246,7 +249,9 @@ class MultiAgentEnv:
             a = a.astype(jnp.int32)
             in_range = (a >= 0) & (a < space.num_actions)
             safe = jnp.clip(a, 0, space.num_actions - 1)
-            legal = in_range & jnp.take_along_axis(avail_actions, safe[:, None], axis=-1)[:, 0]
+            legal = in_range
+            if not self.all_actions_available:
+                legal &= jnp.take_along_axis(avail_actions, safe[:, None], axis=-1)[:, 0]
             if space.noop_action is not None:
                 fallback = jnp.full((n,), space.noop_action, jnp.int32)
             else:

@@ -30,6 +30,8 @@ except ImportError as e:  # pragma: no cover - jaxmarl is a core dependency
 
 
 class SpreadEnv(MultiAgentEnv):
+    all_actions_available = True  # MPE has no illegal actions
+
     def __init__(self, continuous: bool = False, **kwargs):
         self.raw = SimpleSpreadMPE(
             action_type=CONTINUOUS_ACT if continuous else DISCRETE_ACT, **kwargs
