@@ -95,11 +95,6 @@ def make_bc(spec: EnvSpec, config: BCConfig = BCConfig(), beta: float = 0.0) -> 
         new = state.replace(params=params, opt_state=opt, step=state.step + 1)
         return new, {"bc_loss": loss}
 
-    def act(params, obs, avail, key, deterministic=False):
-        return pi.act(params["policy"], obs, avail, key, deterministic)
-
-    def policy_fn(deterministic=False):
-        f = pi.policy_fn(deterministic)
-        return lambda params, obs, avail, key: f(params["policy"], obs, avail, key)
+    act, policy_fn = pi.learner_fns()
 
     return Learner("bc", config, init, sample, update, act, default_hparams, policy_fn)

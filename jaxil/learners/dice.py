@@ -232,12 +232,7 @@ def make_dice(spec: EnvSpec, config: DiceConfig = DiceConfig(), alpha: float = 0
         params, opt = apply_grads(tx, state.params, grads, state.opt_state)
         return state.replace(params=params, opt_state=opt, step=state.step + 1), metrics
 
-    def act(params, obs, avail, key, deterministic=False):
-        return pi.act(params["policy"], obs, avail, key, deterministic)
-
-    def policy_fn(deterministic=False):
-        f = pi.policy_fn(deterministic)
-        return lambda params, obs, avail, key: f(params["policy"], obs, avail, key)
+    act, policy_fn = pi.learner_fns()
 
     return Learner(name, config, init, sample, update, act, default_hparams, policy_fn)
 

@@ -225,12 +225,7 @@ def make_omapl(spec: EnvSpec, config: OMAPLConfig = OMAPLConfig()) -> Learner:
         params = dict(online, target=target)
         return state.replace(params=params, opt_state=opt, step=state.step + 1), metrics
 
-    def act(params, obs, avail, key, deterministic=False):
-        return pi.act(params["policy"], obs, avail, key, deterministic)
-
-    def policy_fn(deterministic=False):
-        f = pi.policy_fn(deterministic)
-        return lambda params, obs, avail, key: f(params["policy"], obs, avail, key)
+    act, policy_fn = pi.learner_fns()
 
     return Learner("omapl", config, init, sample, update, act, default_hparams, policy_fn)
 

@@ -67,6 +67,19 @@ class PolicyNet:
 
         return fn
 
+    def learner_fns(self):
+        """``(act, policy_fn)`` of a learner whose params hold this network
+        under ``params["policy"]``."""
+
+        def act(params, obs, avail, key, deterministic=False):
+            return self.act(params["policy"], obs, avail, key, deterministic)
+
+        def policy_fn(deterministic=False):
+            f = self.policy_fn(deterministic)
+            return lambda params, obs, avail, key: f(params["policy"], obs, avail, key)
+
+        return act, policy_fn
+
 
 def encode_actions(spec: EnvSpec, actions: jax.Array) -> jax.Array:
     """Actions as network input: one-hot ``[..., N, A]`` or the raw box vector."""

@@ -41,6 +41,7 @@ from envs.core import EnvSpec
 from jaxil.data.format import Dataset
 from jaxil.phase1.pairs import QueryPairs, dataset_id
 from jaxil.phase1.pairs import segment_returns as true_returns
+from jaxil.phase1.pairs import query_sides as _sides
 from jaxil.phase1.pairs import valid_steps as _valid_steps
 from jaxil.phase1.render import render_pair
 
@@ -63,21 +64,6 @@ def _compare(score_x: np.ndarray, score_y: np.ndarray, tie_tol: float) -> np.nda
     label = np.where(diff > 0, 1.0, 0.0)
     label = np.where(np.abs(diff) <= tie_tol, 0.5, label)
     return np.where(np.isnan(diff), np.nan, label).astype(np.float32)
-
-
-def _sides(dataset: Dataset, pairs: QueryPairs):
-    """``((traj_x, start_x), (traj_y, start_y))`` as int64, checked against the dataset."""
-    M = dataset.num_trajectories
-    out = []
-    for t, s in ((pairs.traj_x, pairs.start_x), (pairs.traj_y, pairs.start_y)):
-        t, s = np.asarray(t, np.int64), np.asarray(s, np.int64)
-        if t.size and (t.min() < 0 or t.max() >= M):
-            raise IndexError(f"the queries index trajectories outside a dataset of {M}; "
-                             "were they sampled from another dataset?")
-        if s.size and s.min() < 0:
-            raise ValueError("the queries have negative start steps")
-        out.append((t, s))
-    return out
 
 
 def _window_len(dataset: Dataset, pairs: QueryPairs) -> int:

@@ -142,14 +142,24 @@ def segments(dataset: Dataset, traj: np.ndarray, start: np.ndarray, L: Optional[
 
 def pair_segments(dataset: Dataset, pairs: QueryPairs) -> tuple[Segments, Segments]:
     """Both sides of every query as numpy :class:`Segments` ``[Q, ...]``."""
-    M = dataset.num_trajectories
-    for name in ("traj_x", "traj_y"):
-        t = getattr(pairs, name)
-        if t.size and (t.min() < 0 or t.max() >= M):
-            raise IndexError(f"QueryPairs.{name} indexes outside a dataset of {M} trajectories; "
-                             "were the queries sampled from another dataset?")
+    query_sides(dataset, pairs)
     return (segments(dataset, pairs.traj_x, pairs.start_x, pairs.segment_len),
             segments(dataset, pairs.traj_y, pairs.start_y, pairs.segment_len))
+
+
+def query_sides(dataset: Dataset, pairs: QueryPairs):
+    """``((traj_x, start_x), (traj_y, start_y))`` as int64, checked against the dataset."""
+    M = dataset.num_trajectories
+    out = []
+    for t, s in ((pairs.traj_x, pairs.start_x), (pairs.traj_y, pairs.start_y)):
+        t, s = np.asarray(t, np.int64), np.asarray(s, np.int64)
+        if t.size and (t.min() < 0 or t.max() >= M):
+            raise IndexError(f"the queries index trajectories outside a dataset of {M}; "
+                             "were they sampled from another dataset?")
+        if s.size and s.min() < 0:
+            raise ValueError("the queries have negative start steps")
+        out.append((t, s))
+    return out
 
 
 def valid_steps(dataset: Dataset, traj: np.ndarray, start: np.ndarray, n: int) -> np.ndarray:
@@ -166,13 +176,8 @@ def segment_returns(dataset: Dataset, pairs: QueryPairs) -> tuple[np.ndarray, np
     n = dataset.reward.shape[1] if pairs.segment_len is None else int(pairs.segment_len)
     reward = np.asarray(dataset.reward)
     T = reward.shape[1]
-    M = dataset.num_trajectories
     out = []
-    for traj, start in ((pairs.traj_x, pairs.start_x), (pairs.traj_y, pairs.start_y)):
-        traj, start = np.asarray(traj, np.int64), np.asarray(start, np.int64)
-        if traj.size and (traj.min() < 0 or traj.max() >= M):
-            raise IndexError(f"the queries index trajectories outside a dataset of {M}; "
-                             "were they sampled from another dataset?")
+    for traj, start in query_sides(dataset, pairs):
         steps = start[:, None] + np.arange(n)[None, :]
         valid = np.arange(n)[None, :] < valid_steps(dataset, traj, start, n)[:, None]
         r = reward[traj[:, None], np.minimum(steps, T - 1)].astype(np.float64)
