@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-
 
 def env_table(ids=None) -> list[dict]:
     import envs
@@ -39,7 +37,7 @@ def _envs(args) -> int:
 def _quickstart(args) -> int:
     from jaxil import quickstart
 
-    quickstart.main(args.rest)
+    quickstart.run(args)
     return 0
 
 
@@ -47,7 +45,9 @@ def register(sub) -> None:
     p = sub.add_parser("envs", help="list registered environments with their specs")
     p.add_argument("--ids", default="", help="comma-separated ids (default: all)")
     p.set_defaults(func=_envs)
-    q = sub.add_parser("quickstart", help="the README's quickstart", add_help=False)
-    q.add_argument("rest", nargs=argparse.REMAINDER)
+    from jaxil import quickstart
+
+    q = sub.add_parser("quickstart", help="the README's quickstart")
+    quickstart.add_arguments(q)
     q.set_defaults(func=_quickstart)
 

@@ -48,15 +48,23 @@ def evaluate_policies(env_id: str, episodes: int, seed: int) -> list[dict]:
     return rows
 
 
-def main(argv=None) -> list[dict]:
-    p = argparse.ArgumentParser(prog="jaxil quickstart", description=__doc__.splitlines()[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The quickstart's flags (shared by ``jaxil quickstart`` and ``main``)."""
     p.add_argument("--envs", default=",".join(DEFAULT_MAPS), help="comma-separated SMAX ids")
     p.add_argument("--episodes", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-learning", action="store_true", help="only the policy table")
     p.add_argument("--updates", type=int, default=500)
     p.add_argument("--seeds", type=int, default=4)
-    args = p.parse_args(argv)
+
+
+def main(argv=None) -> list[dict]:
+    p = argparse.ArgumentParser(prog="jaxil quickstart", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> list[dict]:
     rows = []
     print(f"{'env':<22}{'policy':<11}{'return':>16}{'win rate':>10}{'length':>8}{'time s':>8}")
     for eid in args.envs.split(","):

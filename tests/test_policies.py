@@ -71,3 +71,12 @@ def test_as_policy_rejects_non_callables():
 
     with pytest.raises(TypeError, match="policy must be"):
         as_policy(3)
+
+
+def test_quickstart_cli_flags(capsys):
+    """`jaxil quickstart` accepts its own flags (the policy table only here)."""
+    from jaxil.cli import main
+
+    assert main(["quickstart", "--skip-learning", "--envs", "smax:3m", "--episodes", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "heuristic" in out and "random" in out and "SMAX 3m dataset" not in out
