@@ -3,7 +3,9 @@
 BC(D_U), BC(D_E), INDD, MisoDICE-VDN and MisoDICE on each environment's
 ``misodice-200e-1000p`` dataset, ``--seeds`` seeds vmapped per learner;
 mean ± std of the final evaluation return and win rate. Writes
-``results.json``, ``table.md`` and ``bars.png`` into ``--out``.
+``results.json``, ``table.md`` and ``bars.png`` into ``--out``. Finished rows
+are kept in ``--out/.cache-<env>.json``: a killed run resumes where it stopped,
+and a row is recomputed only when its settings or its dataset change.
 
     python experiments/misodice_table/run.py                      # CPU size
     python experiments/misodice_table/run.py --updates 20000 --hidden 256 256 --batch-size 512  # GPU size
@@ -21,6 +23,8 @@ import numpy as np
 
 import envs
 from jaxil.learners import LearnerData, make_learner
+from jaxil.phase1.pairs import dataset_id
+from jaxil.resume import ResultCache
 from jaxil.train import expand_grid, expert_labels, load_dataset, train
 
 ALGOS = ("bc_union", "bc_expert", "indd", "misodice_vdn", "misodice")
@@ -33,20 +37,27 @@ DEFAULT_ENVS = ("smax-3m", "smax-2s3z", "smax-5m_vs_6m", "smax-smacv2_5_units",
 def run_env(name: str, args) -> list[dict]:
     ds = load_dataset(f"{name}/misodice-200e-1000p", args.data_seed)
     env = envs.make(ds.spec.env_id)
+    settings = dict({k: getattr(args, k) for k in ("seeds", "updates", "evals", "eval_episodes",
+                                                   "batch_size", "hidden", "seed", "data_seed")},
+                    dataset=dataset_id(ds))
+    cache = ResultCache(Path(args.out) / f".cache-{name}.json", settings, {"row:": tuple(settings)})
     rows = []
     for algo in args.algos:
-        learner = make_learner(algo, ds.spec, hidden=tuple(args.hidden), batch_size=args.batch_size)
-        flags = expert_labels(ds, "none" if algo == "bc_union" else "ground_truth")
-        data = LearnerData.from_dataset(ds, flags)
-        out = train(learner, env, data, runs=expand_grid({}, args.seeds), num_updates=args.updates,
-                    eval_every=args.updates // args.evals, eval_episodes=args.eval_episodes,
-                    base_seed=args.seed, progress=True)
-        p = out["points"][0]
-        rows.append(dict(env=ds.spec.env_id, algo=algo, seconds=out["wall_seconds"],
-                         **{k: p[k] for k in ("return_mean", "return_std", "win_mean", "win_std",
-                                              "returns", "seeds")}))
-        print(f"{ds.spec.env_id:<34}{LABELS[algo]:<14}{p['return_mean']:8.3f} ± {p['return_std']:.3f}"
-              f"  win {p['win_mean']:.3f} ± {p['win_std']:.3f}  ({out['wall_seconds']:.0f}s)", flush=True)
+        if cache.get(f"row:{algo}") is None:
+            learner = make_learner(algo, ds.spec, hidden=tuple(args.hidden), batch_size=args.batch_size)
+            flags = expert_labels(ds, "none" if algo == "bc_union" else "ground_truth")
+            data = LearnerData.from_dataset(ds, flags)
+            out = train(learner, env, data, runs=expand_grid({}, args.seeds), num_updates=args.updates,
+                        eval_every=args.updates // args.evals, eval_episodes=args.eval_episodes,
+                        base_seed=args.seed, progress=True)
+            p = out["points"][0]
+            cache.put(f"row:{algo}", dict(env=ds.spec.env_id, algo=algo, seconds=out["wall_seconds"],
+                                          **{k: p[k] for k in ("return_mean", "return_std", "win_mean",
+                                                               "win_std", "returns", "seeds")}))
+        r = cache.get(f"row:{algo}")
+        rows.append(r)
+        print(f"{r['env']:<34}{LABELS[algo]:<14}{r['return_mean']:8.3f} ± {r['return_std']:.3f}"
+              f"  win {r['win_mean']:.3f} ± {r['win_std']:.3f}  ({r['seconds']:.0f}s)", flush=True)
     return rows
 
 
@@ -71,8 +82,8 @@ def write_outputs(rows: list[dict], out: Path, meta: dict) -> None:
             vals.append(v)
         lines.append(f"| {e} | " + " | ".join(vals) + " |")
     (out / "table.md").write_text(
-        "\n".join(lines) + f"\n\nCommand: `{meta['command']}`  \nWall time: {meta['wall_seconds']:.0f}s; "
-        f"{meta['seeds']} seeds, {meta['updates']} updates, mean ± std over seeds of the final "
+        "\n".join(lines) + f"\n\nCommand: `{meta['command']}`  \nTraining time (sum over rows, each timed when it ran): "
+        f"{sum(r['seconds'] for r in rows):.0f}s; this invocation {meta['wall_seconds']:.0f}s; {meta['seeds']} seeds, {meta['updates']} updates, mean ± std over seeds of the final "
         f"evaluation return ({meta['eval_episodes']} episodes per seed).\n")
     import matplotlib
 

@@ -35,6 +35,7 @@ from jaxil.learners import LearnerData, make_learner
 from jaxil.phase1.label import ensemble_scores, label_metrics, top_labels
 from jaxil.phase1.oracles import GroundTruthOracle
 from jaxil.phase1.pipeline import phase1
+from jaxil.resume import ResultCache
 from jaxil.train import expand_grid, load_dataset, train
 
 DEFAULT_ENVS = ("smax-3m", "mpe-simple_spread_continuous")
@@ -47,33 +48,6 @@ KEYS = ("precision", "recall", "accuracy", "auc", "spearman")
 def _stats(per_seed: list[dict]) -> dict:
     return {k: [float(np.mean([m[k] for m in per_seed])), float(np.std([m[k] for m in per_seed]))]
             for k in KEYS}
-
-
-class _Cache:
-    """Finished pieces of one environment's run, on disk (atomic writes), so a
-    killed run resumes where it stopped. Keyed by the settings that matter."""
-
-    def __init__(self, path: Path, settings: dict, groups: dict[str, tuple[str, ...]]):
-        """``groups``: key prefix -> the settings its entries depend on; entries
-        whose settings changed are dropped, the others kept."""
-        self.path = path
-        self.data = json.loads(path.read_text()) if path.exists() else {}
-        old = self.data.get("settings", {})
-        for prefix, names in groups.items():
-            if any(old.get(n) != settings[n] for n in names):
-                self.data = {k: v for k, v in self.data.items() if not k.startswith(prefix)}
-        self.data["settings"] = settings
-
-    def get(self, key):
-        return self.data.get(key)
-
-    def put(self, key, value):
-        self.data[key] = value
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text(json.dumps(self.data))
-        tmp.replace(self.path)
-        return value
 
 
 class _Fit:
@@ -93,7 +67,7 @@ def run_env(name: str, args) -> dict:
                                               "batch_size", "evals", "eval_episodes", "seed",
                                               "data_seed")}
     fit_keys = ("label_seeds", "label_updates", "label_hidden", "pairs_per_batch", "seed", "data_seed")
-    cache = _Cache(Path(args.out) / f".cache-{name}.json", settings,
+    cache = ResultCache(Path(args.out) / f".cache-{name}.json", settings,
                    {"fit:": fit_keys, "phase2:": tuple(settings)})
 
     def fit(queries, flip):
