@@ -122,14 +122,18 @@ class _Nets:
         x = jnp.concatenate([obs, encode_actions(self.spec, actions)], -1)
         return self.q.apply(q_params, x)[..., 0]
 
-    def implicit_rewards(self, params, gamma, seg: Segments):
+    def implicit_rewards(self, params, gamma, seg: Segments, target_mix=None):
         """``[B, L]`` rewards r_t = Q_tot(s_t,a_t) − γ(1−d_t)·V̄_tot(s_{t+1}),
-        zero past the episode's end (``seg.mask``)."""
+        zero past the episode's end (``seg.mask``). ``target_mix``: the target
+        mixer's ``(w, b)`` on all ``L+1`` states when the caller has them."""
         obs, nxt = seg.obs[:, :-1], seg.obs[:, 1:]
         w, b = self.mixer.apply(params["mixer"], seg.global_state[:, :-1])
         q_tot = mix(self.local_q(params["q"], obs, seg.actions), w, b)
         tgt = params["target"]
-        w_n, b_n = self.mixer.apply(tgt["mixer"], seg.global_state[:, 1:])
+        if target_mix is None:
+            w_n, b_n = self.mixer.apply(tgt["mixer"], seg.global_state[:, 1:])
+        else:
+            w_n, b_n = target_mix[0][:, 1:], target_mix[1][:, 1:]
         v_next = jax.lax.stop_gradient(mix(self.v.apply(tgt["v"], nxt)[..., 0], w_n, b_n))
         not_done = 1.0 - seg.done.astype(jnp.float32)
         return (q_tot - gamma * not_done * v_next) * seg.mask.astype(jnp.float32)
@@ -174,12 +178,11 @@ def make_omapl(spec: EnvSpec, config: OMAPLConfig = OMAPLConfig()) -> Learner:
         take = lambda t: jax.tree.map(lambda a: a[idx], t)  # noqa: E731
         return take(data.x), take(data.y), data.label[idx]
 
-    def step_losses(params, hp: OMAPLHParams, seg: Segments):
-        """Value and actor losses on every valid step of a segment batch."""
+    def step_losses(params, hp: OMAPLHParams, seg: Segments, w_tgt):
+        """Value and actor losses on every valid step of a segment batch;
+        ``w_tgt`` [B, L, N]: the target mixer's weights at each step."""
         obs = seg.obs[:, :-1]
-        tgt = params["target"]
-        q_tgt = local_q(tgt["q"], obs, seg.actions)
-        w_tgt, _ = mixer.apply(tgt["mixer"], seg.global_state[:, :-1])
+        q_tgt = local_q(params["target"]["q"], obs, seg.actions)
         v = v_net.apply(params["v"], obs)[..., 0]
         flat = lambda a: a.reshape((a.shape[0] * a.shape[1],) + a.shape[2:])  # noqa: E731
         q_tgt, w_tgt, v, mask = flat(q_tgt), flat(w_tgt), flat(v), flat(seg.mask)
@@ -191,13 +194,15 @@ def make_omapl(spec: EnvSpec, config: OMAPLConfig = OMAPLConfig()) -> Learner:
 
     def loss_fn(params, hp: OMAPLHParams, batch):
         x, y, label = batch
-        r_x = implicit_rewards(params, hp.gamma, x)
-        r_y = implicit_rewards(params, hp.gamma, y)
-        rewards = jnp.concatenate([r_x, r_y], 0)
-        mask = jnp.concatenate([x.mask, y.mask], 0)
-        pref = preference_loss(r_x.sum(-1), r_y.sum(-1), label, rewards, hp.reg_coef, mask)
+        # Both sides of every pair go through the networks together: one pass
+        # (larger matmuls, half the ops) instead of one per side.
         both = jax.tree.map(lambda a, b: jnp.concatenate([a, b], 0), x, y)
-        v_loss, actor, weights, m = step_losses(params, hp, both)
+        target_mix = jax.lax.stop_gradient(mixer.apply(params["target"]["mixer"], both.global_state))
+        rewards = implicit_rewards(params, hp.gamma, both, target_mix)
+        b = label.shape[0]
+        r_x, r_y = rewards[:b], rewards[b:]
+        pref = preference_loss(r_x.sum(-1), r_y.sum(-1), label, rewards, hp.reg_coef, both.mask)
+        v_loss, actor, weights, m = step_losses(params, hp, both, target_mix[0][:, :-1])
         logits = r_x.sum(-1) - r_y.sum(-1)
         hard = label != 0.5
         agree = jnp.sum(((logits > 0) == (label > 0.5)) * hard) / jnp.maximum(jnp.sum(hard), 1)
@@ -206,7 +211,7 @@ def make_omapl(spec: EnvSpec, config: OMAPLConfig = OMAPLConfig()) -> Learner:
             "value_loss": v_loss,
             "actor_loss": actor,
             "pair_accuracy": agree,
-            "reward_mean": jnp.sum(rewards) / jnp.maximum(jnp.sum(mask), 1),
+            "reward_mean": jnp.sum(rewards) / jnp.maximum(jnp.sum(both.mask), 1),
             "weight_max": jnp.max(weights * m[:, None]),
         }
         return pref + v_loss + actor, metrics
