@@ -80,3 +80,32 @@ def test_quickstart_cli_flags(capsys):
     assert main(["quickstart", "--skip-learning", "--envs", "smax:3m", "--episodes", "4"]) == 0
     out = capsys.readouterr().out
     assert "heuristic" in out and "random" in out and "SMAX 3m dataset" not in out
+
+
+def test_run_episodes_matches_a_step_by_step_reference_and_stops_early():
+    """``run_episodes`` (a while loop that stops when every episode has ended)
+    against a plain Python loop over ``env.step`` with the same keys."""
+    env = envs.make("smax:3m")
+    pol = random_policy(env.spec)
+    key = jax.random.PRNGKey(5)
+    eps = jax.jit(lambda k: envs.run_episodes(env, pol, None, k, 1))(key)
+    reset_key, _, run_key = jax.random.split(key, 3)
+    state, ts = jax.vmap(env.reset)(jax.random.split(reset_key, 1))
+    state, ts = jax.tree.map(lambda x: x[0], (state, ts))
+    step = jax.jit(env.step)
+    obs, actions, rewards = [ts.obs], [], []
+    for t, k in enumerate(jax.random.split(run_key, env.spec.max_steps)):
+        a = pol(None, ts.obs, ts.avail_actions, jax.random.split(k, 1)[0])
+        state, ts = step(state, a)
+        obs.append(ts.obs), actions.append(a), rewards.append(ts.reward)
+        if ts.last():
+            break
+    length = len(actions)
+    assert length < env.spec.max_steps // 2  # random 3m episodes end early
+    assert int(eps.length[0]) == length
+    np.testing.assert_array_equal(eps.actions[0, :length], np.stack(actions))
+    np.testing.assert_allclose(eps.reward[0, :length], np.array(rewards), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(eps.obs[0, : length + 1], np.stack(obs), rtol=1e-6, atol=1e-6)
+    # padding after the end: zeros, masked out
+    assert not eps.mask[0, length:].any() and not np.asarray(eps.actions[0, length:]).any()
+    assert not np.asarray(eps.obs[0, length + 1:]).any()
