@@ -11,6 +11,8 @@ Ids: ``mpe:simple_spread`` (5 discrete actions; 0 = no-op) and
   velocities ``[N * 2]`` (MPE has no world-state feature of its own).
 - done is never set: episodes end by the time limit (truncated).
 - no win condition.
+- the step is deterministic given the state unless ``u_noise``/``c_noise`` are
+  set, so it gets no key of its own then (``stochastic_step``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 from functools import partial
 
 import jax.numpy as jnp
+import numpy as np
 
 from envs.core import ContinuousActions, DiscreteActions, EnvSpec, MultiAgentEnv, Step
 from envs.registry import register
@@ -37,6 +40,12 @@ class SpreadEnv(MultiAgentEnv):
             action_type=CONTINUOUS_ACT if continuous else DISCRETE_ACT, **kwargs
         )
         n, lm = self.raw.num_agents, self.raw.num_landmarks
+        # The step draws action and communication noise, scaled by u_noise /
+        # c_noise (0 by default): with both zero it does not depend on its key,
+        # and ``step`` skips the per-step key split (visible on this cheap env).
+        self.stochastic_step = bool(
+            np.any(np.asarray(self.raw.u_noise) != 0) or np.any(np.asarray(self.raw.c_noise) != 0)
+        )
         a0 = self.raw.agents[0]
         if continuous:
             space = ContinuousActions(dim=5, low=0.0, high=1.0)

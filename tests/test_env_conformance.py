@@ -214,3 +214,20 @@ def test_check_actions_errors():
     with pytest.raises(ValueError, match="not allowed"):
         envs.check_actions(spec, np.zeros((4, 3), np.int32), avail)
     envs.check_actions(spec, np.full((4, 3), 4, np.int32), avail)
+
+
+def test_mpe_step_key_only_when_noise_is_set():
+    """MPE's step uses its key only for u/c noise: without noise the adapter
+    skips the per-step split and the trajectory does not depend on the key."""
+    quiet = envs.make("mpe:simple_spread_continuous")
+    noisy = envs.make("mpe:simple_spread_continuous", u_noise=jnp.full((3,), 0.1))
+    assert not quiet.stochastic_step and noisy.stochastic_step
+    state, _ = quiet.reset(jax.random.PRNGKey(0))
+    a = jnp.full((3, 5), 0.7)
+    s1, t1 = quiet.step(state, a)
+    s2, t2 = quiet.step(state.replace(key=jax.random.PRNGKey(9)), a)
+    np.testing.assert_array_equal(t1.obs, t2.obs)
+    state, _ = noisy.reset(jax.random.PRNGKey(0))
+    _, n1 = noisy.step(state, a)
+    _, n2 = noisy.step(state.replace(key=jax.random.PRNGKey(9)), a)
+    assert not np.array_equal(n1.obs, n2.obs)  # the noise comes from the key
