@@ -208,7 +208,7 @@ class MultiAgentEnv:
         state = EnvState(
             inner=out.inner,
             key=key,
-            avail_actions=ts.avail_actions,
+            avail_actions=self._kept_avail(ts.avail_actions),
             episode_return=ts.episode_return,
             episode_length=ts.episode_length,
             ended=jnp.bool_(False),
@@ -229,12 +229,17 @@ class MultiAgentEnv:
         new_state = EnvState(
             inner=out.inner,
             key=key,
-            avail_actions=ts.avail_actions,
+            avail_actions=self._kept_avail(ts.avail_actions),
             episode_return=ts.episode_return,
             episode_length=ts.episode_length,
             ended=ts.last(),
         )
         return new_state, ts
+
+    def _kept_avail(self, avail: jax.Array) -> jax.Array:
+        """What ``EnvState`` keeps of the legal-action mask for the next
+        ``legalize``: nothing (``[N, 0]``) when every action is always legal."""
+        return avail[:, :0] if self.all_actions_available else avail
 
     def legalize(self, actions: jax.Array, avail_actions: jax.Array) -> jax.Array:
         """Map any action array onto a legal one (see the class docstring)."""
@@ -252,8 +257,8 @@ class MultiAgentEnv:
             legal = in_range
             if not self.all_actions_available:
                 legal &= jnp.take_along_axis(avail_actions, safe[:, None], axis=-1)[:, 0]
-            if space.noop_action is not None:
-                fallback = jnp.full((n,), space.noop_action, jnp.int32)
+            if space.noop_action is not None or self.all_actions_available:
+                fallback = jnp.full((n,), space.noop_action or 0, jnp.int32)
             else:
                 fallback = jnp.argmax(avail_actions, axis=-1).astype(jnp.int32)
             return jnp.where(legal, a, fallback)

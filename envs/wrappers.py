@@ -49,6 +49,9 @@ class AutoReset(MultiAgentEnv):
         ts = ts.replace(
             obs=pick(reset_ts.obs, ts.obs),
             global_state=pick(reset_ts.global_state, ts.global_state),
-            avail_actions=pick(reset_ts.avail_actions, ts.avail_actions),
+            # always all-True when every action is legal: no select needed
+            avail_actions=ts.avail_actions
+            if self.env.all_actions_available
+            else pick(reset_ts.avail_actions, ts.avail_actions),
         )
         return state, ts
