@@ -249,18 +249,26 @@ def load_dataset(arg: str, seed: int = 0):
 
     from jaxil.data import recipes
 
+    path = dataset_path(arg, seed)
+    if not path.exists():
+        recipes.build(recipes.get_recipe(arg), seed=seed, out_path=path)
+    return load(path)
+
+
+def dataset_path(arg: str, seed: int = 0) -> Path:
+    """Where ``load_dataset(arg, seed)`` reads: ``arg`` itself when it is a
+    file, else the recipe's file under runs/data/ (which may not exist yet)."""
+    from jaxil.data import recipes
+
     p = Path(arg)
     if p.exists():
-        return load(p)
+        return p
     try:
-        recipe = recipes.get_recipe(arg)
+        recipes.get_recipe(arg)
     except KeyError as e:
         raise FileNotFoundError(f"--dataset {arg!r} is not a file, and {e.args[0]}") from None
     stem = arg.replace("/", "-")
-    path = Path("runs/data") / (f"{stem}.npz" if seed == 0 else f"{stem}-seed{seed}.npz")
-    if not path.exists():
-        recipes.build(recipe, seed=seed, out_path=path)
-    return load(path)
+    return Path("runs/data") / (f"{stem}.npz" if seed == 0 else f"{stem}-seed{seed}.npz")
 
 
 def expert_labels(dataset, labels: str) -> Optional[np.ndarray]:

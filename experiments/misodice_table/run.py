@@ -25,7 +25,8 @@ import envs
 from jaxil.learners import LearnerData, make_learner
 from jaxil.phase1.pairs import dataset_id
 from jaxil.resume import ResultCache
-from jaxil.train import expand_grid, expert_labels, load_dataset, train
+from jaxil.data.recipes import sidecar_path
+from jaxil.train import dataset_path, expand_grid, expert_labels, load_dataset, train
 
 ALGOS = ("bc_union", "bc_expert", "indd", "misodice_vdn", "misodice")
 LABELS = {"bc_union": "BC(D_U)", "bc_expert": "BC(D_E)", "indd": "INDD",
@@ -34,8 +35,27 @@ DEFAULT_ENVS = ("smax-3m", "smax-2s3z", "smax-5m_vs_6m", "smax-smacv2_5_units",
                 "mpe-simple_spread_continuous", "jumanji-LevelBasedForaging-v0")
 
 
+def tier_returns(recipe: str, seed: int) -> dict:
+    """The dataset's measured tier returns (``.tiers.json`` sidecar), or {}."""
+    side = sidecar_path(dataset_path(recipe, seed))
+    if not side.exists():
+        return {}
+    tiers = json.loads(side.read_text())["tier_measurements"]["tiers"]
+    return {t: v["mean_return"] for t, v in tiers.items()}
+
+
+def normalised(r: dict, ref: dict) -> tuple[float, float] | None:
+    """(R − R_random) / (R_expert − R_random), mean and std over seeds."""
+    if "expert" not in ref or "random" not in ref or ref["expert"] == ref["random"]:
+        return None
+    x = (np.asarray(r["returns"]) - ref["random"]) / (ref["expert"] - ref["random"])
+    return float(x.mean()), float(x.std())
+
+
 def run_env(name: str, args) -> list[dict]:
-    ds = load_dataset(f"{name}/misodice-200e-1000p", args.data_seed)
+    recipe = f"{name}/misodice-200e-1000p"
+    ds = load_dataset(recipe, args.data_seed)
+    ref = tier_returns(recipe, args.data_seed)
     env = envs.make(ds.spec.env_id)
     settings = dict({k: getattr(args, k) for k in ("seeds", "updates", "evals", "eval_episodes",
                                                    "batch_size", "hidden", "seed", "data_seed")},
@@ -54,7 +74,7 @@ def run_env(name: str, args) -> list[dict]:
             cache.put(f"row:{algo}", dict(env=ds.spec.env_id, algo=algo, seconds=out["wall_seconds"],
                                           **{k: p[k] for k in ("return_mean", "return_std", "win_mean",
                                                                "win_std", "returns", "seeds")}))
-        r = cache.get(f"row:{algo}")
+        r = dict(cache.get(f"row:{algo}"), tiers=ref)
         rows.append(r)
         print(f"{r['env']:<34}{LABELS[algo]:<14}{r['return_mean']:8.3f} ± {r['return_std']:.3f}"
               f"  win {r['win_mean']:.3f} ± {r['win_std']:.3f}  ({r['seconds']:.0f}s)", flush=True)
@@ -81,8 +101,20 @@ def write_outputs(rows: list[dict], out: Path, meta: dict) -> None:
                 v += f" (win {r['win_mean']:.2f})"
             vals.append(v)
         lines.append(f"| {e} | " + " | ".join(vals) + " |")
+    norm_lines = ["| env | " + " | ".join(LABELS[a] for a in algos) + " |", "|---|" + "---|" * len(algos)]
+    for e in env_ids:
+        vals = []
+        for a in algos:
+            n = normalised(cell[(e, a)], cell[(e, a)]["tiers"]) if (e, a) in cell else None
+            vals.append("-" if n is None else f"{n[0]:.2f} ± {n[1]:.2f}")
+        norm_lines.append(f"| {e} | " + " | ".join(vals) + " |")
     (out / "table.md").write_text(
-        "\n".join(lines) + f"\n\nCommand: `{meta['command']}`  \nTraining time (sum over rows, each timed when it ran): "
+        "Final evaluation return, mean ± std over seeds (win rate where the task has one):\n\n"
+        + "\n".join(lines)
+        + "\n\nNormalised return (R − R_random) / (R_expert − R_random), with the expert and random "
+        "returns measured on the dataset's own tiers (`.tiers.json`): 0 = random, 1 = the expert "
+        "that made the data.\n\n" + "\n".join(norm_lines)
+        + f"\n\nCommand: `{meta['command']}`  \nTraining time (sum over rows, each timed when it ran): "
         f"{sum(r['seconds'] for r in rows):.0f}s; this invocation {meta['wall_seconds']:.0f}s; {meta['seeds']} seeds, {meta['updates']} updates, mean ± std over seeds of the final "
         f"evaluation return ({meta['eval_episodes']} episodes per seed).\n")
     import matplotlib
@@ -90,15 +122,26 @@ def write_outputs(rows: list[dict], out: Path, meta: dict) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(env_ids), figsize=(3.2 * len(env_ids), 3.4), squeeze=False)
-    for ax, e in zip(axes[0], env_ids):
-        rs = [cell[(e, a)] for a in algos if (e, a) in cell]
-        ax.bar(range(len(rs)), [r["return_mean"] for r in rs], yerr=[r["return_std"] for r in rs],
-               capsize=3, color=["#999", "#bbb", "#6a9", "#58c", "#c55"][: len(rs)])
-        ax.set_xticks(range(len(rs)), [LABELS[r["algo"]] for r in rs], rotation=45, ha="right",
-                      fontsize=8)
-        ax.set_title(e, fontsize=9)
-        ax.set_ylabel("return")
+    # One axis, normalised so every environment reads the same way: 0 random, 1 expert.
+    fig, ax = plt.subplots(figsize=(1.9 * len(env_ids) + 1.5, 3.8))
+    colors = ["#999", "#bbb", "#6a9", "#58c", "#c55"]
+    width = 0.8 / len(algos)
+    for j, a in enumerate(algos):
+        xs, ys, es = [], [], []
+        for i, e in enumerate(env_ids):
+            n = normalised(cell[(e, a)], cell[(e, a)]["tiers"]) if (e, a) in cell else None
+            if n is not None:
+                xs.append(i + (j - (len(algos) - 1) / 2) * width)
+                ys.append(n[0])
+                es.append(n[1])
+        ax.bar(xs, ys, width, yerr=es, capsize=2, color=colors[j % len(colors)], label=LABELS[a])
+    ax.axhline(1.0, color="k", ls="--", lw=0.8)
+    ax.axhline(0.0, color="k", lw=0.8)
+    ax.text(len(env_ids) - 0.5, 1.0, "expert", va="bottom", ha="right", fontsize=8)
+    ax.set_xticks(range(len(env_ids)), [e.split(":", 1)[1] for e in env_ids], fontsize=8)
+    ax.set_ylabel("normalised return (0 random, 1 expert)")
+    ax.set_title(f"misodice-200e-1000p datasets, {meta['seeds']} seeds, {meta['updates']} updates", fontsize=9)
+    ax.legend(fontsize=7, ncol=len(algos), loc="upper center", bbox_to_anchor=(0.5, -0.12))
     fig.tight_layout()
     fig.savefig(out / "bars.png", dpi=120)
 
