@@ -189,6 +189,12 @@ class MultiAgentEnv:
     #: Whether every discrete action is always legal (``avail_actions`` all
     #: True, e.g. MPE); ``legalize`` then only checks the range.
     all_actions_available: bool = False
+    #: Whether the adapter implements ``_observe(inner)``: observation, global
+    #: state and legal actions as a pure function of the upstream state.
+    #: :class:`envs.AutoReset` then picks between the stepped and the reset
+    #: state first and observes the one it keeps, instead of observing both
+    #: and picking (which is what the upstream auto-resets do).
+    observes_state: bool = False
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.spec.env_id!r})"
@@ -199,6 +205,11 @@ class MultiAgentEnv:
 
     def _step(self, key: jax.Array, inner: Any, actions: jax.Array) -> Step:
         raise NotImplementedError  # pragma: no cover - abstract
+
+    def _observe(self, inner: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """``(obs, global_state, avail_actions)`` of an upstream state; only
+        called when ``observes_state`` is set."""
+        raise TypeError(f"{type(self).__name__} sets no observes_state and has no _observe")
 
     # -- the interface --------------------------------------------------------
     def reset(self, key: jax.Array) -> tuple[EnvState, TimeStep]:
@@ -268,17 +279,23 @@ class MultiAgentEnv:
         a = jnp.where(jnp.isfinite(a), a, centre)
         return jnp.clip(a, space.low, space.high)
 
-    def _timestep(self, out: Step, episode_return, episode_length) -> TimeStep:
+    def observation(self, obs, global_state, avail_actions) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """The ``TimeStep`` dtypes and shapes of an adapter's observation:
+        float32 obs and state, a bool mask (``[N, 0]`` for continuous actions)."""
         spec = self.spec
-        done = jnp.asarray(out.done, jnp.bool_)
-        truncated = jnp.logical_and(jnp.asarray(out.truncated, jnp.bool_), ~done)
         if spec.discrete:
-            avail = jnp.asarray(out.avail_actions, jnp.bool_)
+            avail = jnp.asarray(avail_actions, jnp.bool_)
         else:
             avail = jnp.zeros((spec.num_agents, 0), jnp.bool_)
+        return jnp.asarray(obs, jnp.float32), jnp.asarray(global_state, jnp.float32), avail
+
+    def _timestep(self, out: Step, episode_return, episode_length) -> TimeStep:
+        done = jnp.asarray(out.done, jnp.bool_)
+        truncated = jnp.logical_and(jnp.asarray(out.truncated, jnp.bool_), ~done)
+        obs, global_state, avail = self.observation(out.obs, out.global_state, out.avail_actions)
         return TimeStep(
-            obs=jnp.asarray(out.obs, jnp.float32),
-            global_state=jnp.asarray(out.global_state, jnp.float32),
+            obs=obs,
+            global_state=global_state,
             avail_actions=avail,
             reward=jnp.asarray(out.reward, jnp.float32),
             done=done,

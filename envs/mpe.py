@@ -64,28 +64,27 @@ class SpreadEnv(MultiAgentEnv):
             has_win=False,
         )
 
-    def _out(self, inner, obs, reward=0.0, done=False) -> Step:
+    observes_state = True  # JaxMARL's reset/step_env return get_obs(state)
+
+    def _observe(self, inner):
         n = self.spec.num_agents
+        obs = self.raw.get_obs(inner)
         gs = jnp.concatenate([inner.p_pos.reshape(-1), inner.p_vel[:n].reshape(-1)])
-        return Step(
-            inner=inner,
-            obs=jnp.stack([obs[a] for a in self.raw.agents]),
-            global_state=gs,
-            avail_actions=jnp.ones((n, 5), jnp.bool_),
-            reward=reward,
-            done=False,
-            truncated=done,
-        )
+        return jnp.stack([obs[a] for a in self.raw.agents]), gs, jnp.ones((n, 5), jnp.bool_)
+
+    def _out(self, inner, reward=0.0, done=False) -> Step:
+        obs, gs, avail = self._observe(inner)
+        return Step(inner, obs, gs, avail, reward=reward, done=False, truncated=done)
 
     def _reset(self, key):
-        obs, inner = self.raw.reset(key)
-        return self._out(inner, obs)
+        _, inner = self.raw.reset(key)
+        return self._out(inner)
 
     def _step(self, key, inner, actions):
         act = {a: actions[i] for i, a in enumerate(self.raw.agents)}
-        obs, inner, rewards, dones, _ = self.raw.step_env(key, inner, act)
+        _, inner, rewards, dones, _ = self.raw.step_env(key, inner, act)
         reward = jnp.mean(jnp.stack([rewards[a] for a in self.raw.agents]))
-        return self._out(inner, obs, reward, dones["__all__"])
+        return self._out(inner, reward, dones["__all__"])
 
 
 register("mpe:simple_spread", partial(SpreadEnv, False))

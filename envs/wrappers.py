@@ -46,6 +46,12 @@ class AutoReset(MultiAgentEnv):
             return jnp.where(last, a, b)
 
         state = jax.tree.map(pick, reset_state, state)
+        if self.env.observes_state:
+            # Observe only the state kept: the stepped and the reset
+            # observations are then dead code that XLA removes.
+            obs, global_state, avail = self.env.observation(*self.env._observe(state.inner))
+            state = state.replace(avail_actions=self.env._kept_avail(avail))
+            return state, ts.replace(obs=obs, global_state=global_state, avail_actions=avail)
         ts = ts.replace(
             obs=pick(reset_ts.obs, ts.obs),
             global_state=pick(reset_ts.global_state, ts.global_state),
