@@ -438,9 +438,26 @@ def run_paper(args, flops: FlopCounter) -> dict[str, Any]:
                 res["op_profile"] = op_profile(compiled, call_args)
             del compiled
         out["learners"][name] = res
+    out["mlp_step"] = mlp_ceiling(probe, args.paper_fused_repeats if not args.quick else 2)
     if args.profile and "misodice" in args.paper_learners:
         out["ablations"] = paper_ablations(spec, data, shapes, flops, probe, args)
     return out
+
+
+def mlp_ceiling(probe: matmul_peak.PeakProbe, repeats: int) -> dict[str, Any]:
+    """Bare 129-256-256-1 MLP gradient steps (K = 16 fused) at the paper's
+    row counts (one batch of agent-steps, and the doubled gradient-penalty
+    batch), timed against the same 1024² probe: what XLA gets on this machine
+    from a network of the learners' shape with nothing else in the update."""
+    res = {}
+    for rows in (PAPER.batch * PAPER.agents, 2 * PAPER.batch * PAPER.agents):
+        compiled, call_args, flops_call = matmul_peak.mlp_step(rows, k=PAPER.k)
+        r = time_against_probe(compiled, call_args, probe, flops_call, repeats)
+        res[str(rows)] = {"rows": rows, "k": PAPER.k, "flops_per_step": flops_call / PAPER.k, **r}
+        print(f"  bare MLP step rows={rows:<6d} {1e3 * r['timing']['median_s'] / PAPER.k:7.1f} ms/step  "
+              f"{r['gflops']:6.1f} GFLOP/s  ratio to probe {r['ratio_to_probe_median']:.2f}", flush=True)
+        del compiled
+    return res
 
 
 def paper_ablations(spec, data, shapes, flops, probe, args) -> dict[str, Any]:
@@ -717,6 +734,11 @@ def summary(payload: dict[str, Any]) -> dict[str, Any]:
     paper = payload.get("paper") or {}
     peaks = payload.get("matmul_peak", {})
     mm = (paper.get("matmul_in_process") or {}).get("summary", {})
+    steps = paper.get("mlp_step") or {}
+    ceiling = max((r["gflops"] for r in steps.values()), default=None)
+    if steps:
+        out["bare_mlp_step"] = {rows: {"gflops": r["gflops"], "ratio_to_probe_1024": r["ratio_to_probe_median"]}
+                                for rows, r in steps.items()}
     for name, res in paper.get("learners", {}).items():
         for label in ("single", "fused"):
             if label not in res:
@@ -727,6 +749,8 @@ def summary(payload: dict[str, Any]) -> dict[str, Any]:
                  "ratio_to_probe_1024": s["ratio_to_probe_median"]}
             if mm.get("mlp_best_gflops"):
                 h["ratio_to_mlp_best_in_process"] = s["gflops"] / mm["mlp_best_gflops"]
+            if ceiling:
+                h["ratio_to_bare_mlp_step"] = s["gflops"] / ceiling
             for th in ("all", "1"):
                 pk = peaks.get(th, {}).get("summary", {}).get("peak_gflops")
                 if pk:
@@ -766,6 +790,10 @@ def report(payload: dict[str, Any]) -> None:
                         pk = peaks[th]["summary"]["peak_gflops"]
                         line += f", {s['gflops'] / pk:.0%} of the {th}-thread peak ({pk:.1f})"
                 print(line)
+        for rows, r in (paper.get("mlp_step") or {}).items():
+            print(f"  bare MLP gradient step, {rows} rows: {r['gflops']:.1f} GFLOP/s, "
+                  f"{r['ratio_to_probe_median']:.0%} of the 1024^2 matmul rate alongside "
+                  f"({r['probe_gflops_median']:.1f})")
 
 
 if __name__ == "__main__":

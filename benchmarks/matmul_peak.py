@@ -102,6 +102,39 @@ class PeakProbe:
         return self.FLOPS / t.median_s / 1e9
 
 
+def mlp_step(rows: int, in_dim: int = 129, hidden: tuple[int, ...] = (256, 256), k: int = 16, seed: int = 0):
+    """A compiled call of ``k`` plain gradient steps of one :class:`jaxil.nets.MLP`
+    (``in_dim -> hidden -> 1``, squared-output loss, SGD) on a ``[rows, in_dim]``
+    batch, fused in a ``lax.scan`` like ``update_n``: the most a learner made
+    of such networks can get from XLA's dots, element-wise ops and layout
+    copies on this machine. Returns ``(compiled, args, flops_per_call)``."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxil.nets import MLP
+
+    net = MLP(1, tuple(hidden))
+    kx, kp = jax.random.split(jax.random.PRNGKey(seed))
+    x = jax.random.normal(kx, (rows, in_dim), jnp.float32)
+    params = net.init(kp, x)
+
+    def loss(p, x):
+        return jnp.mean(net.apply(p, x) ** 2)
+
+    def call(params, x):
+        def body(p, _):
+            g = jax.grad(loss)(p, x)
+            return jax.tree.map(lambda w, d: w - 1e-3 * d, p, g), None
+
+        return jax.lax.scan(body, params, None, length=k)[0]
+
+    compiled, _ = common.compile_ahead(call, params, x)
+    flops = common.xla_cost(compiled).get("flops")
+    if flops is not None and common.xla_loop_flops_multiplier() < 0.5:
+        flops *= k  # this XLA counts a while body once
+    return compiled, (params, x), flops
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """``square_1024``, the best MLP shape and the best of all (GFLOP/s)."""
     by = {r["shape"]: r["gflops"] for r in rows}
