@@ -10,8 +10,9 @@ weight-gradient layouts).
     python benchmarks/matmul_peak.py --m 5600 --json
 
 A thread count is fixed when XLA starts, so the 1-thread figure comes from a
-child process started with :data:`common.SINGLE_THREAD_XLA_FLAGS`
-(:func:`peak_in_subprocess`).
+child process started with :data:`common.SINGLE_THREAD_XLA_FLAGS` and pinned
+to one CPU (:func:`peak_in_subprocess`; the flags alone leave XLA's dot
+library on every core).
 """
 
 from __future__ import annotations
@@ -151,11 +152,16 @@ def peak_in_subprocess(threads: str = "1", m: int = DEFAULT_M, timeout_s: float 
     """Run this script in a child process (``threads``: ``"1"`` or ``"all"``)
     and return its JSON (``rows``, ``summary``), or ``{"error": ...}``."""
     env = dict(os.environ)
+    pin = None
     if threads == "1":
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + common.SINGLE_THREAD_XLA_FLAGS).strip()
+        # The flags alone do not stop XLA's dot library from using every core:
+        # pin the child to one CPU as well.
+        cpu = min(os.sched_getaffinity(0))
+        pin = lambda: os.sched_setaffinity(0, {cpu})  # noqa: E731
     cmd = [sys.executable, str(Path(__file__).resolve()), "--threads", "here", "--m", str(m), "--json"]
     try:
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s, preexec_fn=pin)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout_s:.0f} s"}
     if out.returncode != 0:
