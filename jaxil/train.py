@@ -264,11 +264,10 @@ def dataset_path(arg: str, seed: int = 0) -> Path:
     if p.exists():
         return p
     try:
-        recipes.get_recipe(arg)
+        recipe = recipes.get_recipe(arg)
     except KeyError as e:
         raise FileNotFoundError(f"--dataset {arg!r} is not a file, and {e.args[0]}") from None
-    stem = arg.replace("/", "-")
-    return Path("runs/data") / (f"{stem}.npz" if seed == 0 else f"{stem}-seed{seed}.npz")
+    return recipe.default_path(seed)
 
 
 def expert_labels(dataset, labels: str) -> Optional[np.ndarray]:

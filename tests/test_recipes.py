@@ -168,3 +168,19 @@ def test_scripted_experts_beat_random(env_id):
         t["random"]["mean_return"])
     if t["expert"]["win_rate"] is not None:  # SMAX's heuristic wins ~40 % of 3m
         assert t["expert"]["win_rate"] > t["random"]["win_rate"] + 0.25
+
+
+def test_dataset_path_resolves_files_and_recipes(tmp_path):
+    from pathlib import Path
+
+    from jaxil.data.recipes import get_recipe
+    from jaxil.train import dataset_path
+
+    f = tmp_path / "mine.npz"
+    f.write_bytes(b"")
+    assert dataset_path(str(f)) == f
+    assert dataset_path("smax-3m/misodice-200e-1000p") == Path("runs/data/smax-3m-misodice-200e-1000p.npz")
+    assert dataset_path("smax-3m/misodice-200e-1000p", 2) == get_recipe("smax-3m/misodice-200e-1000p").default_path(2)
+    assert dataset_path("smax-3m/misodice-200e-1000p", 2).name.endswith("-seed2.npz")
+    with pytest.raises(FileNotFoundError, match="not a file"):
+        dataset_path("smax-3m/no-such-recipe")
