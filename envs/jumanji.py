@@ -33,6 +33,7 @@ LevelBasedForaging-v0 (N=2 agents, F=2 food, 8x8 grid, time limit 100)
     that eating all food is worth exactly 1 in total: the sum is the team's
     share of food collected, and a cleared episode returns 1 (less penalties).
   - done: every food item eaten (= won); truncated: time limit.
+  - :func:`lbf_expert` is a scripted expert for the default full view.
 
 RobotWarehouse-v0 (N=4 robots, 20x10 floor, S=80 shelves, time limit 500)
   keywords: ``num_agents, shelf_rows, shelf_columns, column_height,
@@ -95,6 +96,7 @@ from __future__ import annotations
 
 import abc
 import functools
+import itertools
 from typing import Any, Callable
 
 import jax
@@ -102,6 +104,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from envs.core import DiscreteActions, EnvSpec, MultiAgentEnv, Step
+from envs.policies import ScriptedExpertUnavailable
 from envs.registry import register
 
 try:
@@ -274,6 +277,124 @@ class LevelBasedForagingEnv(JumanjiEnv):
             truncated=state.step_count >= self.raw.time_limit,
             won=all_eaten,
         )
+
+
+def lbf_expert(env: MultiAgentEnv, jitter: float = 0.05) -> Callable:
+    """Scripted expert for Jumanji LevelBasedForaging (full-view vector obs).
+
+    With ``fov = grid_size`` the vector view holds absolute (row, col, level)
+    of every food (eaten: level 0), of the agent itself, then of the other
+    agents in index order, so every agent sees the same layout and makes the
+    same team decisions:
+
+    1. target: among remaining food whose level the whole team can lift, the
+       one with the smallest summed Manhattan distance to all agents (lowest
+       index on ties) — with ``force_coop`` every food needs everyone;
+    2. cells: the agents take distinct free cells next to the target food,
+       the assignment minimising total Manhattan distance (exhaustive for at
+       most 4 agents, greedy in index order otherwise);
+    3. move: shortest path (BFS over the grid, food and other agents are
+       walls) to the own cell, ties broken at random; once there, ``load``
+       every step until the food is gone (it goes when the loading levels
+       add up).
+
+    With probability ``jitter`` an agent takes a random legal action instead,
+    which breaks the rare livelock of two agents bumping into the same cell.
+    Needs the default full view (``fov == grid_size``) and the vector
+    observation; otherwise it raises :class:`envs.policies.ScriptedExpertUnavailable`.
+    """
+    cfg = getattr(env, "config", None)
+    if cfg is None or env.spec.env_id != "jumanji:LevelBasedForaging-v0":
+        raise TypeError(f"lbf_expert needs a LevelBasedForaging environment, got {env!r}")
+    if cfg["grid_observation"] or cfg["fov"] != cfg["grid_size"]:
+        raise ScriptedExpertUnavailable(
+            "the scripted LevelBasedForaging expert needs the full-view vector observation "
+            f"(fov == grid_size, grid_observation=False), got fov={cfg['fov']}, "
+            f"grid_size={cfg['grid_size']}, grid_observation={cfg['grid_observation']}; "
+            f"train a teacher instead: jaxil teach {env.spec.env_id}"
+        )
+    G, N, F = int(cfg["grid_size"]), env.spec.num_agents, int(cfg["num_food"])
+    LOAD, BIG = 5, 10_000
+    moves = jnp.array([[0, 0], [-1, 0], [1, 0], [0, -1], [0, 1]], jnp.int32)  # noop,U,D,L,R
+    sides = moves[1:]
+    cell_maps = (
+        jnp.array(list(itertools.permutations(range(4), N)), jnp.int32) if N <= 4 else None
+    )
+
+    def manhattan(a, b):
+        return jnp.abs(a - b).sum(-1)
+
+    def bfs(target, blocked):  # distances [G, G] to target over free cells
+        dist = jnp.full((G, G), BIG, jnp.int32).at[target[0], target[1]].set(0)
+
+        def relax(_, d):
+            pad = jnp.pad(d, 1, constant_values=BIG)
+            nb = jnp.minimum(
+                jnp.minimum(pad[:-2, 1:-1], pad[2:, 1:-1]), jnp.minimum(pad[1:-1, :-2], pad[1:-1, 2:])
+            )
+            return jnp.where(blocked, BIG, jnp.minimum(d, nb + 1))
+
+        return jax.lax.fori_loop(0, G * G, relax, dist)
+
+    def agent_act(i, o, avail, key):
+        v = jnp.round(o).astype(jnp.int32).reshape(F + N, 3)
+        food, f_lvl = v[:F, :2], v[:F, 2]
+        me = v[F, :2]
+        others, o_lvl = v[F + 1:, :2], v[F + 1:, 2]
+        j = jnp.arange(N)
+        idx = jnp.clip(j - (j > i), 0, max(N - 2, 0))
+        if N > 1:
+            pos = jnp.where((j == i)[:, None], me, others[idx])
+            lvl = jnp.where(j == i, v[F, 2], o_lvl[idx])
+        else:
+            pos, lvl = me[None], v[F, 2][None]
+        seen = lvl > 0
+        present = f_lvl > 0
+        loadable = present & (f_lvl <= jnp.sum(jnp.where(seen, lvl, 0)))
+        team_cost = jnp.sum(jnp.where(seen[None], manhattan(food[:, None], pos[None]), 0), -1)
+        f = jnp.argmin(jnp.where(loadable, team_cost, BIG))
+        any_food = jnp.any(loadable)
+        cells = food[f] + sides  # [4, 2]
+        in_grid = jnp.all((cells >= 0) & (cells < G), -1)
+        on_food = jnp.any(jnp.all(cells[:, None] == food[None], -1) & present[None], -1)
+        cell_ok = in_grid & ~on_food
+        cost = jnp.where(cell_ok[None] & seen[:, None], manhattan(pos[:, None], cells[None]), BIG)
+        if cell_maps is not None:
+            total = cost[jnp.arange(N)[None], cell_maps].sum(-1)
+            mine = cell_maps[jnp.argmin(total)][i]
+        else:
+            taken = jnp.zeros((4,), bool)
+            mine = jnp.int32(0)
+            for k in range(N):
+                c = jnp.argmin(jnp.where(taken, BIG + 1, cost[k]))
+                mine = jnp.where(k == i, c, mine)
+                taken = taken.at[c].set(True)
+        valid = cell_ok[mine]
+        target = jnp.clip(cells[mine], 0, G - 1)
+        grid = jnp.zeros((G, G), bool)
+        grid = grid.at[food[:, 0], food[:, 1]].max(present, mode="drop")
+        other = (j != i) & seen
+        grid = grid.at[pos[:, 0], pos[:, 1]].max(other, mode="drop")
+        grid = grid.at[target[0], target[1]].set(False)
+        dist = bfs(target, grid)
+        nxt = me[None] + moves[1:]
+        nxt_ok = jnp.all((nxt >= 0) & (nxt < G), -1)
+        d_next = jnp.where(nxt_ok, dist[jnp.clip(nxt[:, 0], 0, G - 1), jnp.clip(nxt[:, 1], 0, G - 1)], BIG)
+        k_tie, k_jit, k_rand = jax.random.split(key, 3)
+        score = d_next + 0.5 * jax.random.uniform(k_tie, (4,))
+        improving = avail[1:5] & (d_next < dist[me[0], me[1]])
+        best = 1 + jnp.argmin(jnp.where(improving, score, BIG))
+        rand = jax.random.categorical(k_rand, jnp.where(avail, 0.0, -jnp.inf)).astype(jnp.int32)
+        arrived = jnp.all(me == target)
+        a = jnp.where(arrived, LOAD, jnp.where(jnp.any(improving), best, rand))
+        a = jnp.where(any_food & valid, a, 0)
+        a = jnp.where(jax.random.uniform(k_jit) < jitter, rand, a)
+        return a.astype(jnp.int32)
+
+    def act(params, obs, avail, key):
+        return jax.vmap(agent_act)(jnp.arange(N), obs, avail, jax.random.split(key, N))
+
+    return act
 
 
 # -- RobotWarehouse -------------------------------------------------------------------

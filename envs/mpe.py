@@ -13,12 +13,19 @@ Ids: ``mpe:simple_spread`` (5 discrete actions; 0 = no-op) and
 - no win condition.
 - the step is deterministic given the state unless ``u_noise``/``c_noise`` are
   set, so it gets no key of its own then (``stochastic_step``).
+
+:func:`spread_expert` is a scripted expert for both ids (landmark assignment
+and dead-beat velocity control).
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from functools import partial
+from typing import Callable
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -85,6 +92,86 @@ class SpreadEnv(MultiAgentEnv):
         _, inner, rewards, dones, _ = self.raw.step_env(key, inner, act)
         reward = jnp.mean(jnp.stack([rewards[a] for a in self.raw.agents]))
         return self._out(inner, reward, dones["__all__"])
+
+
+def spread_expert(env: MultiAgentEnv, horizon: float = 2.0) -> Callable:
+    """Scripted expert for MPE ``simple_spread`` (continuous or discrete).
+
+    Every agent rebuilds the whole layout from its OWN observation
+    ``[vel (2), pos (2), landmarks - pos (2L), others - pos (2(N-1)), comm]``
+    (other agents in index order), solves the same agent→landmark assignment
+    (minimum total distance, exhaustively over all injective maps when there
+    are at most 40 320 of them, greedily otherwise) and steers to its landmark
+    with a dead-beat velocity controller: MPE integrates ``p += 0.1 v`` then
+    ``v = 0.75 v + 0.5 u`` (``u`` the net force in ``[-1, 1]^2``), so it asks for
+    the velocity that closes the remaining gap in ``horizon`` steps and applies
+    the force that gets there, clipped. Continuous actions encode ``u`` as
+    ``(0, u_x^-, u_x^+, u_y^-, u_y^+)``; discrete ones take the dominant axis
+    (no-op when the force is small). Agents without a landmark (N > L) hold
+    still. Collisions are not planned around.
+    """
+    raw = getattr(env, "raw", None)
+    if raw is None or not hasattr(raw, "num_landmarks") or not env.spec.env_id.startswith(
+        "mpe:simple_spread"
+    ):
+        raise TypeError(f"spread_expert needs an mpe:simple_spread environment, got {env!r}")
+    N, L = int(raw.num_agents), int(raw.num_landmarks)
+    damping, dt = float(raw.damping), float(raw.dt)
+    accel = float(np.asarray(raw.accel)[0])
+    gain = accel * dt  # velocity change per unit force per step
+    spec = env.spec
+    small, large = (N, L) if N <= L else (L, N)
+    exhaustive = math.perm(large, small) <= 40_320
+    if exhaustive:
+        maps = jnp.array(list(itertools.permutations(range(large), small)), jnp.int32)
+
+    def assignment(cost):  # cost [N, L] -> landmark of each agent (-1: none)
+        if exhaustive:
+            if N <= L:
+                total = cost[jnp.arange(N)[None], maps].sum(-1)  # maps: agent -> landmark
+                return maps[jnp.argmin(total)]
+            total = cost[maps, jnp.arange(L)[None]].sum(-1)  # maps: landmark -> agent
+            best = maps[jnp.argmin(total)]
+            return jnp.full((N,), -1, jnp.int32).at[best].set(jnp.arange(L, dtype=jnp.int32))
+        out = jnp.full((N,), -1, jnp.int32)
+        c = cost
+        for _ in range(small):  # globally nearest free pair first
+            k = jnp.argmin(c)
+            a, l = k // L, k % L
+            out = out.at[a].set(l)
+            c = c.at[a, :].set(jnp.inf).at[:, l].set(jnp.inf)
+        return out
+
+    def agent_force(i, o):
+        vel, pos = o[0:2], o[2:4]
+        lm = pos + o[4:4 + 2 * L].reshape(L, 2)
+        others = pos + o[4 + 2 * L:4 + 2 * L + 2 * (N - 1)].reshape(N - 1, 2)
+        j = jnp.arange(N)
+        agents = jnp.where(
+            (j == i)[:, None], pos, others[jnp.clip(j - (j > i), 0, N - 2)]
+        ) if N > 1 else pos[None]
+        cost = jnp.linalg.norm(agents[:, None, :] - lm[None, :, :], axis=-1)
+        target = assignment(cost)[i]
+        gap = lm[jnp.maximum(target, 0)] - (pos + dt * vel)
+        v_star = gap / (dt * horizon)
+        u = jnp.clip((v_star - (1.0 - damping) * vel) / gain, -1.0, 1.0)
+        return jnp.where(target >= 0, u, jnp.clip(-(1.0 - damping) * vel / gain, -1.0, 1.0))
+
+    def act(params, obs, avail, key):
+        u = jax.vmap(agent_force)(jnp.arange(N), obs)  # [N, 2]
+        if spec.discrete:
+            ax = jnp.argmax(jnp.abs(u), axis=-1)
+            val = jnp.take_along_axis(u, ax[:, None], -1)[:, 0]
+            a = 1 + 2 * ax + (val > 0)  # 1: -x, 2: +x, 3: -y, 4: +y
+            return jnp.where(jnp.abs(val) < 0.05, 0, a).astype(jnp.int32)
+        zero = jnp.zeros((N, 1), jnp.float32)
+        pos_u, neg_u = jnp.maximum(u, 0.0), jnp.maximum(-u, 0.0)
+        out = jnp.concatenate(
+            [zero, neg_u[:, :1], pos_u[:, :1], neg_u[:, 1:], pos_u[:, 1:]], axis=-1
+        )
+        return jnp.clip(out, spec.action.low, spec.action.high)
+
+    return act
 
 
 register("mpe:simple_spread", partial(SpreadEnv, False))

@@ -15,6 +15,11 @@ import jax.numpy as jnp
 from envs.core import EnvSpec
 
 
+class ScriptedExpertUnavailable(ValueError):
+    """A scripted expert exists for the environment but not for this
+    configuration (e.g. LevelBasedForaging with a partial view)."""
+
+
 class Policy(NamedTuple):
     """``init(key, num_agents) -> carry``;
     ``act(params, obs, avail, key, carry) -> (actions, carry)``."""

@@ -392,3 +392,51 @@ def test_from_episodes_checks_by_default():
     bad = ep.replace(reward=np.where(ep.mask, np.nan, 0.0).astype(np.float32))
     with pytest.raises(DatasetError, match="`reward` is nan"):
         Dataset.from_episodes(bad, SPEC, tier="t", source="s", seed=0)
+
+
+# -- jaxil data diff -----------------------------------------------------------------
+
+
+def test_data_diff_reports_arrays_and_metadata(tmp_path, capsys):
+    import argparse
+    import dataclasses
+
+    from jaxil.data import cli
+
+    # Only the `jaxil data` commands: the full `jaxil` parser imports jaxmarl,
+    # whose MABrax module resets sys.stdout and so escapes capsys.
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+
+    def main(argv):
+        args = parser.parse_args(argv)
+        return args.func(args)
+
+    a = save(make_dataset(), tmp_path / "a.npz")
+    b = save(make_dataset(), tmp_path / "b.npz")
+    assert main(["data", "diff", str(a), str(b)]) == 0
+    assert "byte-identical" in capsys.readouterr().out
+
+    ds = make_dataset()
+    obs = ds.obs.copy()
+    obs[0, 1, 1, 2] += 0.25
+    info = dataclasses.replace(ds.info, creation_args_json=fmt.canonical_json(
+        {"num": 7, "seed": 0, "note": "x" * 200}))
+    c = save(ds.replace(obs=obs, info=info), tmp_path / "c.npz")
+    assert main(["data", "diff", str(a), str(c)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"{a} and {c} differ"
+    assert "  obs: 1 of 294 elements differ, max |a - b| = 0.25" in out
+    assert not any(line.startswith("  reward:") for line in out)  # identical arrays are not listed
+    i = out.index("  creation_args.note:")
+    assert out[i + 1] == "    A: null"
+    assert out[i + 2] == "    B: " + json.dumps("x" * 200)[:77] + "..."
+    assert cli._short_pair("p" * 100 + "old tail", "p" * 100 + "new tail") == (
+        "..." + "p" * 20 + 'old tail"', "..." + "p" * 20 + 'new tail"')
+    assert not any("fields." in line for line in out)  # the checksums are the arrays' business
+
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    for other in ("bad.npz", "missing.npz"):
+        assert main(["data", "diff", str(a), str(tmp_path / other)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("jaxil data diff: error: ")

@@ -19,8 +19,6 @@ from jaxil.phase1.oracles import (
     label_agreement,
     parse_choice,
     query_uniforms,
-    smax_health,
-    smax_layout,
     true_returns,
 )
 from jaxil.phase1.pairs import (
@@ -31,6 +29,7 @@ from jaxil.phase1.pairs import (
     segment_returns,
 )
 from jaxil.phase1.render import render_pair
+from jaxil.phase1.smax_state import smax_health, smax_layout
 
 SPEC = EnvSpec("test:disc", num_agents=2, obs_dim=3, state_dim=4,
                action=DiscreteActions(num_actions=4, noop_action=0), max_steps=9, has_win=True)

@@ -9,6 +9,7 @@
                      [--measure-episodes 128] [--quiet]
     jaxil data info runs/data/smax-3m-misodice-200e-1000p.npz [--json]
     jaxil data validate runs/data/smax-3m-misodice-200e-1000p.npz
+    jaxil data diff A.npz B.npz
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from jaxil.data.zoo import TIERS
 
@@ -199,16 +200,130 @@ def _validate(args) -> int:
     return 0
 
 
+# -- diff ----------------------------------------------------------------------------
+
+
+def _short_pair(a: Any, b: Any, width: int = 80) -> tuple[str, str]:
+    """Both values as JSON, cut to ``width`` characters around where they
+    first differ (long strings often share a long beginning)."""
+    ta, tb = (json.dumps(x, sort_keys=True, default=str) for x in (a, b))
+    k = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
+    start = max(0, k - 20) if k > width - 30 else 0
+
+    def cut(text: str) -> str:
+        text = ("..." + text[start:]) if start else text
+        return text if len(text) <= width else text[: width - 3] + "..."
+
+    return cut(ta), cut(tb)
+
+
+def _flatten(x: Any, prefix: str = "") -> dict[str, Any]:
+    """Leaves of nested dicts (and lists) by dotted path: ``a.b[2].c``."""
+    if isinstance(x, dict) and x:
+        out = {}
+        for k, v in x.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    if isinstance(x, list) and x:
+        out = {}
+        for i, v in enumerate(x):
+            out.update(_flatten(v, f"{prefix}[{i}]"))
+        return out
+    return {prefix: x}
+
+
+def _array_difference(a, b) -> Optional[str]:
+    """None when equal (NaN equals NaN), else what differs."""
+    import numpy as np
+
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return f"{a.dtype.name}{list(a.shape)} vs {b.dtype.name}{list(b.shape)}"
+    if np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"):
+        return None
+    x, y = a.astype(np.float64), b.astype(np.float64)
+    differ = ~((x == y) | (np.isnan(x) & np.isnan(y)))
+    return (f"{int(differ.sum())} of {a.size} elements differ, "
+            f"max |a - b| = {float(np.nanmax(np.abs(x - y)[differ])):.6g}")
+
+
+def diff_files(path_a: os.PathLike | str, path_b: os.PathLike | str) -> dict[str, Any]:
+    """What ``jaxil data diff`` reports: ``identical`` (byte for byte),
+    ``arrays`` ``{name: what differs}`` and ``metadata`` ``{dotted key:
+    (value in a, value in b)}``. The per-field ``fields`` entries of the
+    metadata (dtype, shape, SHA-256) are left out: ``arrays`` covers them.
+
+    Raises the loader's DatasetError / FileNotFoundError for unreadable files.
+    """
+    import filecmp
+
+    from jaxil.data.format import read_archive
+
+    (meta_a, arr_a), (meta_b, arr_b) = read_archive(path_a), read_archive(path_b)
+    if filecmp.cmp(path_a, path_b, shallow=False):
+        return dict(identical=True, arrays={}, metadata={})
+    arrays = {}
+    for name in sorted(set(arr_a) | set(arr_b)):
+        if name not in arr_b or name not in arr_a:
+            arrays[name] = "only in " + ("A" if name in arr_a else "B")
+        elif (d := _array_difference(arr_a[name], arr_b[name])) is not None:
+            arrays[name] = d
+    missing = object()
+    flat_a = _flatten({k: v for k, v in meta_a.items() if k != "fields"})
+    flat_b = _flatten({k: v for k, v in meta_b.items() if k != "fields"})
+    metadata = {}
+    for key in sorted(set(flat_a) | set(flat_b)):
+        va, vb = flat_a.get(key, missing), flat_b.get(key, missing)
+        if va is missing or vb is missing or va != vb or type(va) is not type(vb):
+            metadata[key] = tuple(None if v is missing else v for v in (va, vb))
+    return dict(identical=False, arrays=arrays, metadata=metadata)
+
+
+def _diff(args) -> int:
+    from jaxil.data.validate import DatasetError
+
+    a, b = args.a, args.b
+    try:
+        d = diff_files(a, b)
+    except (DatasetError, OSError) as e:  # FileNotFoundError, permissions, ...
+        print(f"jaxil data diff: error: {e}", file=sys.stderr)
+        return 2
+    if d["identical"]:
+        print(f"{a} and {b} are byte-identical")
+        return 0
+    print(f"{a} and {b} differ")
+    if not d["arrays"] and not d["metadata"]:
+        print("  same arrays and metadata; only the file layout differs")
+    if d["arrays"]:
+        n = len(d["arrays"])
+        print(f"arrays ({n} {'differs' if n == 1 else 'differ'}):")
+        for name, what in d["arrays"].items():
+            print(f"  {name}: {what}")
+    else:
+        print("arrays: all identical")
+    if d["metadata"]:
+        n = len(d["metadata"])
+        print(f"metadata ({n} {'key differs' if n == 1 else 'keys differ'}):")
+        for key, (va, vb) in d["metadata"].items():
+            sa, sb = _short_pair(va, vb)
+            print(f"  {key}:")
+            print(f"    A: {sa}")
+            print(f"    B: {sb}")
+    else:
+        print("metadata: identical")
+    return 1
+
+
 # -- list ----------------------------------------------------------------------------
 
 
 def _expert_note(env_id: str) -> str:
+    from envs.experts import has_scripted_expert
     from jaxil.data.zoo import find_teacher
 
     t = find_teacher(env_id)
     if t is not None:
         return f"teacher {os.path.relpath(t)}"
-    if env_id.startswith(("smax:", "mpe:simple_spread")) or env_id == "jumanji:LevelBasedForaging-v0":
+    if has_scripted_expert(env_id):
         return "scripted"
     return f"needs a teacher: jaxil teach {env_id}"
 
@@ -284,6 +399,12 @@ def register(sub) -> None:
     v = dsub.add_parser("validate", help="check a dataset file (exit 0 valid, 1 invalid)")
     v.add_argument("path")
     v.set_defaults(func=_validate)
+
+    d = dsub.add_parser("diff", help="compare two dataset files (exit 0 byte-identical, "
+                                     "1 different, 2 unreadable)")
+    d.add_argument("a", metavar="A.npz")
+    d.add_argument("b", metavar="B.npz")
+    d.set_defaults(func=_diff)
 
     ls = dsub.add_parser("list", help="all named recipes")
     ls.add_argument("--env", default=None, help="only this environment (short name or id)")

@@ -5,7 +5,8 @@ Every environment that has an expert gets four tiers::
     expert   the best checkpoint of a trained teacher (``jaxil.teachers``), or,
              without one, a scripted expert where jaxil has a correct one
              (SMAX: JaxMARL's heuristic; MPE spread: landmark assignment +
-             PD control; LevelBasedForaging: BFS to the team's target food)
+             PD control; LevelBasedForaging: BFS to the team's target food;
+             they live beside their adapters, see :mod:`envs.experts`)
     medium   a mid-training teacher checkpoint whose evaluated return lies in
              the medium band, else the expert with ε = 0.4 per-agent noise
              (LevelBasedForaging 0.7, MPE spread 0.6: ``EPSILON_OVERRIDES``)
@@ -42,9 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import itertools
 import json
-import math
 import os
 import warnings
 from pathlib import Path
@@ -56,7 +55,8 @@ import numpy as np
 
 import envs
 from envs.core import EnvSpec, MultiAgentEnv
-from envs.policies import Policy, as_policy, random_policy
+from envs.experts import scripted_expert
+from envs.policies import Policy, ScriptedExpertUnavailable, as_policy, random_policy
 
 TIERS = ("expert", "medium", "poor", "random")
 EPSILON = {"medium": 0.4, "poor": 0.85}
@@ -80,7 +80,8 @@ MAX_SEED = 2**31  # per-episode seeds are < 2**31, so PRNGKey(seed) is exact
 
 
 class ExpertUnavailable(ValueError):
-    """An environment has no trained teacher and no scripted expert."""
+    """An environment has no trained teacher and no scripted expert (or none
+    for its configuration: :class:`envs.policies.ScriptedExpertUnavailable`)."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -306,227 +307,6 @@ def _teacher_tiers(env: MultiAgentEnv, teacher_dir: Path,
 
 
 # ---------------------------------------------------------------------------
-# Scripted experts
-# ---------------------------------------------------------------------------
-def spread_expert(env: MultiAgentEnv, horizon: float = 2.0) -> Callable:
-    """Scripted expert for MPE ``simple_spread`` (continuous or discrete).
-
-    Every agent rebuilds the whole layout from its OWN observation
-    ``[vel (2), pos (2), landmarks - pos (2L), others - pos (2(N-1)), comm]``
-    (other agents in index order), solves the same agent→landmark assignment
-    (minimum total distance, exhaustively over all injective maps when there
-    are at most 40 320 of them, greedily otherwise) and steers to its landmark
-    with a dead-beat velocity controller: MPE integrates ``p += 0.1 v`` then
-    ``v = 0.75 v + 0.5 u`` (``u`` the net force in ``[-1, 1]^2``), so it asks for
-    the velocity that closes the remaining gap in ``horizon`` steps and applies
-    the force that gets there, clipped. Continuous actions encode ``u`` as
-    ``(0, u_x^-, u_x^+, u_y^-, u_y^+)``; discrete ones take the dominant axis
-    (no-op when the force is small). Agents without a landmark (N > L) hold
-    still. Collisions are not planned around.
-    """
-    raw = getattr(env, "raw", None)
-    if raw is None or not hasattr(raw, "num_landmarks") or not env.spec.env_id.startswith(
-        "mpe:simple_spread"
-    ):
-        raise TypeError(f"spread_expert needs an mpe:simple_spread environment, got {env!r}")
-    N, L = int(raw.num_agents), int(raw.num_landmarks)
-    damping, dt = float(raw.damping), float(raw.dt)
-    accel = float(np.asarray(raw.accel)[0])
-    gain = accel * dt  # velocity change per unit force per step
-    spec = env.spec
-    small, large = (N, L) if N <= L else (L, N)
-    exhaustive = math.perm(large, small) <= 40_320
-    if exhaustive:
-        maps = jnp.array(list(itertools.permutations(range(large), small)), jnp.int32)
-
-    def assignment(cost):  # cost [N, L] -> landmark of each agent (-1: none)
-        if exhaustive:
-            if N <= L:
-                total = cost[jnp.arange(N)[None], maps].sum(-1)  # maps: agent -> landmark
-                return maps[jnp.argmin(total)]
-            total = cost[maps, jnp.arange(L)[None]].sum(-1)  # maps: landmark -> agent
-            best = maps[jnp.argmin(total)]
-            return jnp.full((N,), -1, jnp.int32).at[best].set(jnp.arange(L, dtype=jnp.int32))
-        out = jnp.full((N,), -1, jnp.int32)
-        c = cost
-        for _ in range(small):  # globally nearest free pair first
-            k = jnp.argmin(c)
-            a, l = k // L, k % L
-            out = out.at[a].set(l)
-            c = c.at[a, :].set(jnp.inf).at[:, l].set(jnp.inf)
-        return out
-
-    def agent_force(i, o):
-        vel, pos = o[0:2], o[2:4]
-        lm = pos + o[4:4 + 2 * L].reshape(L, 2)
-        others = pos + o[4 + 2 * L:4 + 2 * L + 2 * (N - 1)].reshape(N - 1, 2)
-        j = jnp.arange(N)
-        agents = jnp.where(
-            (j == i)[:, None], pos, others[jnp.clip(j - (j > i), 0, N - 2)]
-        ) if N > 1 else pos[None]
-        cost = jnp.linalg.norm(agents[:, None, :] - lm[None, :, :], axis=-1)
-        target = assignment(cost)[i]
-        gap = lm[jnp.maximum(target, 0)] - (pos + dt * vel)
-        v_star = gap / (dt * horizon)
-        u = jnp.clip((v_star - (1.0 - damping) * vel) / gain, -1.0, 1.0)
-        return jnp.where(target >= 0, u, jnp.clip(-(1.0 - damping) * vel / gain, -1.0, 1.0))
-
-    def act(params, obs, avail, key):
-        u = jax.vmap(agent_force)(jnp.arange(N), obs)  # [N, 2]
-        if spec.discrete:
-            ax = jnp.argmax(jnp.abs(u), axis=-1)
-            val = jnp.take_along_axis(u, ax[:, None], -1)[:, 0]
-            a = 1 + 2 * ax + (val > 0)  # 1: -x, 2: +x, 3: -y, 4: +y
-            return jnp.where(jnp.abs(val) < 0.05, 0, a).astype(jnp.int32)
-        zero = jnp.zeros((N, 1), jnp.float32)
-        pos_u, neg_u = jnp.maximum(u, 0.0), jnp.maximum(-u, 0.0)
-        out = jnp.concatenate(
-            [zero, neg_u[:, :1], pos_u[:, :1], neg_u[:, 1:], pos_u[:, 1:]], axis=-1
-        )
-        return jnp.clip(out, spec.action.low, spec.action.high)
-
-    return act
-
-
-def lbf_expert(env: MultiAgentEnv, jitter: float = 0.05) -> Callable:
-    """Scripted expert for Jumanji LevelBasedForaging (full-view vector obs).
-
-    With ``fov = grid_size`` the vector view holds absolute (row, col, level)
-    of every food (eaten: level 0), of the agent itself, then of the other
-    agents in index order, so every agent sees the same layout and makes the
-    same team decisions:
-
-    1. target: among remaining food whose level the whole team can lift, the
-       one with the smallest summed Manhattan distance to all agents (lowest
-       index on ties) — with ``force_coop`` every food needs everyone;
-    2. cells: the agents take distinct free cells next to the target food,
-       the assignment minimising total Manhattan distance (exhaustive for at
-       most 4 agents, greedy in index order otherwise);
-    3. move: shortest path (BFS over the grid, food and other agents are
-       walls) to the own cell, ties broken at random; once there, ``load``
-       every step until the food is gone (it goes when the loading levels
-       add up).
-
-    With probability ``jitter`` an agent takes a random legal action instead,
-    which breaks the rare livelock of two agents bumping into the same cell.
-    Needs the default full view (``fov == grid_size``) and the vector
-    observation; otherwise it raises :class:`ExpertUnavailable`.
-    """
-    cfg = getattr(env, "config", None)
-    if cfg is None or env.spec.env_id != "jumanji:LevelBasedForaging-v0":
-        raise TypeError(f"lbf_expert needs a LevelBasedForaging environment, got {env!r}")
-    if cfg["grid_observation"] or cfg["fov"] != cfg["grid_size"]:
-        raise ExpertUnavailable(
-            "the scripted LevelBasedForaging expert needs the full-view vector observation "
-            f"(fov == grid_size, grid_observation=False), got fov={cfg['fov']}, "
-            f"grid_size={cfg['grid_size']}, grid_observation={cfg['grid_observation']}; "
-            f"train a teacher instead: jaxil teach {env.spec.env_id}"
-        )
-    G, N, F = int(cfg["grid_size"]), env.spec.num_agents, int(cfg["num_food"])
-    LOAD, BIG = 5, 10_000
-    moves = jnp.array([[0, 0], [-1, 0], [1, 0], [0, -1], [0, 1]], jnp.int32)  # noop,U,D,L,R
-    sides = moves[1:]
-    cell_maps = (
-        jnp.array(list(itertools.permutations(range(4), N)), jnp.int32) if N <= 4 else None
-    )
-
-    def manhattan(a, b):
-        return jnp.abs(a - b).sum(-1)
-
-    def bfs(target, blocked):  # distances [G, G] to target over free cells
-        dist = jnp.full((G, G), BIG, jnp.int32).at[target[0], target[1]].set(0)
-
-        def relax(_, d):
-            pad = jnp.pad(d, 1, constant_values=BIG)
-            nb = jnp.minimum(
-                jnp.minimum(pad[:-2, 1:-1], pad[2:, 1:-1]), jnp.minimum(pad[1:-1, :-2], pad[1:-1, 2:])
-            )
-            return jnp.where(blocked, BIG, jnp.minimum(d, nb + 1))
-
-        return jax.lax.fori_loop(0, G * G, relax, dist)
-
-    def agent_act(i, o, avail, key):
-        v = jnp.round(o).astype(jnp.int32).reshape(F + N, 3)
-        food, f_lvl = v[:F, :2], v[:F, 2]
-        me = v[F, :2]
-        others, o_lvl = v[F + 1:, :2], v[F + 1:, 2]
-        j = jnp.arange(N)
-        idx = jnp.clip(j - (j > i), 0, max(N - 2, 0))
-        if N > 1:
-            pos = jnp.where((j == i)[:, None], me, others[idx])
-            lvl = jnp.where(j == i, v[F, 2], o_lvl[idx])
-        else:
-            pos, lvl = me[None], v[F, 2][None]
-        seen = lvl > 0
-        present = f_lvl > 0
-        loadable = present & (f_lvl <= jnp.sum(jnp.where(seen, lvl, 0)))
-        team_cost = jnp.sum(jnp.where(seen[None], manhattan(food[:, None], pos[None]), 0), -1)
-        f = jnp.argmin(jnp.where(loadable, team_cost, BIG))
-        any_food = jnp.any(loadable)
-        cells = food[f] + sides  # [4, 2]
-        in_grid = jnp.all((cells >= 0) & (cells < G), -1)
-        on_food = jnp.any(jnp.all(cells[:, None] == food[None], -1) & present[None], -1)
-        cell_ok = in_grid & ~on_food
-        cost = jnp.where(cell_ok[None] & seen[:, None], manhattan(pos[:, None], cells[None]), BIG)
-        if cell_maps is not None:
-            total = cost[jnp.arange(N)[None], cell_maps].sum(-1)
-            mine = cell_maps[jnp.argmin(total)][i]
-        else:
-            taken = jnp.zeros((4,), bool)
-            mine = jnp.int32(0)
-            for k in range(N):
-                c = jnp.argmin(jnp.where(taken, BIG + 1, cost[k]))
-                mine = jnp.where(k == i, c, mine)
-                taken = taken.at[c].set(True)
-        valid = cell_ok[mine]
-        target = jnp.clip(cells[mine], 0, G - 1)
-        grid = jnp.zeros((G, G), bool)
-        grid = grid.at[food[:, 0], food[:, 1]].max(present, mode="drop")
-        other = (j != i) & seen
-        grid = grid.at[pos[:, 0], pos[:, 1]].max(other, mode="drop")
-        grid = grid.at[target[0], target[1]].set(False)
-        dist = bfs(target, grid)
-        nxt = me[None] + moves[1:]
-        nxt_ok = jnp.all((nxt >= 0) & (nxt < G), -1)
-        d_next = jnp.where(nxt_ok, dist[jnp.clip(nxt[:, 0], 0, G - 1), jnp.clip(nxt[:, 1], 0, G - 1)], BIG)
-        k_tie, k_jit, k_rand = jax.random.split(key, 3)
-        score = d_next + 0.5 * jax.random.uniform(k_tie, (4,))
-        improving = avail[1:5] & (d_next < dist[me[0], me[1]])
-        best = 1 + jnp.argmin(jnp.where(improving, score, BIG))
-        rand = jax.random.categorical(k_rand, jnp.where(avail, 0.0, -jnp.inf)).astype(jnp.int32)
-        arrived = jnp.all(me == target)
-        a = jnp.where(arrived, LOAD, jnp.where(jnp.any(improving), best, rand))
-        a = jnp.where(any_food & valid, a, 0)
-        a = jnp.where(jax.random.uniform(k_jit) < jitter, rand, a)
-        return a.astype(jnp.int32)
-
-    def act(params, obs, avail, key):
-        return jax.vmap(agent_act)(jnp.arange(N), obs, avail, jax.random.split(key, N))
-
-    return act
-
-
-def scripted_expert(env: MultiAgentEnv) -> Optional[tuple[Any, str, str]]:
-    """``(policy, source name, description)`` of jaxil's scripted expert for
-    ``env``, or None when there is none."""
-    eid = env.spec.env_id
-    if eid.startswith("smax:"):
-        from envs.smax import heuristic_policy
-
-        return (heuristic_policy(env), "smax-heuristic",
-                "JaxMARL's scripted SMAX micro-management policy driving the allies")
-    if eid.startswith("mpe:simple_spread"):
-        return (spread_expert(env), "spread-assign-pd",
-                "min-total-distance landmark assignment from the own observation, "
-                "dead-beat velocity control (jaxil.data.zoo.spread_expert)")
-    if eid == "jumanji:LevelBasedForaging-v0":
-        return (lbf_expert(env), "lbf-bfs-coop",
-                "team targets the nearest liftable food, BFS to distinct adjacent "
-                "cells, load together (jaxil.data.zoo.lbf_expert)")
-    return None
-
-
-# ---------------------------------------------------------------------------
 # The zoo
 # ---------------------------------------------------------------------------
 class Zoo:
@@ -683,7 +463,10 @@ def _make_zoo(env_id: str, env_kwargs: dict, teacher_dir: Optional[os.PathLike |
     if teacher_dir is not None:
         tiers = _teacher_tiers(env, Path(teacher_dir), epsilons)
     else:
-        scripted = scripted_expert(env)
+        try:
+            scripted = scripted_expert(env)
+        except ScriptedExpertUnavailable as e:
+            raise ExpertUnavailable(str(e)) from e
         if scripted is None:
             raise ExpertUnavailable(no_expert_message(env_id))
         base, name, desc = scripted

@@ -15,6 +15,7 @@ import numpy as np
 
 from jaxil.data.format import Dataset
 from jaxil.phase1.pairs import QueryPairs, segments
+from jaxil.phase1.smax_state import smax_health, smax_layout
 
 _SMAX_TASK = (
     "The task is a StarCraft-style battle (SMAX map {map}): a team of {A} allied units, "
@@ -54,8 +55,6 @@ def render_pair(dataset: Dataset, pairs: QueryPairs, i: int, max_lines: int = 10
     spec = dataset.spec
     layout = None
     if spec.env_id.startswith("smax:"):
-        from jaxil.phase1.oracles import smax_layout  # one parser, in oracles.py
-
         layout = smax_layout(spec)
         task = _SMAX_TASK.format(map=spec.env_id.split(":", 1)[1], A=layout.num_allies,
                                  E=layout.num_enemies)
@@ -93,8 +92,6 @@ def _render_side(dataset: Dataset, traj: int, start: int, L: Optional[int], layo
     shown = np.unique(np.round(np.linspace(0, n, min(max_lines, n + 1))).astype(int))
     health = None
     if layout is not None:
-        from jaxil.phase1.oracles import smax_health
-
         health = smax_health(np.asarray(seg.global_state[0, : n + 1]), layout)
     out = []
     for j in shown:

@@ -1,0 +1,49 @@
+"""Which scripted expert drives which environment.
+
+The experts live beside their adapters (:func:`envs.smax.heuristic_policy`,
+:func:`envs.mpe.spread_expert`, :func:`envs.jumanji.lbf_expert`); this module
+only dispatches on the id. The adapters are imported when asked for, so that
+importing this module does not load every environment family (and the
+adapters, which import :mod:`envs.policies`, never import this module back).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from envs.core import MultiAgentEnv
+
+
+def has_scripted_expert(env_id: str) -> bool:
+    """Whether :func:`scripted_expert` knows ``env_id`` (without building it)."""
+    return env_id.startswith(("smax:", "mpe:simple_spread")) or (
+        env_id == "jumanji:LevelBasedForaging-v0")
+
+
+def scripted_expert(env: MultiAgentEnv) -> Optional[tuple[Any, str, str]]:
+    """``(policy, source name, description)`` of the scripted expert for
+    ``env``, or None when there is none.
+
+    The source name and description are recorded in datasets. Raises
+    :class:`envs.policies.ScriptedExpertUnavailable` when the environment has
+    a scripted expert but not for its configuration.
+    """
+    eid = env.spec.env_id
+    if eid.startswith("smax:"):
+        from envs.smax import heuristic_policy
+
+        return (heuristic_policy(env), "smax-heuristic",
+                "JaxMARL's scripted SMAX micro-management policy driving the allies")
+    if eid.startswith("mpe:simple_spread"):
+        from envs.mpe import spread_expert
+
+        return (spread_expert(env), "spread-assign-pd",
+                "min-total-distance landmark assignment from the own observation, "
+                "dead-beat velocity control (envs.mpe.spread_expert)")
+    if eid == "jumanji:LevelBasedForaging-v0":
+        from envs.jumanji import lbf_expert
+
+        return (lbf_expert(env), "lbf-bfs-coop",
+                "team targets the nearest liftable food, BFS to distinct adjacent "
+                "cells, load together (envs.jumanji.lbf_expert)")
+    return None
