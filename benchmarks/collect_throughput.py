@@ -13,7 +13,7 @@ the call does ``E × max_steps`` steps of work whatever the episode lengths.
 
 Policies, both collected through the same zoo collector:
 
-- ``neural``: a :class:`jaxil.learners.policy.PolicyNet` with hidden widths
+- ``neural``: a :class:`jaxil.policy.PolicyNet` with hidden widths
   64-64 (as the MAPPO teachers of :mod:`jaxil.teachers.zoo`), parameter
   sharing (one-hot agent id appended), RANDOMLY INITIALISED parameters (the
   cost does not depend on their values), acting by sampling (masked
@@ -73,7 +73,7 @@ import envs  # noqa: E402
 from benchmarks import common  # noqa: E402
 from envs.policies import random_policy  # noqa: E402
 from jaxil.data.zoo import TierPolicy, Zoo, episode_keys, noisy_params, noisy_policy  # noqa: E402
-from jaxil.learners.policy import PolicyNet  # noqa: E402
+from jaxil.policy import PolicyNet  # noqa: E402
 
 DEFAULT_ENVS = ("smax:3m", "mpe:simple_spread_continuous", "jumanji:LevelBasedForaging-v0")
 DEFAULT_NUM_ENVS = (1, 64, 1024, 4096)

@@ -1,13 +1,27 @@
 """Reference policies usable on every environment, and the policy protocol.
 
-A policy acts for the N agents of ONE environment. Plain functions
-``policy(params, obs, avail, key) -> actions`` are stateless; a :class:`Policy`
-also threads a carry that the rollout resets at episode boundaries.
+A policy acts for the N agents of ONE environment: ``obs [N, O]``,
+``avail [N, A]`` (``[N, 0]`` for continuous actions) and one PRNG key give
+``actions`` (``[N]`` int32 or ``[N, d]`` float32). Everything that takes a
+policy (rollouts, the dataset zoo, teachers, learners, the interactive and
+IRL learners) takes either form:
+
+- a plain function ``policy(params, obs, avail, key) -> actions``
+  (stateless), or
+- a :class:`Policy`, which also threads a carry (``init(key, N) -> carry``,
+  reset by the rollout at every episode boundary): scripted state such as the
+  SMAX heuristic's per-agent target, or a recurrent network's hidden state.
+  Where a policy defines them, ``log_prob(params, obs, avail, actions) ->
+  [N]`` and ``entropy(params, obs, avail) -> [N]`` score its per-agent action
+  distribution (neural policies, :class:`jaxil.policy.PolicyNet`); scripted
+  experts leave them ``None``.
+
+:func:`as_policy` turns either form into a :class:`Policy`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -22,10 +36,19 @@ class ScriptedExpertUnavailable(ValueError):
 
 class Policy(NamedTuple):
     """``init(key, num_agents) -> carry``;
-    ``act(params, obs, avail, key, carry) -> (actions, carry)``."""
+    ``act(params, obs, avail, key, carry) -> (actions, carry)``; where defined,
+    ``log_prob(params, obs, avail, actions) -> [N]`` and
+    ``entropy(params, obs, avail) -> [N]`` (``None`` otherwise)."""
 
     init: Callable[[jax.Array, int], Any]
     act: Callable[..., tuple[jax.Array, Any]]
+    log_prob: Optional[Callable[..., jax.Array]] = None
+    entropy: Optional[Callable[..., jax.Array]] = None
+
+
+def stateless_carry(key: jax.Array, num_agents: int) -> jax.Array:
+    """The carry of a policy that keeps none (a scalar placeholder)."""
+    return jnp.zeros((), jnp.int32)
 
 
 def as_policy(policy: Any) -> Policy:
@@ -41,7 +64,7 @@ def as_policy(policy: Any) -> Policy:
     def act(params, obs, avail, key, carry):
         return policy(params, obs, avail, key), carry
 
-    return Policy(init=lambda key, n: jnp.zeros((), jnp.int32), act=act)
+    return Policy(init=stateless_carry, act=act)
 
 
 def random_policy(spec: EnvSpec) -> Callable:

@@ -1,20 +1,95 @@
-"""Orbax checkpoints of whole learner states (all seeds / grid points at once).
+"""The one checkpoint format of jaxil: orbax, through this module.
 
-A run directory keeps ``checkpoints/<update>/``; the manager keeps the newest
-few. Orbax writes each step into a temporary directory and renames it when
-complete, so a kill mid-save leaves the previous checkpoint loadable.
+- :func:`save_tree` / :func:`restore_tree`: one pytree in one directory, its
+  leaves stored as ``{"leaf_<i>": array}`` in tree order (any container type
+  works; zero-size leaves, which orbax refuses, are skipped and rebuilt from
+  the template on restore). Teachers' actors and runner states, and the
+  teacher policies shipped inside the package, use it.
+- :class:`Checkpointer`: numbered steps of a whole learner state (all seeds /
+  grid points at once) under one directory, of which the manager keeps the
+  newest few (``jaxil train``).
+- :func:`params_digest`: a SHA-256 over a pytree's leaves, recorded wherever
+  a dataset or a shipped teacher must pin exact weights.
+
+Orbax writes into a temporary directory and renames it when complete, so a
+kill mid-save leaves the previous checkpoint loadable.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 from pathlib import Path
 from typing import Any, Optional
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 
 
+def _leaf_name(i: int) -> str:
+    return f"leaf_{i:05d}"
+
+
+def save_tree(path: str | os.PathLike, tree: Any) -> None:
+    """Save a pytree's (non-empty) leaves with orbax into the directory ``path``
+    (overwritten if it exists)."""
+    leaves = jax.tree.leaves(tree)
+    flat = {_leaf_name(i): np.asarray(x) for i, x in enumerate(leaves) if np.size(x) > 0}
+    ck = ocp.StandardCheckpointer()
+    ck.save(os.path.abspath(path), flat, force=True)
+    ck.wait_until_finished()
+
+
+def restore_tree(path: str | os.PathLike, like: Any) -> Any:
+    """Restore what :func:`save_tree` wrote into the structure of ``like`` (a
+    pytree of arrays or ``jax.ShapeDtypeStruct``).
+
+    Raises:
+      FileNotFoundError: ``path`` does not exist.
+      ValueError: the stored arrays do not match ``like`` (another config or
+        environment wrote them).
+    """
+    path = os.path.abspath(path)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    leaves, treedef = jax.tree.flatten(like)
+    abstract = {
+        _leaf_name(i): jax.ShapeDtypeStruct(tuple(np.shape(x)), np.dtype(x.dtype))
+        for i, x in enumerate(leaves)
+        if np.prod(np.shape(x), dtype=np.int64) > 0
+    }
+    try:
+        flat = ocp.StandardCheckpointer().restore(path, abstract)
+    except Exception as e:  # noqa: BLE001 - re-raised with context
+        raise ValueError(
+            f"checkpoint {path} does not match the expected structure "
+            f"({len(abstract)} arrays); was it written with another config or env?"
+        ) from e
+    out = [
+        jnp.asarray(flat[_leaf_name(i)]) if _leaf_name(i) in flat
+        else jnp.zeros(np.shape(x), x.dtype)
+        for i, x in enumerate(leaves)
+    ]
+    return jax.tree.unflatten(treedef, out)
+
+
+def params_digest(params: Any) -> str:
+    """SHA-256 over a parameter pytree's leaves (dtype, shape and bytes, in
+    tree order): pins exact weights, even if a run directory is later
+    overwritten."""
+    h = hashlib.sha256()
+    for x in jax.tree.leaves(params):
+        a = np.ascontiguousarray(np.asarray(x))
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.reshape(-1).view(np.uint8))
+    return h.hexdigest()
+
+
 class Checkpointer:
+    """Numbered checkpoints of a whole state under ``directory/<step>/``."""
+
     def __init__(self, directory: str | Path, max_to_keep: int = 2):
         self.directory = Path(directory).absolute()
         self.manager = ocp.CheckpointManager(

@@ -171,7 +171,7 @@ def categorical_entropy(logits: jax.Array, avail: jax.Array) -> jax.Array:
 
 
 # --------------------------------------------------------------------------
-# Tanh-squashed Gaussian on a box.
+# Helpers of the Gaussian heads.
 # --------------------------------------------------------------------------
 
 
@@ -189,6 +189,83 @@ def _normal_log_prob(x: jax.Array, mean: jax.Array, log_std: jax.Array) -> jax.A
 def _log1m_tanh_sq(u: jax.Array) -> jax.Array:
     """``log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u))``, stable for all u."""
     return 2.0 * (math.log(2.0) - u - jax.nn.softplus(-2.0 * u))
+
+
+# --------------------------------------------------------------------------
+# Diagonal Gaussian (the pre-squash variable of the tanh-Gaussian).
+# --------------------------------------------------------------------------
+
+
+def gaussian_sample(key: jax.Array, mean: jax.Array, log_std: jax.Array) -> jax.Array:
+    """Reparameterised draw ``u = mean + exp(log_std)·ε``, ``ε ~ N(0, I)``.
+
+    Args:
+      key: PRNG key.
+      mean: ``[..., d]``.
+      log_std: ``[..., d]`` (same shape as ``mean``).
+
+    Returns:
+      ``[..., d]`` samples, differentiable in ``mean`` and ``log_std``.
+    """
+    mean, log_std = jnp.asarray(mean), jnp.asarray(log_std)
+    chex.assert_equal_shape([mean, log_std])
+    chex.assert_type([mean, log_std], float)
+    return mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape, mean.dtype)
+
+
+def gaussian_log_prob(mean: jax.Array, log_std: jax.Array, x: jax.Array) -> jax.Array:
+    """Log-density of a diagonal Gaussian, summed over the last axis.
+
+    ``log N(x; μ, σ) = Σ_d [−½((x_d − μ_d)/σ_d)² − log σ_d − ½ log 2π]``.
+
+    Args:
+      mean, log_std, x: ``[..., d]``.
+
+    Returns:
+      ``[...]`` log-densities.
+    """
+    mean, log_std, x = jnp.asarray(mean), jnp.asarray(log_std), jnp.asarray(x)
+    chex.assert_equal_shape([mean, log_std, x])
+    chex.assert_type([mean, log_std, x], float)
+    return jnp.sum(_normal_log_prob(x, mean, log_std), axis=-1)
+
+
+def gaussian_entropy(log_std: jax.Array) -> jax.Array:
+    """Entropy of a diagonal Gaussian, ``H = Σ_d [log σ_d + ½ log(2πe)]``.
+
+    (The tanh-squashed Gaussian has no closed-form entropy; PPO uses this one
+    of the pre-squash variable as its entropy bonus.)
+
+    Args:
+      log_std: ``[..., d]``.
+
+    Returns:
+      ``[...]`` entropies in nats.
+    """
+    log_std = jnp.asarray(log_std)
+    chex.assert_type(log_std, float)
+    return jnp.sum(log_std + (_LOG_SQRT_2PI + 0.5), axis=-1)
+
+
+def squash(u: jax.Array, low: ArrayLike = -1.0, high: ArrayLike = 1.0) -> jax.Array:
+    """``a = loc + scale·tanh(u)`` onto the box ``[low, high]``.
+
+    Args:
+      u: ``[..., d]`` pre-squash values.
+      low, high: bounds of the box, scalars or ``[d]``.
+
+    Returns:
+      ``[..., d]`` actions in the box.
+    """
+    u = jnp.asarray(u)
+    chex.assert_type(u, float)
+    loc, scale = _box(low, high, u.dtype)
+    return loc + scale * jnp.tanh(u)
+
+
+# --------------------------------------------------------------------------
+# Tanh-squashed Gaussian on a box.
+# --------------------------------------------------------------------------
 
 
 def tanh_gaussian_sample(
@@ -220,14 +297,10 @@ def tanh_gaussian_sample(
       ``(actions [..., d], log_prob [...])``; differentiable in ``mean`` and
       ``log_std``.
     """
-    mean, log_std = jnp.asarray(mean), jnp.asarray(log_std)
-    chex.assert_equal_shape([mean, log_std])
-    chex.assert_type([mean, log_std], float)
-    loc, scale = _box(low, high, mean.dtype)
-    u = mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape, mean.dtype)
-    actions = loc + scale * jnp.tanh(u)
-    log_prob = _normal_log_prob(u, mean, log_std) - _log1m_tanh_sq(u) - jnp.log(scale)
-    return actions, jnp.sum(log_prob, axis=-1)
+    u = gaussian_sample(key, mean, log_std)
+    _, scale = _box(low, high, u.dtype)
+    log_det = jnp.sum(_log1m_tanh_sq(u) + jnp.log(scale), axis=-1)
+    return squash(u, low, high), gaussian_log_prob(mean, log_std, u) - log_det
 
 
 def tanh_gaussian_log_prob(
@@ -284,7 +357,4 @@ def tanh_gaussian_mode(mean: jax.Array, low: ArrayLike = -1.0, high: ArrayLike =
     Returns:
       ``[..., d]`` actions in the box.
     """
-    mean = jnp.asarray(mean)
-    chex.assert_type(mean, float)
-    loc, scale = _box(low, high, mean.dtype)
-    return loc + scale * jnp.tanh(mean)
+    return squash(mean, low, high)

@@ -17,7 +17,8 @@ demonstrate in the tests why MisoDICE mixes linearly.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import math
+from typing import Callable, Optional, Sequence
 
 import chex
 import flax.linen as nn
@@ -25,6 +26,24 @@ import jax
 import jax.numpy as jnp
 
 Activation = Callable[[jax.Array], jax.Array]
+Initializer = Callable[..., jax.Array]
+
+# Hidden activations by name (configs store names, not functions).
+ACTIVATIONS: dict[str, Activation] = {"relu": nn.relu, "tanh": nn.tanh}
+
+
+def activation(name: str) -> Activation:
+    """The hidden activation called ``name`` (``"relu"`` or ``"tanh"``)."""
+    if name not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {name!r}; choose one of {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
+def orthogonal_init(out_scale: float) -> tuple[Initializer, Initializer]:
+    """``(hidden, output)`` kernel initialisers of the PPO convention
+    (orthogonal, gain √2 on hidden layers and ``out_scale`` on the output
+    layer: 0.01 for a policy head, 1.0 for a value head)."""
+    return nn.initializers.orthogonal(math.sqrt(2.0)), nn.initializers.orthogonal(out_scale)
 
 
 class MLP(nn.Module):
@@ -34,18 +53,27 @@ class MLP(nn.Module):
       out_dim: output width.
       hidden: hidden layer widths.
       activation: hidden activation.
+      kernel_init: hidden-layer kernel initialiser (None: flax's LeCun normal).
+      out_kernel_init: output-layer kernel initialiser (None: LeCun normal).
     """
 
     out_dim: int
     hidden: Sequence[int] = (256, 256)
     activation: Activation = nn.relu
+    kernel_init: Optional[Initializer] = None
+    out_kernel_init: Optional[Initializer] = None
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         """``x [..., in_dim] -> [..., out_dim]``."""
+        hidden_init = _init_kw(self.kernel_init)
         for i, width in enumerate(self.hidden):
-            x = self.activation(nn.Dense(width, name=f"hidden_{i}")(x))
-        return nn.Dense(self.out_dim, name="out")(x)
+            x = self.activation(nn.Dense(width, name=f"hidden_{i}", **hidden_init)(x))
+        return nn.Dense(self.out_dim, name="out", **_init_kw(self.out_kernel_init))(x)
+
+
+def _init_kw(init: Optional[Initializer]) -> dict:
+    return {} if init is None else {"kernel_init": init}
 
 
 # Independent per-agent MLPs: parameters stacked on a leading agent axis, each
@@ -80,6 +108,8 @@ class LocalMLP(nn.Module):
       shared: parameter sharing (one-hot id appended) vs independent stacked
         parameters.
       activation: hidden activation.
+      kernel_init, out_kernel_init: kernel initialisers of the hidden and
+        output layers (None: LeCun normal; see :func:`orthogonal_init`).
     """
 
     out_dim: int
@@ -87,6 +117,8 @@ class LocalMLP(nn.Module):
     hidden: tuple[int, ...] = (256, 256)
     shared: bool = True
     activation: Activation = nn.relu
+    kernel_init: Optional[Initializer] = None
+    out_kernel_init: Optional[Initializer] = None
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -101,12 +133,12 @@ class LocalMLP(nn.Module):
             ids = jnp.broadcast_to(
                 jnp.eye(self.num_agents, dtype=x.dtype), x.shape[:-1] + (self.num_agents,)
             )
-            return MLP(self.out_dim, self.hidden, self.activation, name="mlp")(
-                jnp.concatenate([x, ids], axis=-1)
-            )
+            return MLP(self.out_dim, self.hidden, self.activation, self.kernel_init,
+                       self.out_kernel_init, name="mlp")(jnp.concatenate([x, ids], axis=-1))
         # Agent axis to the front, one vmapped call over stacked parameters.
         x = jnp.moveaxis(x, -2, 0)
-        y = _AgentStackedMLP(self.out_dim, self.hidden, self.activation, name="agents")(x)
+        y = _AgentStackedMLP(self.out_dim, self.hidden, self.activation, self.kernel_init,
+                             self.out_kernel_init, name="agents")(x)
         return jnp.moveaxis(y, 0, -2)
 
 

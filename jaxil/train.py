@@ -105,7 +105,7 @@ def chunk_fn(learner: Learner, k: int):
 @functools.lru_cache(maxsize=32)
 def _compiled(learner: Learner, env, eval_every: int, eval_episodes: int, deterministic: bool):
     """Jitted chunk and evaluation, cached so repeated runs compile once."""
-    policy = learner.policy_fn(deterministic)
+    policy = learner.policy(deterministic)
     chunk = chunk_fn(learner, eval_every)
     evaluate = jax.jit(
         jax.vmap(lambda p, k: envs.run_episodes(env, policy, p, k, eval_episodes), in_axes=(0, None))
@@ -343,7 +343,7 @@ def _eval(args) -> int:
     ckpt = Checkpointer(out / "checkpoints")
     states = ckpt.restore(like)
     ev = jax.jit(jax.vmap(lambda p, k: envs.run_episodes(
-        env, learner.policy_fn(args.deterministic), p, k, args.episodes), in_axes=(0, None)))
+        env, learner.policy(args.deterministic), p, k, args.episodes), in_axes=(0, None)))
     ep = ev(states.params, jax.random.PRNGKey(args.seed))
     ret, won = np.asarray(ep.episode_return), np.asarray(ep.won)
     for r in runs:

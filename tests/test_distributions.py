@@ -228,3 +228,52 @@ def test_tanh_gaussian_mode_and_shape_checks():
         D.tanh_gaussian_log_prob(np.zeros((3, 2)), np.zeros((3, 2)), np.zeros((3, 3)))
     with pytest.raises(AssertionError):
         D.tanh_gaussian_sample(_key(0), np.zeros((3, 2)), np.zeros((2, 2)))
+
+
+# --------------------------------------------------------------------------
+# Diagonal Gaussian of the pre-squash variable (PPO's raw actions).
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_gaussian_log_prob_entropy_and_squash_match_numpy(jit):
+    """A dropped −log σ, a per-dimension instead of summed density, an entropy
+    without the ½·log(2πe) constant, or a squash onto the wrong interval fails
+    the float64 reference."""
+    rng = np.random.default_rng(11)
+    mean, x = rng.normal(size=(2, 4, 3, 2)).astype(np.float32)
+    log_std = (0.4 * rng.normal(size=(4, 3, 2))).astype(np.float32)
+    lp = _maybe_jit(D.gaussian_log_prob, jit)(mean, log_std, x)
+    ent = _maybe_jit(D.gaussian_entropy, jit)(log_std)
+    sd = np.exp(log_std.astype(np.float64))
+    z = (x - mean) / sd
+    np.testing.assert_allclose(np.asarray(lp), (-0.5 * z**2 - np.log(sd) - 0.5 * np.log(2 * np.pi)).sum(-1),
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(ent), (np.log(sd) + 0.5 * np.log(2 * np.pi * np.e)).sum(-1),
+                               rtol=1e-5, atol=1e-6)
+    low, high = np.array([-2.0, 0.0]), np.array([3.0, 0.5])
+    u = np.array([[-1e3, 0.0], [0.3, 1e3]], np.float32)
+    want = (high + low) / 2 + (high - low) / 2 * np.tanh(u.astype(np.float64))
+    np.testing.assert_allclose(np.asarray(_maybe_jit(D.squash, jit)(u, low, high)), want, atol=1e-6)
+
+
+def test_gaussian_sample_matches_its_density_and_the_tanh_sample():
+    """The pre-squash draw has the requested mean and spread, and squashing it
+    gives exactly the tanh-Gaussian sample of the same key (one sampler, not
+    two that could drift apart)."""
+    mean = np.array([[0.5, -1.0]], np.float32)
+    log_std = np.array([[-0.5, 0.2]], np.float32)
+    keys = jax.random.split(_key(3), 20_000)
+    u = np.asarray(jax.jit(jax.vmap(lambda k: D.gaussian_sample(k, mean, log_std)))(keys))
+    se = np.exp(log_std) / np.sqrt(len(keys))
+    assert np.all(np.abs(u.mean(0) - mean) < 5 * se)
+    np.testing.assert_allclose(u.std(0), np.exp(log_std), rtol=0.03)
+    a, lp = D.tanh_gaussian_sample(keys[0], mean, log_std, -1.0, 1.0)
+    # (vmapped-and-jitted vs eager: equal up to float32 rounding)
+    np.testing.assert_allclose(np.asarray(a), np.asarray(D.squash(u[0])), rtol=1e-6, atol=1e-7)
+    # log p(a) = log N(u) − Σ log(1 − tanh²u) on [−1, 1].
+    ref = np.asarray(D.gaussian_log_prob(mean, log_std, u[0])) - np.log(
+        1 - np.tanh(u[0].astype(np.float64)) ** 2).sum(-1)
+    np.testing.assert_allclose(np.asarray(lp), ref, rtol=1e-5, atol=1e-5)
+    with pytest.raises(AssertionError):
+        D.gaussian_log_prob(np.zeros((3, 2)), np.zeros((3, 1)), np.zeros((3, 2)))

@@ -113,7 +113,7 @@ def test_misodice_beats_bc_on_union_smax_3m():
         states = jax.vmap(learner.init)(jax.random.split(jax.random.PRNGKey(0), 4))
         states, _ = jax.jit(jax.vmap(lambda s, d: update_n(learner, s, d, 500), (0, None)))(
             states, data)
-        ep = jax.jit(jax.vmap(lambda p, k: envs.run_episodes(env, learner.policy_fn(), p, k, 64),
+        ep = jax.jit(jax.vmap(lambda p, k: envs.run_episodes(env, learner.policy(), p, k, 64),
                               (0, None)))(states.params, jax.random.PRNGKey(9))
         results[algo] = np.asarray(ep.episode_return.mean(1))
     bc, miso = results["bc_union"], results["misodice"]

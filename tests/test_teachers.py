@@ -17,26 +17,17 @@ import pytest
 
 import envs
 from envs.core import ContinuousActions, DiscreteActions, EnvSpec, MultiAgentEnv, Step
+from jaxil import distributions as D
+from jaxil.checkpoint import restore_tree
 from jaxil.teachers import (
-    Actor,
     PPOConfig,
-    action_probs,
-    gae,
     load_teacher,
     make_actor,
     make_policy,
     make_train,
-    masked_logits,
     train_teacher,
 )
-from jaxil.teachers.ppo import (
-    _program,
-    _restore_tree,
-    categorical_log_prob_entropy,
-    checkpoint_chunks,
-    gaussian_log_prob_entropy,
-    squash,
-)
+from jaxil.teachers.train import _program, checkpoint_chunks
 from jaxil.teachers.zoo import preset
 
 
@@ -157,16 +148,22 @@ def test_masked_actor_gives_unavailable_actions_zero_probability():
     avail = jax.random.uniform(jax.random.PRNGKey(2), (B, n, a)) < 0.3
     avail = avail.at[:, :, 0].set(avail[:, :, 0] | ~avail.any(-1))  # >= 1 legal
     avail = avail.at[0, 0].set(jnp.zeros(a, bool).at[a - 1].set(True))  # exactly one
-    stoch = jax.vmap(make_policy(spec, cfg, False), in_axes=(None, 0, 0, 0))
-    greedy = jax.vmap(make_policy(spec, cfg, True), in_axes=(None, 0, 0, 0))
+    carry = jnp.zeros((), jnp.int32)
+
+    def acts(policy):
+        return jax.vmap(lambda p, o, av, k: policy.act(p, o, av, k, carry)[0],
+                        in_axes=(None, 0, 0, 0))
+
+    stoch, greedy = acts(make_policy(spec, cfg, False)), acts(make_policy(spec, cfg, True))
 
     def run(key):  # one compiled program keeps the test fast
-        params = actor.init(key, obs[0])
+        params = actor.init(key)
         # Blow the weights up so that logits are large and varied.
         params = jax.tree.map(lambda x: x * 300.0, params)
         keys = jax.random.split(key, (5, B))
         sampled = jax.vmap(lambda k: stoch(params, obs, avail, k))(keys)
-        return action_probs(actor, params, obs, avail), sampled, greedy(params, obs, avail, keys[0])
+        probs = jnp.exp(D.categorical_log_probs(actor.head(params, obs), avail))
+        return probs, sampled, greedy(params, obs, avail, keys[0])
 
     p, sampled, det = (np.asarray(x) for x in fast_call(run, jax.random.PRNGKey(0)))
     av = np.asarray(avail)
@@ -181,34 +178,15 @@ def test_masked_actor_gives_unavailable_actions_zero_probability():
     # nothing available.
     def stats(logits):
         av = jnp.array([[False, True, True], [False, False, False]])
-        f = lambda l: categorical_log_prob_entropy(l, av, jnp.array([1, 0]))
+        f = lambda l: (D.categorical_log_prob(l, av, jnp.array([1, 0])),
+                       D.categorical_entropy(l, av))
         g = jax.grad(lambda l: sum(x.sum() for x in f(l)))(logits)
-        return f(logits), g, jax.nn.softmax(masked_logits(logits, av))
+        return f(logits), g, jax.nn.softmax(D.masked_logits(logits, av))
 
     (logp, ent), g, probs = fast_call(stats, jnp.array([[1e4, -3.0, 2.0], [0.0, 0.0, 0.0]]))
     for x in (logp, ent, g, probs):
         assert np.isfinite(np.asarray(x)).all()
     assert np.asarray(probs)[0, 0] == 0.0
-
-
-def test_gae_matches_numpy_reference():
-    rng = np.random.default_rng(0)
-    T, E, N = 7, 3, 2
-    r = rng.normal(size=(T, E, N)).astype(np.float32)
-    v = rng.normal(size=(T, E, N)).astype(np.float32)
-    last = rng.uniform(size=(T, E, N)) < 0.3
-    lv = rng.normal(size=(E, N)).astype(np.float32)
-    gamma, lam = 0.9, 0.8
-    adv, tgt = jax.jit(gae, static_argnums=(4, 5))(r, v, last, lv, gamma, lam)
-    ref = np.zeros((T, E, N))
-    next_adv, next_v = np.zeros((E, N)), lv.astype(np.float64)
-    for t in reversed(range(T)):
-        nt = 1.0 - last[t]
-        delta = r[t] + gamma * next_v * nt - v[t]
-        next_adv = delta + gamma * lam * nt * next_adv
-        ref[t], next_v = next_adv, v[t]
-    np.testing.assert_allclose(np.asarray(adv), ref, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(np.asarray(tgt), ref + v, rtol=1e-5, atol=1e-5)
 
 
 # --------------------------------------------------------------------------
@@ -248,33 +226,39 @@ def test_continuous_ippo_trains_under_jit_and_vmap():
     params = jax.tree.map(lambda x: x[0], runner.actor.params)
     obs = jax.random.normal(jax.random.PRNGKey(1), (2, 3)) * 100
     for det in (False, True):
-        a = np.asarray(make_policy(env.spec, cfg, det)(params, obs, None, jax.random.PRNGKey(2)))
+        a, _ = make_policy(env.spec, cfg, det).act(params, obs, None, jax.random.PRNGKey(2), 0)
+        a = np.asarray(a)
         assert a.shape == (2, 2) and (a >= 0).all() and (a <= 1).all()
 
 
-def test_gaussian_head_log_prob_matches_numpy():
-    rng = np.random.default_rng(1)
-    mean, u = rng.normal(size=(2, 4, 3)).astype(np.float32)
-    log_std = rng.normal(size=(3,)).astype(np.float32) * 0.3
-    logp, ent = gaussian_log_prob_entropy(mean, log_std, u)
-    sd = np.exp(log_std.astype(np.float64))
-    ref = (-0.5 * ((u - mean) / sd) ** 2 - np.log(sd) - 0.5 * np.log(2 * np.pi)).sum(-1)
-    np.testing.assert_allclose(np.asarray(logp), ref, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(np.asarray(ent), np.full(4, (np.log(sd) + 0.5 * np.log(2 * np.pi * np.e)).sum()), rtol=1e-5)
-    box = np.asarray(squash(jnp.array([-1e3, 0.0, 1e3]), 0.0, 1.0))
-    np.testing.assert_allclose(box, [0.0, 0.5, 1.0])
-    # A continuous policy acts inside the box, stochastic or not.
+def test_continuous_actor_acts_inside_the_box_and_scores_raw_draws():
+    """A teacher's box policy keeps its actions in the box (a squash onto the
+    wrong interval fails) and scores the pre-squash draw it sampled with the
+    Gaussian density of its state-independent log-std (scoring the squashed
+    action, or clipping the log-std, fails the reference)."""
     spec = envs.make("toy:continuous").spec
     actor = make_actor(spec, TINY)
 
     def act(key):
-        params = actor.init(key, jnp.zeros((2, 3)))
+        params = actor.init(key)
+        params = dict(params, log_std=jnp.array([0.3, -0.7]))
         obs = jax.random.normal(key, (2, 3)) * 100
-        return [make_policy(spec, TINY, d)(params, obs, None, key) for d in (False, True)]
+        out = [make_policy(spec, TINY, d).act(params, obs, None, key, 0)[0] for d in (False, True)]
+        raw, logp = actor.sample_raw(params, obs, None, key)
+        mean, _ = actor.head(params, obs)
+        lp, ent = actor.raw_log_prob_entropy(params, obs, None, raw)
+        return out, raw, logp, mean, lp, ent
 
-    for a in fast_call(act, jax.random.PRNGKey(0)):
+    out, raw, logp, mean, lp, ent = fast_call(act, jax.random.PRNGKey(0))
+    for a in out:
         a = np.asarray(a)
         assert a.shape == (2, 2) and (a >= 0).all() and (a <= 1).all()
+    sd = np.exp(np.array([0.3, -0.7]))
+    ref = (-0.5 * ((np.asarray(raw, np.float64) - np.asarray(mean)) / sd) ** 2 - np.log(sd)
+           - 0.5 * np.log(2 * np.pi)).sum(-1)
+    np.testing.assert_allclose(np.asarray(logp), ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(lp), ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(ent), np.full(2, (np.log(sd) + 0.5 * np.log(2 * np.pi * np.e)).sum()), rtol=1e-6)
 
 
 # --------------------------------------------------------------------------
@@ -290,7 +274,7 @@ def uninterrupted(tmp_path_factory):
 
 def _runner_leaves(out_dir, step):
     like = jax.eval_shape(_program("toy:masked", (), TINY, ()).ppo.init, jax.random.PRNGKey(0))
-    tree = _restore_tree(os.path.join(out_dir, "checkpoints", str(step), "runner"), like)
+    tree = restore_tree(os.path.join(out_dir, "checkpoints", str(step), "runner"), like)
     return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
@@ -357,8 +341,8 @@ def test_load_teacher_gives_a_policy_for_run_episodes(uninterrupted):
     def run(params, p_first, key):
         eps = envs.run_episodes(env, policy, params, key, 8)
         obs, avail = eps.obs[:, 0], eps.avail_actions[:, 0]
-        probs = jax.vmap(lambda o, a: action_probs(actor, p_first, o, a))(obs, avail)
-        g = jax.vmap(lambda o, a: greedy(p_first, o, a, key))(obs, avail)
+        probs = jnp.exp(D.categorical_log_probs(actor.head(p_first, obs), avail))
+        g = jax.vmap(lambda o, a: greedy.act(p_first, o, a, key, 0)[0])(obs, avail)
         return eps, g, jnp.argmax(probs, -1)
 
     eps, g, argmax = fast_call(run, params, p_first, jax.random.PRNGKey(0))
@@ -435,3 +419,123 @@ def test_smax_3m_short_training_improves_return(tmp_path):
     policy, params, spec = load_teacher(str(tmp_path))
     eps = envs.run_episodes(envs.make("smax:3m"), policy, params, jax.random.PRNGKey(1), 4)
     assert np.isfinite(np.asarray(eps.episode_return)).all()
+
+
+# --------------------------------------------------------------------------
+# Run directories of earlier versions, shipped teachers, discovery
+# --------------------------------------------------------------------------
+def _write_legacy_run(root, rng):
+    """A run directory as jaxil wrote it before the shared policy layer: the
+    flax ``Actor`` layout (``_Torso_0/Dense_i``, ``Dense_0``), no
+    ``actor_format`` in teacher.json."""
+    from jaxil.checkpoint import save_tree
+
+    spec = envs.make("toy:masked").spec
+    widths = [spec.obs_dim + spec.num_agents, *TINY.hidden_sizes, spec.num_actions]
+    layers = [dict(kernel=rng.normal(size=(a, b)).astype(np.float32),
+                   bias=rng.normal(size=(b,)).astype(np.float32))
+              for a, b in zip(widths[:-1], widths[1:])]
+    old = {"params": {"_Torso_0": {f"Dense_{i}": l for i, l in enumerate(layers[:-1])},
+                      "Dense_0": layers[-1]}}
+    step = 1024
+    save_tree(root / "checkpoints" / str(step) / "actor", old)
+    ev = dict(episodes=8, return_mean=1.0, return_std=0.0, length_mean=8.0, win_rate=0.5)
+    info = dict(step=step, eval_stochastic=ev, eval_deterministic=ev)
+    (root / "checkpoints" / str(step) / "checkpoint.json").write_text(json.dumps(info))
+    doc = dict(env_id="toy:masked", env_kwargs={}, algo="mappo", seed=0, config=TINY.to_dict(),
+               spec=spec.to_dict(), checkpoints=[info], complete=True,
+               random_baseline=dict(ev, return_mean=0.1))
+    (root / "teacher.json").write_text(json.dumps(doc))
+    return spec, layers, step
+
+
+def _numpy_actor_logits(layers, obs, n):
+    x = np.concatenate([obs, np.broadcast_to(np.eye(n), obs.shape[:-2] + (n, n))], -1)
+    x = x.astype(np.float64)
+    for layer in layers[:-1]:
+        x = np.maximum(x @ layer["kernel"] + layer["bias"], 0.0)
+    return x @ layers[-1]["kernel"] + layers[-1]["bias"]
+
+
+def test_runs_of_earlier_versions_load_as_the_same_policy(tmp_path):
+    """An old run directory is converted on load into the same function: the
+    greedy action equals the argmax of the old network's masked logits (a
+    swapped layer, a missing agent id or a transposed kernel fails), and
+    resuming it is refused with a message instead of an orbax error."""
+    rng = np.random.default_rng(0)
+    run = tmp_path / "legacy"
+    spec, layers, step = _write_legacy_run(run, rng)
+    policy, params, got_spec = load_teacher(str(run), deterministic=True)
+    assert got_spec == spec
+    obs = rng.normal(size=(32, spec.num_agents, spec.obs_dim)).astype(np.float32)
+    avail = rng.uniform(size=(32, spec.num_agents, spec.num_actions)) < 0.6
+    avail[..., 0] = True
+    acts = jax.vmap(lambda o, a: policy.act(params, o, a, jax.random.PRNGKey(0), 0)[0])(obs, avail)
+    logits = np.where(avail, _numpy_actor_logits(layers, obs, spec.num_agents), -np.inf)
+    np.testing.assert_array_equal(np.asarray(acts), logits.argmax(-1))
+    with pytest.raises(ValueError, match="earlier jaxil"):
+        train_teacher("toy:masked", TINY, seed=0, out_dir=str(run), resume=True, progress=False)
+
+
+def test_ship_teacher_keeps_policy_params_only_and_verifies_them(uninterrupted, tmp_path):
+    """A shipped teacher holds every checkpoint's actor and no runner state,
+    loads to the same parameters as the run, and a damaged file (its recorded
+    SHA-256 no longer matching) is refused on load rather than used."""
+    from jaxil.teachers import ship_teacher
+
+    run, doc = uninterrupted
+    dest = ship_teacher(run, dest=tmp_path / "shipped" / "toy_masked")
+    shipped = json.loads((dest / "teacher.json").read_text())
+    assert shipped["actor_format"] == 2 and shipped["complete"]
+    steps = [c["step"] for c in doc["checkpoints"]]
+    assert sorted(int(s) for s in shipped["params_sha256"]) == steps
+    assert not list(dest.rglob("runner")) and not (dest / "metrics.jsonl").exists()
+    for step in steps:
+        _, a, _ = load_teacher(run, step=step)
+        _, b, _ = load_teacher(str(dest), step=step)
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    shipped["params_sha256"][str(steps[0])] = "0" * 64
+    (dest / "teacher.json").write_text(json.dumps(shipped))
+    with pytest.raises(ValueError, match="damaged"):
+        load_teacher(str(dest), step=steps[0])
+    # An older run ships in the current format, as the same function.
+    legacy = tmp_path / "legacy"
+    _write_legacy_run(legacy, np.random.default_rng(1))
+    converted = ship_teacher(legacy, dest=tmp_path / "shipped" / "legacy")
+    assert json.loads((converted / "teacher.json").read_text())["shipped_from"]["actor_format"] == 1
+    _, a, _ = load_teacher(str(legacy))
+    _, b, _ = load_teacher(str(converted))
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_shipped_teachers_are_found_without_runs_and_a_local_run_overrides(tmp_path, monkeypatch):
+    """On a fresh clone (no runs/ anywhere) the zoo takes SMAX 3m's and 2s3z's
+    tiers from the MAPPO teachers shipped in the package, recorded under a
+    machine-independent name; a complete local run wins over the shipped one
+    and says so (a lookup that ignored the package, or silently preferred it,
+    fails)."""
+    import shutil
+
+    from jaxil.data import zoo as Z
+    from jaxil.teachers import shipped_teachers
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(Z.TEACHERS_ENV_VAR, raising=False)
+    monkeypatch.setattr(Z, "teacher_roots", lambda: [tmp_path / "runs" / "teachers"])
+    shipped = shipped_teachers()
+    assert {"smax:3m", "smax:2s3z"} <= set(shipped)
+    for env_id in ("smax:3m", "smax:2s3z"):
+        assert Z.find_teacher(env_id) == shipped[env_id]
+        zoo = Z.make_zoo(env_id, cache=False)
+        expert = zoo["expert"]
+        assert expert.source.startswith(f"teacher:{shipped[env_id].name}@")
+        assert expert.details["teacher_dir"] == f"jaxil/teachers/shipped/{shipped[env_id].name}"
+        assert expert.details["teacher_eval_win_rate"] >= 0.8
+    local = tmp_path / "runs" / "teachers" / "smax_3m"
+    shutil.copytree(shipped["smax:3m"], local)
+    assert Z.find_teacher("smax:3m") == local
+    with pytest.warns(UserWarning, match="not the one shipped"):
+        zoo = Z.make_zoo("smax:3m", cache=False)
+    assert zoo["expert"].details["teacher_dir"] == str(local)

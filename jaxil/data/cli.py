@@ -109,8 +109,30 @@ def info_dict(path: os.PathLike | str, ds=None) -> dict[str, Any]:
         overall=summ["overall"],
         tiers=summ["tiers"],
         tier_measurements=args.get("tier_measurements"),
+        demonstrators=args.get("zoo") or {},
         versions=dict(ds.info.versions),
     )
+
+
+def demonstrator_line(details: dict) -> str:
+    """Who acted for a tier, from the zoo provenance a dataset records: the
+    teacher (run or shipped package, checkpoint, its own evaluation, weights
+    digest), the scripted expert, or the random policy; plus the ε-noise."""
+    kind = details.get("kind")
+    eps = details.get("epsilon")
+    noise = f" with ε = {eps} random actions" if eps else ""
+    if "teacher_dir" in details:
+        ev = f"its eval return {details['teacher_eval_return']:.3f}"
+        if details.get("teacher_eval_win_rate") is not None:
+            ev += f", win {details['teacher_eval_win_rate']:.3f}"
+        where = details["teacher_dir"]
+        origin = "shipped with jaxil" if where.startswith("jaxil/teachers/shipped/") else "local run"
+        return (f"teacher {where} ({origin}) @ step {details['step']}{noise}; {ev}; "
+                f"params sha256 {details['params_sha256'][:12]}")
+    if kind == "random":
+        return "uniform random over the available actions (or the action box)"
+    desc = details.get("description")
+    return f"{details.get('source', 'scripted expert')}{noise}" + (f": {desc}" if desc else "")
 
 
 def _spec_line(spec: dict) -> str:
@@ -160,6 +182,11 @@ def _print_info(path, ds=None) -> None:
             ret = f"{s['mean_return']:.4g} ± {s['std_return']:.3g}"
             print(f"{name:<8} {ret:>22} {_fmt(s['win_rate'], '.3f'):>9} "
                   f"{s['mean_length']:>7.1f}  {s['source']}")
+    if d["demonstrators"]:
+        print()
+        print("demonstrators")
+        for name, det in d["demonstrators"].items():
+            print(f"{name:<8} {demonstrator_line(det)}")
     print()
     print("versions      " + ", ".join(f"{k} {v}" for k, v in sorted(d["versions"].items())))
 

@@ -27,6 +27,9 @@ Teachers are looked up under ``runs/teachers/<env>/`` (``<env>`` is the id with
 such as ``smax-3m`` and the bare name ``3m`` also match) in ``$JAXIL_TEACHERS``,
 the working directory and the repository; only complete runs are picked up
 automatically, an explicit ``teacher_dir`` may be a run still in progress.
+Without a local run, the teacher shipped with jaxil is used
+(``jaxil/teachers/shipped/``: SMAX 3m and 2s3z, the MAPPO teachers of the
+committed datasets and tables); a local run overrides it, with a warning.
 
 Collection is one jitted program per policy and chunk size: a ``vmap`` of
 :func:`envs.run_episodes` for ONE episode over a chunk of per-episode keys,
@@ -42,7 +45,6 @@ return ± std, win rate and length.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import warnings
@@ -144,7 +146,7 @@ def _read_teacher(path: Path) -> Optional[dict]:
         return None
 
 
-def find_teacher(env_id: str) -> Optional[Path]:
+def find_local_teacher(env_id: str) -> Optional[Path]:
     """A COMPLETE teacher run of ``env_id`` under :func:`teacher_roots`, or None."""
     for root in teacher_roots():
         for name in teacher_dir_names(env_id):
@@ -157,21 +159,42 @@ def find_teacher(env_id: str) -> Optional[Path]:
     return None
 
 
+def find_teacher(env_id: str) -> Optional[Path]:
+    """The teacher the zoo uses for ``env_id``: a complete local run
+    (:func:`find_local_teacher`), else the one shipped with jaxil
+    (:func:`jaxil.teachers.shipped_teachers`), else None."""
+    from jaxil.teachers import shipped_teachers
+
+    return find_local_teacher(env_id) or shipped_teachers().get(env_id)
+
+
+def teacher_label(teacher_dir: os.PathLike | str) -> str:
+    """How datasets record a teacher directory: a shipped teacher as
+    ``jaxil/teachers/shipped/<name>`` (the same on every machine), a local
+    run as its path."""
+    from jaxil.teachers.io import SHIPPED_DIR
+
+    d = Path(teacher_dir).resolve()
+    if d.parent == SHIPPED_DIR:
+        return f"jaxil/teachers/shipped/{d.name}"
+    return str(teacher_dir)
+
+
+def teacher_override_note(env_id: str, teacher_dir: os.PathLike | str) -> Optional[str]:
+    """A line saying that ``teacher_dir`` replaces the shipped teacher of
+    ``env_id``, or None when it is the shipped one or none is shipped."""
+    from jaxil.teachers import shipped_teachers
+
+    shipped = shipped_teachers().get(env_id)
+    if shipped is None or Path(teacher_dir).resolve() == shipped.resolve():
+        return None
+    return (f"{env_id}: using the teacher in {teacher_dir}, not the one shipped with jaxil "
+            f"({teacher_label(shipped)})")
+
+
 def _compatible(a: EnvSpec, b: EnvSpec) -> bool:
     """Same agents, observations and actions (time limits may differ)."""
     return (a.num_agents, a.obs_dim, a.action) == (b.num_agents, b.obs_dim, b.action)
-
-
-def params_digest(params: Any) -> str:
-    """SHA-256 over a parameter pytree's leaves (dtype, shape and bytes, in
-    tree order): pins the exact teacher weights a dataset was collected with,
-    even if a run directory is later overwritten."""
-    h = hashlib.sha256()
-    for x in jax.tree.leaves(params):
-        a = np.ascontiguousarray(np.asarray(x))
-        h.update(f"{a.dtype.str}{a.shape}".encode())
-        h.update(a.reshape(-1).view(np.uint8))
-    return h.hexdigest()
 
 
 def noisy_policy(policy: Any, spec: EnvSpec) -> Policy:
@@ -222,6 +245,7 @@ def tier_epsilons(env_id: str, overrides: Optional[Mapping[str, float]] = None
 def _teacher_tiers(env: MultiAgentEnv, teacher_dir: Path,
                    epsilons: Mapping[str, float]) -> dict[str, TierPolicy]:
     from jaxil.teachers import load_teacher
+    from jaxil.teachers.io import load_actor_params
 
     doc = _read_teacher(teacher_dir)
     if doc is None:
@@ -242,6 +266,9 @@ def _teacher_tiers(env: MultiAgentEnv, teacher_dir: Path,
         )
     if not doc.get("complete"):
         warnings.warn(f"teacher {teacher_dir} is still training; using its checkpoints so far")
+    note = teacher_override_note(spec.env_id, teacher_dir)
+    if note is not None:
+        warnings.warn(note)
     ret = lambda c: float(c["eval_stochastic"]["return_mean"])  # noqa: E731
     best = max(ckpts, key=lambda c: (ret(c), c["step"]))
     r_best = ret(best)
@@ -255,15 +282,15 @@ def _teacher_tiers(env: MultiAgentEnv, teacher_dir: Path,
                 f"teacher {teacher_dir} acts on {tspec} but the environment is {spec}; "
                 f"train the teacher with the same environment keywords"
             )
-        loaded[int(step)] = params
+        digests[int(step)] = load_actor_params(str(teacher_dir), step)[1]
         return policy, params
 
-    loaded: dict[int, Any] = {}
+    digests: dict[int, str] = {}
 
     def ckpt_details(c):
         ev = c["eval_stochastic"]
-        out = dict(teacher_dir=str(teacher_dir), step=int(c["step"]),
-                   params_sha256=params_digest(loaded[int(c["step"])]),
+        out = dict(teacher_dir=teacher_label(teacher_dir), step=int(c["step"]),
+                   params_sha256=digests[int(c["step"])],
                    teacher_eval_return=ev["return_mean"])
         if "win_rate" in ev:
             out["teacher_eval_win_rate"] = ev["win_rate"]

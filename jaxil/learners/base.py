@@ -8,6 +8,7 @@ shape)::
     state, metrics = learner.update(state, batch)
     state, metrics = update_n(learner, state, data, k)   # K fused updates
     actions = learner.act(state.params, obs, avail, key, deterministic)
+    policy = learner.policy(deterministic)      # an envs.policies.Policy
 
 Static structure (network sizes, modes) lives in the learner's frozen config;
 the numbers a sweep varies (α, γ, β, learning rates) live in
@@ -22,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import struct
+
+from envs.policies import Policy
 
 from jaxil.data.sampling import Transitions, sample_transitions, sample_where
 
@@ -59,7 +62,7 @@ class Learner(NamedTuple):
     update: Callable[[LearnerState, Any], tuple[LearnerState, dict]]
     act: Callable[..., jax.Array]
     default_hparams: Callable[[], Any]
-    policy_fn: Callable[[bool], Callable]
+    policy: Callable[[bool], Policy]  # policy(deterministic) over the learner params
 
 
 def adam(max_grad_norm: float) -> optax.GradientTransformation:

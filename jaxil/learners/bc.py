@@ -24,7 +24,7 @@ from jaxil.learners.base import (
     expert_and_union,
     init_opt,
 )
-from jaxil.learners.policy import PolicyNet
+from jaxil.policy import PolicyNet
 from jaxil.losses import weighted_bc_loss
 
 
@@ -95,6 +95,6 @@ def make_bc(spec: EnvSpec, config: BCConfig = BCConfig(), beta: float = 0.0) -> 
         new = state.replace(params=params, opt_state=opt, step=state.step + 1)
         return new, {"bc_loss": loss}
 
-    act, policy_fn = pi.learner_fns()
+    act, policy = pi.learner_fns()
 
-    return Learner("bc", config, init, sample, update, act, default_hparams, policy_fn)
+    return Learner("bc", config, init, sample, update, act, default_hparams, policy)

@@ -40,7 +40,7 @@ from jaxil.learners.base import (
     init_opt,
 )
 from jaxil.learners.bc import _check_common
-from jaxil.learners.policy import PolicyNet, encode_actions
+from jaxil.policy import PolicyNet, encode_actions
 from jaxil.losses import (
     agent_weighted_bc_loss,
     dice_advantage,
@@ -232,9 +232,9 @@ def make_dice(spec: EnvSpec, config: DiceConfig = DiceConfig(), alpha: float = 0
         params, opt = apply_grads(tx, state.params, grads, state.opt_state)
         return state.replace(params=params, opt_state=opt, step=state.step + 1), metrics
 
-    act, policy_fn = pi.learner_fns()
+    act, policy = pi.learner_fns()
 
-    return Learner(name, config, init, sample, update, act, default_hparams, policy_fn)
+    return Learner(name, config, init, sample, update, act, default_hparams, policy)
 
 
 def _adtype(spec: EnvSpec):

@@ -33,7 +33,7 @@ from envs.core import EnvSpec
 from jaxil.data.sampling import Segments
 from jaxil.learners.base import Learner, LearnerState, adam, apply_grads, init_opt
 from jaxil.learners.bc import _check_common
-from jaxil.learners.policy import PolicyNet, encode_actions
+from jaxil.policy import PolicyNet, encode_actions
 from jaxil.losses import agent_weighted_bc_loss, gumbel_value_loss, gumbel_weights, preference_loss
 from jaxil.mixing import mix
 from jaxil.nets import HyperMixer, LocalMLP
@@ -230,9 +230,9 @@ def make_omapl(spec: EnvSpec, config: OMAPLConfig = OMAPLConfig()) -> Learner:
         params = dict(online, target=target)
         return state.replace(params=params, opt_state=opt, step=state.step + 1), metrics
 
-    act, policy_fn = pi.learner_fns()
+    act, policy = pi.learner_fns()
 
-    return Learner("omapl", config, init, sample, update, act, default_hparams, policy_fn)
+    return Learner("omapl", config, init, sample, update, act, default_hparams, policy)
 
 
 def learned_returns(spec: EnvSpec, config: OMAPLConfig, params, gamma, trajectories: Segments):

@@ -7,18 +7,30 @@ in its docstring, and is tested against a float64 numpy reference.
 from jaxil.losses.bc import agent_weighted_bc_loss, weighted_bc_loss
 from jaxil.losses.dice import dice_advantage, dice_nu_loss, dice_weights
 from jaxil.losses.discriminator import discriminator_loss, gradient_penalty
+from jaxil.losses.gae import gae
+from jaxil.losses.ppo import (
+    SurrogateStats,
+    clipped_surrogate_loss,
+    clipped_value_loss,
+    normalize_advantages,
+)
 from jaxil.losses.preference import preference_loss
 from jaxil.losses.value import gumbel_value_loss, gumbel_weights
 
 __all__ = [
+    "SurrogateStats",
     "agent_weighted_bc_loss",
+    "clipped_surrogate_loss",
+    "clipped_value_loss",
     "dice_advantage",
     "dice_nu_loss",
     "dice_weights",
     "discriminator_loss",
+    "gae",
     "gradient_penalty",
     "gumbel_value_loss",
     "gumbel_weights",
+    "normalize_advantages",
     "preference_loss",
     "weighted_bc_loss",
 ]

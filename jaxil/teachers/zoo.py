@@ -23,7 +23,7 @@ import dataclasses
 import json
 from typing import Any
 
-from jaxil.teachers.ppo import PPOConfig
+from jaxil.teachers.config import PPOConfig
 
 _SMAX = PPOConfig(
     algo="mappo",
@@ -143,7 +143,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from jaxil.teachers.ppo import train_teacher
+    from jaxil.teachers.train import train_teacher
 
     overrides = _parse_sets(args.set)
     if args.algo:
