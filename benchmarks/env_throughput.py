@@ -54,6 +54,7 @@ import jax.numpy as jnp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import envs  # noqa: E402
+from envs.policies import uniform_available  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -64,11 +65,6 @@ class Runner(NamedTuple):
     name: str
     init: Callable[[jax.Array], Any]
     run: Callable[[Any, jax.Array], Any]
-
-
-def _masked_sample(key: jax.Array, mask: jax.Array) -> jax.Array:
-    """One uniformly random legal action per row of a ``[..., A]`` mask."""
-    return jax.random.categorical(key, jnp.where(mask, 0.0, -jnp.inf), axis=-1).astype(jnp.int32)
 
 
 def random_actions(key: jax.Array, num_agents: int, mask=None, box=None) -> jax.Array:

@@ -104,7 +104,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from envs.core import DiscreteActions, EnvSpec, MultiAgentEnv, Step
-from envs.policies import ScriptedExpertUnavailable
+from envs.policies import ScriptedExpertUnavailable, uniform_available
 from envs.registry import register
 
 try:
@@ -384,7 +384,7 @@ def lbf_expert(env: MultiAgentEnv, jitter: float = 0.05) -> Callable:
         score = d_next + 0.5 * jax.random.uniform(k_tie, (4,))
         improving = avail[1:5] & (d_next < dist[me[0], me[1]])
         best = 1 + jnp.argmin(jnp.where(improving, score, BIG))
-        rand = jax.random.categorical(k_rand, jnp.where(avail, 0.0, -jnp.inf)).astype(jnp.int32)
+        rand = uniform_available(k_rand, avail)
         arrived = jnp.all(me == target)
         a = jnp.where(arrived, LOAD, jnp.where(jnp.any(improving), best, rand))
         a = jnp.where(any_food & valid, a, 0)

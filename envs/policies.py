@@ -67,14 +67,21 @@ def as_policy(policy: Any) -> Policy:
     return Policy(init=stateless_carry, act=act)
 
 
+def uniform_available(key: jax.Array, avail: jax.Array) -> jax.Array:
+    """One uniformly random available action per row of an ``[..., A]`` mask
+    (int32 ``[...]``). The one sampler of uniform legal actions in ``envs``
+    (scripted experts and benchmarks use it too); neural policies sample from
+    :mod:`jaxil.distributions`."""
+    return jax.random.categorical(key, jnp.where(avail, 0.0, -jnp.inf), axis=-1).astype(jnp.int32)
+
+
 def random_policy(spec: EnvSpec) -> Callable:
     """Uniform over each agent's available actions (or over the action box)."""
     n = spec.num_agents
     if spec.discrete:
 
         def act(params, obs, avail, key):
-            logits = jnp.where(avail, 0.0, -jnp.inf)
-            return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+            return uniform_available(key, avail)
 
     else:
         space = spec.action
