@@ -1,3 +1,5 @@
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -6,19 +8,32 @@ import envs
 from envs.policies import as_policy, epsilon_mixture, random_policy
 from envs.smax import heuristic_policy
 
+EPISODES = 256  # per policy; one compiled program per policy for the module
+
+
+@functools.lru_cache(maxsize=None)
+def _smax_3m():
+    return envs.make("smax:3m")
+
+
+@functools.lru_cache(maxsize=None)
+def _episodes(kind: str, seed: int = 0):
+    """``EPISODES`` SMAX 3m episodes of the heuristic, the random policy or
+    their ε = 0.5 mixture, from ``PRNGKey(seed)`` (compiled once per kind)."""
+    env = _smax_3m()
+    pol = {"heuristic": lambda: heuristic_policy(env),
+           "random": lambda: random_policy(env.spec),
+           "half": lambda: epsilon_mixture(heuristic_policy(env), env.spec, 0.5)}[kind]()
+    return jax.jit(lambda k: envs.run_episodes(env, pol, None, k, EPISODES))(
+        jax.random.PRNGKey(seed))
+
 
 def test_smax_heuristic_beats_random_on_3m():
-    env = envs.make("smax:3m")
-    heur = jax.jit(lambda k: envs.run_episodes(env, heuristic_policy(env), None, k, 256))(
-        jax.random.PRNGKey(0)
-    )
-    rand = jax.jit(lambda k: envs.run_episodes(env, random_policy(env.spec), None, k, 256))(
-        jax.random.PRNGKey(0)
-    )
+    heur, rand = _episodes("heuristic"), _episodes("random")
     h_ret, r_ret = float(heur.episode_return.mean()), float(rand.episode_return.mean())
     h_win, r_win = float(heur.won.mean()), float(rand.won.mean())
     # a wide margin: several standard errors apart, and the heuristic wins games
-    se = np.sqrt(np.var(heur.episode_return) / 256 + np.var(rand.episode_return) / 256)
+    se = np.sqrt(np.var(heur.episode_return) / EPISODES + np.var(rand.episode_return) / EPISODES)
     assert h_ret - r_ret > 10 * se, (h_ret, r_ret, se)
     assert h_ret > 3 * r_ret
     assert h_win > 0.3 and h_win > r_win + 0.25
@@ -56,13 +71,10 @@ def test_epsilon_mixture_rates():
 
 
 def test_epsilon_mixture_of_heuristic_interpolates():
-    env = envs.make("smax:3m")
-    run = lambda pol: jax.jit(lambda k: envs.run_episodes(env, pol, None, k, 128))(
-        jax.random.PRNGKey(1)
-    ).episode_return.mean()
-    full = run(heuristic_policy(env))
-    half = run(epsilon_mixture(heuristic_policy(env), env.spec, 0.5))
-    rand = run(random_policy(env.spec))
+    """Half-noised heuristic lies strictly between random and the heuristic
+    (same episode keys for all three)."""
+    full, half, rand = (float(_episodes(k).episode_return.mean())
+                        for k in ("heuristic", "half", "random"))
     assert rand < half < full
 
 
@@ -84,18 +96,20 @@ def test_quickstart_cli_flags(capsys):
 
 def test_run_episodes_matches_a_step_by_step_reference_and_stops_early():
     """``run_episodes`` (a while loop that stops when every episode has ended)
-    against a plain Python loop over ``env.step`` with the same keys."""
-    env = envs.make("smax:3m")
+    against a plain Python loop over ``env.step`` with the same keys, for
+    episode ``i`` of the batch (a key handed to the wrong episode, an
+    off-by-one at the end or garbage in the padding fails)."""
+    env = _smax_3m()
     pol = random_policy(env.spec)
-    key = jax.random.PRNGKey(5)
-    eps = jax.jit(lambda k: envs.run_episodes(env, pol, None, k, 1))(key)
-    reset_key, _, run_key = jax.random.split(key, 3)
-    state, ts = jax.vmap(env.reset)(jax.random.split(reset_key, 1))
-    state, ts = jax.tree.map(lambda x: x[0], (state, ts))
+    i = 3
+    eps = jax.tree.map(lambda x: x[i:i + 1], _episodes("random"))
+    reset_key, _, run_key = jax.random.split(jax.random.PRNGKey(0), 3)
+    state, ts = jax.vmap(env.reset)(jax.random.split(reset_key, EPISODES))
+    state, ts = jax.tree.map(lambda x: x[i], (state, ts))
     step = jax.jit(env.step)
     obs, actions, rewards = [ts.obs], [], []
     for t, k in enumerate(jax.random.split(run_key, env.spec.max_steps)):
-        a = pol(None, ts.obs, ts.avail_actions, jax.random.split(k, 1)[0])
+        a = pol(None, ts.obs, ts.avail_actions, jax.random.split(k, EPISODES)[i])
         state, ts = step(state, a)
         obs.append(ts.obs), actions.append(a), rewards.append(ts.reward)
         if ts.last():

@@ -345,11 +345,14 @@ def _diff(args) -> int:
 
 def _expert_note(env_id: str) -> str:
     from envs.experts import has_scripted_expert
-    from jaxil.data.zoo import find_teacher
+    from jaxil.data.zoo import find_teacher, teacher_label
 
     t = find_teacher(env_id)
     if t is not None:
-        return f"teacher {os.path.relpath(t)}"
+        label = teacher_label(t)
+        if label.startswith("jaxil/teachers/shipped/"):
+            return f"teacher {label} (shipped with jaxil)"
+        return f"teacher {os.path.relpath(t)} (local run)"
     if has_scripted_expert(env_id):
         return "scripted"
     return f"needs a teacher: jaxil teach {env_id}"
@@ -375,7 +378,7 @@ def _list(args) -> int:
         notes.setdefault(env_short(r.env_id), _expert_note(r.env_id))
     print()
     print("expert tier per environment (a complete teacher under runs/teachers/ wins over "
-          "the scripted expert):")
+          "the one shipped with jaxil, which wins over the scripted expert):")
     for short, note in notes.items():
         print(f"  {short:<{width}}{note}")
     print()

@@ -116,17 +116,24 @@ def _legacy_actor_like(spec: EnvSpec, config: PPOConfig) -> dict:
     return {"params": params}
 
 
-def _from_legacy(old: dict, spec: EnvSpec) -> Any:
-    """An ``actor_format`` 1 actor as :class:`jaxil.policy.PolicyNet` parameters
-    (same weights, same function)."""
+def legacy_mlp_variables(old: dict) -> dict:
+    """The variables of an ``actor_format`` 1 network (actor or critic:
+    ``_Torso_0/Dense_<i>`` hidden layers, ``Dense_0`` output) as those of the
+    shared :class:`jaxil.nets.LocalMLP` that replaces it (same weights, same
+    function)."""
     p = old["params"]
     mlp = {f"hidden_{i}": layer for i, layer in
            ((int(k.split("_")[1]), v) for k, v in p["_Torso_0"].items())}
     mlp["out"] = p["Dense_0"]
-    variables = {"params": {"mlp": mlp}}
+    return {"params": {"mlp": mlp}}
+
+
+def _from_legacy(old: dict, spec: EnvSpec) -> Any:
+    """An ``actor_format`` 1 actor as :class:`jaxil.policy.PolicyNet` parameters."""
+    variables = legacy_mlp_variables(old)
     if spec.discrete:
         return variables
-    return {"net": variables, "log_std": p["log_std"]}
+    return {"net": variables, "log_std": old["params"]["log_std"]}
 
 
 def _restore_actor(out_dir: str | os.PathLike, step: int, doc: dict) -> tuple[Any, str]:
