@@ -114,7 +114,10 @@ def write_outputs(rows: list[dict], out: Path, meta: dict) -> None:
         + "\n\nNormalised return (R − R_random) / (R_expert − R_random), with the expert and random "
         "returns measured on the dataset's own tiers (`.tiers.json`): 0 = random, 1 = the expert "
         "that made the data.\n\n" + "\n".join(norm_lines)
-        + f"\n\nCommand: `{meta['command']}`  \nTraining time (sum over rows, each timed when it ran): "
+        + f"\n\nCommand: `{meta['command']}`  \n"
+        + (f"Rows of {', '.join(meta['kept']['envs'])} kept from the earlier run "
+           f"(`{meta['kept']['command']}`), same settings.  \n" if meta.get("kept") else "")
+        + "Training time (sum over rows, each timed when it ran): "
         f"{sum(r['seconds'] for r in rows):.0f}s; this invocation {meta['wall_seconds']:.0f}s; {meta['seeds']} seeds, {meta['updates']} updates, mean ± std over seeds of the final "
         f"evaluation return ({meta['eval_episodes']} episodes per seed).\n")
     import matplotlib
@@ -158,6 +161,31 @@ SCALES = {
 }
 
 
+SETTINGS = ("seeds", "updates", "eval_episodes", "hidden", "batch_size")
+
+
+def merge_rows(path: Path, rows: list[dict], meta: dict) -> tuple[list[dict], dict]:
+    """The rows of an earlier ``results.json`` with those of the environments
+    run now replaced (in the earlier order, new environments last)."""
+    if not path.is_file():
+        raise SystemExit(f"error: --merge needs an earlier {path}; run without --merge first")
+    old = json.loads(path.read_text())
+    differ = [k for k in SETTINGS if old.get(k) != meta[k]]
+    if differ:
+        raise SystemExit(f"error: --merge: {path} was made with other settings ("
+                         + ", ".join(f"{k} {old.get(k)} vs {meta[k]}" for k in differ)
+                         + "); rerun every environment instead")
+    fresh = {r["env"] for r in rows}
+    kept = [r for r in old["rows"] if r["env"] not in fresh]
+    order = list(dict.fromkeys([r["env"] for r in old["rows"]] + [r["env"] for r in rows]))
+    merged = sorted(kept + rows, key=lambda r: order.index(r["env"]))
+    kept_envs = list(dict.fromkeys(r["env"] for r in kept))
+    if kept_envs:
+        meta = dict(meta, kept=dict(envs=kept_envs, command=old.get("kept", {}).get("command")
+                                    or old["command"]))
+    return merged, meta
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scale", choices=sorted(SCALES), default="cpu",
@@ -174,6 +202,9 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data-seed", type=int, default=0)
     p.add_argument("--out")
+    p.add_argument("--merge", action="store_true",
+                   help="keep the rows of the other environments from --out/results.json "
+                        "(refused if its settings differ) and replace only those run now")
     args = p.parse_args(argv)
     for k, v in SCALES[args.scale].items():
         if getattr(args, k) is None:
@@ -186,6 +217,8 @@ def main(argv=None) -> None:
     meta = dict(command="python " + " ".join([sys.argv[0]] + sys.argv[1:] if argv is None else argv),
                 wall_seconds=time.perf_counter() - t0, seeds=args.seeds, updates=args.updates,
                 eval_episodes=args.eval_episodes, hidden=args.hidden, batch_size=args.batch_size)
+    if args.merge:
+        rows, meta = merge_rows(Path(args.out) / "results.json", rows, meta)
     write_outputs(rows, Path(args.out), meta)
     print((Path(args.out) / "table.md").read_text())
 
