@@ -7,6 +7,7 @@ import pytest
 
 import envs
 from envs.policies import random_policy
+from fast_compile import fast_call, fast_compile
 
 
 
@@ -25,6 +26,14 @@ def _is_fast(eid):
 IDS = [e if _is_fast(e) else pytest.param(e, marks=pytest.mark.slow) for e in envs.list()]
 
 _cache = {}
+
+ROLLOUT_ENVS = 4
+
+
+def _rollout_steps(env):
+    """Past the first episode end; past the second where AutoReset observes
+    only the kept state (test_auto_reset_observing_... reuses the rollout)."""
+    return 2 * env.spec.max_steps + 3 if env.observes_state else env.spec.max_steps + 5
 
 
 def _env(eid):
@@ -45,11 +54,12 @@ def _random_actions(spec, key, avail, legal=True):
 
 
 def _probe_fn(env):
-    """Everything the suite checks, as ONE compiled program per environment."""
+    """Everything the suite checks, as ONE compiled program per environment
+    (compiled once, at XLA's level 0: see fast_compile.py)."""
     spec = env.spec
     pol = random_policy(spec)
     auto = envs.AutoReset(env)
-    steps = spec.max_steps + 5
+    steps = _rollout_steps(env)
 
     def illegal_body(carry, key):
         state, ts = carry
@@ -78,13 +88,13 @@ def _probe_fn(env):
         _, ts1 = env.step(state, a)
         eps = envs.run_episodes(env, pol, None, k2, 8)
         _, ill = jax.lax.scan(illegal_body, (state, ts0), jax.random.split(k3, 20))
-        traj = envs.rollout(auto, pol, None, k4, 4, steps)
-        out = dict(ts0=ts0, ts1=ts1, eps=eps, ill=ill, traj=traj)
+        traj = envs.rollout(auto, pol, None, k4, ROLLOUT_ENVS, steps)
+        out = dict(ts0=ts0, ts1=ts1, eps=eps, ill=ill, traj=traj, traj_key=k4)
         if not spec.discrete:
             _, out["ts_nan"] = env.step(state, jnp.full((spec.num_agents, spec.action.dim), jnp.nan))
         return out
 
-    return jax.jit(probe)
+    return fast_compile(probe, jax.random.PRNGKey(0))  # called with other keys too
 
 
 _probes = {}
@@ -173,7 +183,7 @@ def test_auto_reset(eid):
     spec = env.spec
     traj = p["traj"]
     last = traj.done | traj.truncated  # [T, E]
-    assert last.any(), "no episode ended within max_steps + 5 steps"
+    assert last[: spec.max_steps + 5].any(), "no episode ended within max_steps + 5 steps"
     ep_len = traj.episode_length
     # after an episode ends the next step starts a new episode at length 1
     t, e = np.nonzero(last[:-1])
@@ -222,14 +232,16 @@ def test_mpe_step_key_only_when_noise_is_set():
     quiet = envs.make("mpe:simple_spread_continuous")
     noisy = envs.make("mpe:simple_spread_continuous", u_noise=jnp.full((3,), 0.1))
     assert not quiet.stochastic_step and noisy.stochastic_step
-    state, _ = quiet.reset(jax.random.PRNGKey(0))
-    a = jnp.full((3, 5), 0.7)
-    s1, t1 = quiet.step(state, a)
-    s2, t2 = quiet.step(state.replace(key=jax.random.PRNGKey(9)), a)
+    key, a = jax.random.PRNGKey(0), jnp.full((3, 5), 0.7)
+    state, _ = fast_call(quiet.reset, key)  # jitted: one compile instead of op-by-op
+    step = fast_compile(quiet.step, state, a)
+    s1, t1 = step(state, a)
+    s2, t2 = step(state.replace(key=jax.random.PRNGKey(9)), a)
     np.testing.assert_array_equal(t1.obs, t2.obs)
-    state, _ = noisy.reset(jax.random.PRNGKey(0))
-    _, n1 = noisy.step(state, a)
-    _, n2 = noisy.step(state.replace(key=jax.random.PRNGKey(9)), a)
+    state, _ = fast_call(noisy.reset, key)
+    step = fast_compile(noisy.step, state, a)
+    _, n1 = step(state, a)
+    _, n2 = step(state.replace(key=jax.random.PRNGKey(9)), a)
     assert not np.array_equal(n1.obs, n2.obs)  # the noise comes from the key
 
 
@@ -237,15 +249,14 @@ def test_mpe_step_key_only_when_noise_is_set():
 def test_auto_reset_observing_the_kept_state_matches_picking(eid):
     """With ``observes_state`` AutoReset observes only the state it keeps; the
     trajectory (across episode ends) equals the generic observe-both-and-pick."""
-    env = envs.make(eid)
+    env, p = _probe(eid)  # its rollout (AutoReset(env), random policy) is the first side
     generic = envs.make(eid)
     generic.observes_state = False
     assert env.observes_state
     pol = random_policy(env.spec)
-    steps = 2 * env.spec.max_steps + 3
-    key = jax.random.PRNGKey(3)
-    a = jax.jit(lambda k: envs.rollout(envs.AutoReset(env), pol, None, k, 4, steps))(key)
-    b = jax.jit(lambda k: envs.rollout(envs.AutoReset(generic), pol, None, k, 4, steps))(key)
+    steps = _rollout_steps(env)
+    a, key = p["traj"], p["traj_key"]
+    b = fast_call(lambda k: envs.rollout(envs.AutoReset(generic), pol, None, k, ROLLOUT_ENVS, steps), key)
     assert np.asarray(a.truncated).sum() >= 8  # episode ends were crossed
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         x, y = np.asarray(x), np.asarray(y)

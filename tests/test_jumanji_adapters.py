@@ -16,6 +16,7 @@ import pytest
 
 import envs
 from envs.jumanji import CleanerEnv, ConnectorEnv, LevelBasedForagingEnv, RobotWarehouseEnv
+from fast_compile import fast_call
 
 LBF = "jumanji:LevelBasedForaging-v0"
 RWARE = "jumanji:RobotWarehouse-v0"
@@ -89,7 +90,7 @@ def _parallel_run(eid, steps=12):
         _, out = jax.lax.scan(body, state, jax.random.split(key, steps))
         return ts0, state.inner, out
 
-    _runs[eid] = jax.tree.map(np.asarray, jax.jit(run)(jax.random.PRNGKey(7)))
+    _runs[eid] = jax.tree.map(np.asarray, fast_call(run, jax.random.PRNGKey(7)))  # XLA level 0
     return _runs[eid]
 
 

@@ -13,6 +13,8 @@ from jaxil.data import Dataset, concatenate
 from jaxil.data.sampling import Transitions
 from jaxil.learners import LEARNERS, DiceConfig, LearnerData, make_learner, update_n
 
+from fast_compile import fast_call
+
 SPEC = EnvSpec("synthetic:test", num_agents=3, obs_dim=6, state_dim=5,
                action=DiscreteActions(4, noop_action=0), max_steps=10)
 
@@ -44,11 +46,11 @@ CASES = [(a, True) for a in LEARNERS if a not in ("bc_expert",)] + [("misodice",
 def test_every_learner_updates_finitely_in_both_modes(algo, shared):
     data, _ = _synthetic(jax.random.PRNGKey(0), 256)
     learner = make_learner(algo, SPEC, hidden=(16,), batch_size=32, shared=shared)
-    state = learner.init(jax.random.PRNGKey(1))
+    state = fast_call(learner.init, jax.random.PRNGKey(1))  # XLA level 0: fast_compile.py
     leaves = jax.tree.leaves(state.params["policy"])
     if not shared:
         assert all(x.shape[0] == 3 for x in leaves), "independent mode stacks an agent axis"
-    new, metrics = jax.jit(lambda s, d: update_n(learner, s, d, 3))(state, data)
+    new, metrics = fast_call(lambda s, d: update_n(learner, s, d, 3), state, data)
     assert int(new.step) == 3
     assert all(np.isfinite(np.asarray(v)).all() for v in metrics.values())
     assert any(not np.array_equal(a, b) for a, b in
@@ -61,7 +63,7 @@ def test_bc_expert_learns_the_expert_rule():
     data, good = _synthetic(jax.random.PRNGKey(0))
     learner = make_learner("bc_expert", SPEC, hidden=(64,), batch_size=128)
     state = learner.init(jax.random.PRNGKey(1), learner.default_hparams().replace(lr=3e-3))
-    state, _ = jax.jit(lambda s, d: update_n(learner, s, d, 400))(state, data)
+    state, _ = fast_call(lambda s, d: update_n(learner, s, d, 400), state, data)
     exp = np.asarray(data.expert)
     pred = jax.vmap(lambda o, a: learner.act(state.params, o, a, None, True))(
         data.union.obs, data.union.avail)
@@ -75,7 +77,7 @@ def test_dice_weights_favour_expert_transitions():
     data, _ = _synthetic(jax.random.PRNGKey(0))
     learner = make_learner("misodice", SPEC, hidden=(64,), batch_size=256)
     state = learner.init(jax.random.PRNGKey(1))
-    state, m = jax.jit(lambda s, d: update_n(learner, s, d, 300))(state, data)
+    state, m = fast_call(lambda s, d: update_n(learner, s, d, 300), state, data)
     assert float(m["reward_expert"]) > float(m["reward_union"]) + 0.5
 
 

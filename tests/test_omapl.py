@@ -1,6 +1,8 @@
 """O-MAPL: the implicit reward against a numpy reference, the target update,
 and learning by learning (a ranking recovered from preferences alone)."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +15,8 @@ from jaxil.learners import OMAPLConfig, PreferenceData, make_learner, update_n
 from jaxil.learners.omapl import _Nets
 from jaxil.phase1.label import fit_preferences, label_metrics, top_labels
 from jaxil.phase1.pairs import pair_segments, sample_query_pairs, segment_returns
+
+from fast_compile import fast_call
 
 N, O, A, T = 2, 4, 3, 8
 SPEC = EnvSpec("synthetic:omapl", num_agents=N, obs_dim=O, state_dim=N * O,
@@ -64,6 +68,13 @@ def _dataset(seed=0, n_expert=30, n_poor=90, spec=SPEC) -> Dataset:
     return concatenate(parts).shuffle(seed)
 
 
+@functools.lru_cache(maxsize=None)
+def _init(learner):
+    """``learner.init(PRNGKey(0))``, compiled once per learner (XLA level 0:
+    fast_compile.py) and shared by the tests that start from it."""
+    return fast_call(learner.init, jax.random.PRNGKey(0))
+
+
 def _gt_prefs(ds, pairs):
     rx, ry = segment_returns(ds, pairs)
     return np.where(rx > ry, 1.0, np.where(rx < ry, 0.0, 0.5)).astype(np.float32)
@@ -76,7 +87,7 @@ def test_implicit_reward_matches_numpy_reference(jit):
     ds = _dataset(1, 4, 4)
     cfg = OMAPLConfig(hidden=(16,), mixer_hidden=8, batch_size=4)
     learner = make_learner("omapl", SPEC, hidden=(16,), mixer_hidden=8, batch_size=4)
-    state = learner.init(jax.random.PRNGKey(0))
+    state = _init(learner)
     # make the targets differ from the online nets
     params = dict(state.params, target=jax.tree.map(lambda x: x * 1.3 + 0.01, state.params["target"]))
     pairs = sample_query_pairs(ds, 6, None, seed=0)
@@ -103,9 +114,9 @@ def test_update_trains_online_nets_and_soft_updates_targets():
     pairs = sample_query_pairs(ds, 20, 4, seed=1)
     data = PreferenceData.from_pairs(ds, pairs, _gt_prefs(ds, pairs))
     learner = make_learner("omapl", SPEC, hidden=(16,), mixer_hidden=8, batch_size=4)
-    s0 = learner.init(jax.random.PRNGKey(0))
+    s0 = _init(learner)
     s0 = s0.replace(hparams=s0.hparams.replace(tau=jnp.float32(0.25)))
-    s1, m = jax.jit(lambda s, d: update_n(learner, s, d, 1))(s0, data)
+    s1, m = fast_call(lambda s, d: update_n(learner, s, d, 1), s0, data)
     assert all(np.isfinite(float(v)) for v in m.values())
     for k in ("q", "mixer", "v"):
         old_t, new_on, new_t = (jax.tree.leaves(x) for x in
@@ -161,7 +172,7 @@ def test_omapl_continuous_actions_update():
     pairs = sample_query_pairs(ds, 16, None, seed=0)
     data = PreferenceData.from_pairs(ds, pairs, _gt_prefs(ds, pairs))
     learner = make_learner("omapl", CSPEC, hidden=(16,), batch_size=4)
-    s, m = jax.jit(lambda s, d: update_n(learner, s, d, 5))(learner.init(jax.random.PRNGKey(0)), data)
+    s, m = fast_call(lambda s, d: update_n(learner, s, d, 5), _init(learner), data)
     assert all(np.isfinite(float(v)) for v in m.values())
     a = learner.act(s.params, ds.obs[0, 0], ds.avail_actions[0, 0], jax.random.PRNGKey(1))
     assert a.shape == (N, 2) and np.all(np.abs(np.asarray(a)) <= 1)

@@ -52,7 +52,8 @@ def test_label_refuses_to_overwrite_its_input(ds_path, capsys):
     assert "never modifies its input" in capsys.readouterr().err
 
 
-def test_label_bad_oracle_arguments(ds_path, capsys):
+def test_label_bad_oracle_arguments(ds_path, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # without --out, `jaxil label` makes runs/labels/ here
     assert main(["label", str(ds_path), "--oracle", "external", *FAST]) == 1
     assert "--external MODULE:FUNCTION" in capsys.readouterr().err
     assert main(["label", str(ds_path), "--oracle", "external", "--external", "nomodule_xyz:f",
