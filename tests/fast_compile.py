@@ -5,7 +5,7 @@ and the programs run somewhat slower, which does not matter at test sizes.
 Use it where a test's claim does not depend on how XLA optimises (shapes,
 determinism, equalities within one program, learning at small sizes); the
 numbers differ from the default level in the last bits, not more.
-(test_teachers.py does the same with its own FAST_COMPILE.)
+(test_teachers.py passes FAST_COMPILE to the teacher driver too.)
 """
 
 from __future__ import annotations

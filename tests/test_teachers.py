@@ -30,6 +30,8 @@ from jaxil.teachers import (
 from jaxil.teachers.train import _program, checkpoint_chunks
 from jaxil.teachers.zoo import preset
 
+from fast_compile import FAST_COMPILE, fast_call
+
 
 # --------------------------------------------------------------------------
 # Tiny environments
@@ -112,15 +114,7 @@ class ContinuousToy(MultiAgentEnv):
 envs.register("toy:masked", MaskedToy)
 envs.register("toy:continuous", ContinuousToy)
 
-# Compilation dominates these tests on a CPU; XLA's optimisation level 0
-# halves it (the programs run slower, which does not matter at this size).
-FAST_COMPILE = {"xla_backend_optimization_level": 0}
-
-
-
-def fast_call(fn, *args):
-    """``jax.jit(fn)(*args)`` compiled with FAST_COMPILE."""
-    return jax.jit(fn).lower(*args).compile(FAST_COMPILE)(*args)
+# Compilation dominates these tests on a CPU: XLA level 0 (fast_compile.py).
 
 
 TINY = PPOConfig(
