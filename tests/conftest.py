@@ -20,7 +20,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_
 # (xdist's own ``--dist loadgroup`` marks groups by editing node ids, which
 # pytest >= 9.2 no longer honours: pytest-xdist issue #1386. This scheduler
 # replaces it when ``--dist loadgroup`` is asked for.)
-_SPLIT_MODULES = {"test_policies.py", "test_learners.py"}
+_SPLIT_MODULES = {"test_learners.py"}
 _EID_MODULES = {"test_env_conformance.py"}
 # Scheduled first, longest scopes first, so that no worker is left with a
 # long one at the end. Only the order depends on this list.
