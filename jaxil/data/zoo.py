@@ -244,8 +244,7 @@ def tier_epsilons(env_id: str, overrides: Optional[Mapping[str, float]] = None
 
 def _teacher_tiers(env: MultiAgentEnv, teacher_dir: Path,
                    epsilons: Mapping[str, float]) -> dict[str, TierPolicy]:
-    from jaxil.teachers import load_teacher
-    from jaxil.teachers.io import load_actor_params
+    from jaxil.teachers.io import load_checkpoint
 
     doc = _read_teacher(teacher_dir)
     if doc is None:
@@ -276,13 +275,13 @@ def _teacher_tiers(env: MultiAgentEnv, teacher_dir: Path,
     name = teacher_dir.name
 
     def load(step):
-        policy, params, tspec = load_teacher(str(teacher_dir), step=step)
+        policy, params, tspec, digest = load_checkpoint(str(teacher_dir), step=step)
         if not _compatible(tspec, spec):
             raise ValueError(
                 f"teacher {teacher_dir} acts on {tspec} but the environment is {spec}; "
                 f"train the teacher with the same environment keywords"
             )
-        digests[int(step)] = load_actor_params(str(teacher_dir), step)[1]
+        digests[int(step)] = digest
         return policy, params
 
     digests: dict[int, str] = {}

@@ -189,6 +189,15 @@ def load_teacher(
       environment (``act``, ``log_prob``, ``entropy``), usable with
       :func:`envs.run_episodes`; the actor parameters; the :class:`EnvSpec`.
     """
+    policy, params, spec, _ = load_checkpoint(out_dir, step, deterministic)
+    return policy, params, spec
+
+
+def load_checkpoint(
+    out_dir: str | os.PathLike, step: Optional[int] = None, deterministic: bool = False
+) -> tuple[Callable, Any, EnvSpec, str]:
+    """:func:`load_teacher` plus the SHA-256 of the checkpoint's weights as
+    stored (what datasets record), from one read."""
     doc = read_teacher(out_dir)
     steps = list_checkpoints(out_dir)
     if not steps:
@@ -199,8 +208,8 @@ def load_teacher(
         raise ValueError(f"no checkpoint at step {step} in {out_dir}; available: {steps}")
     config = PPOConfig.from_dict(doc["config"])
     spec = EnvSpec.from_dict(doc["spec"])
-    params, _ = load_actor_params(out_dir, step, doc)
-    return make_policy(spec, config, deterministic=deterministic), params, spec
+    params, digest = load_actor_params(out_dir, step, doc)
+    return make_policy(spec, config, deterministic=deterministic), params, spec, digest
 
 
 def list_teacher_checkpoints(out_dir: str | os.PathLike) -> list[dict]:
