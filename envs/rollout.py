@@ -110,6 +110,7 @@ class Episodes:
     episode_return: jax.Array  # [E]
     length: jax.Array  # [E]
     won: jax.Array  # [E]
+    carry: Any = None  # [E, T, ...] the policy's carry after each act (record_carry)
 
 
 def run_episodes(
@@ -118,6 +119,7 @@ def run_episodes(
     params: Any,
     key: jax.Array,
     num_episodes: int,
+    record_carry: bool = False,
 ) -> Episodes:
     """Play exactly one episode in each of ``num_episodes`` parallel envs.
 
@@ -128,6 +130,12 @@ def run_episodes(
     frozen (its steps are masked out) until the others end. Step ``t`` always
     draws its actions with the ``t``-th of ``T`` keys split from ``key``, so
     the result does not depend on when the loop stops.
+
+    ``record_carry=True`` also returns the policy's carry after each step's
+    ``act`` as ``Episodes.carry`` (``[E, T, ...]``, zero on padding steps): a
+    policy that computes more than the actions it plays (the interactive
+    learners record the expert's label and the student's choice there) gets
+    them out without a second pass.
     """
     if isinstance(env, AutoReset):
         env = env.env
@@ -161,6 +169,8 @@ def run_episodes(
             global_state=keep_ts.global_state,
             avail_actions=keep_ts.avail_actions,
         )
+        if record_carry:
+            out["carry"] = jax.tree.map(zero, new_pcarry)
         new_alive = alive & ~nts.last()
         return (new_state, keep_ts, new_pcarry, new_alive), out
 
@@ -205,6 +215,7 @@ def run_episodes(
         episode_return=final_ts.episode_return,
         length=length,
         won=final_ts.won,
+        carry=out.get("carry"),
     )
 
 

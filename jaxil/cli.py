@@ -17,6 +17,7 @@ _MODULES = (
     "jaxil.teachers.zoo",  # teach
     "jaxil.train",  # train, sweep, eval
     "jaxil.phase1.pipeline",  # label, pipeline
+    "jaxil.interactive.cli",  # interactive
 )
 
 
@@ -44,7 +45,7 @@ def main(argv=None) -> int:
         return 2
     try:
         out = args.func(args)
-    except (ValueError, KeyError, FileNotFoundError) as e:
+    except (ValueError, KeyError, FileNotFoundError, FileExistsError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"jaxil {args.command}: error: {msg}", file=sys.stderr)
         return 1

@@ -1,0 +1,1 @@
+"""Interactive imitation: DAgger, On-policy Expert Corrections, on-policy rejection sampling."""

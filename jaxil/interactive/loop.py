@@ -1,0 +1,505 @@
+"""One interactive round as a pure function, and the driver that runs many.
+
+A round, for every run (regime × seed) at once (``vmap``), in ONE compiled
+program::
+
+    shared-control rollouts (envs_per_round episodes)        rollout.mixed_episodes
+      → targets, loss mask, labels spent                     labels.*
+      → verifier, repetition filter, budget allowance        labels.*
+      → append kept steps to the on-device ring buffer       buffer.insert
+      → K fused student updates on demos ∪ buffer            the BC learner's update
+
+The student is a BC learner (:func:`jaxil.learners.make_bc`), first trained
+on the SFT demonstration set; every run of a seed starts from the same SFT
+weights. The driver (:func:`run`) evaluates every ``eval_every`` rounds on
+fixed start states, writes ``metrics.jsonl`` and an orbax checkpoint, and
+``resume=True`` continues a killed run and reproduces the uninterrupted one
+(all randomness is in the state or derived from the round index).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+import envs
+from envs.core import MultiAgentEnv
+from jaxil.checkpoint import Checkpointer
+from jaxil.interactive import labels as L
+from jaxil.interactive.buffer import StepBuffer, empty_buffer, insert
+from jaxil.interactive.config import (InteractiveConfig, RegimeHParams, check_regime, resolve_auto,
+                                      stack_regimes)
+from jaxil.interactive.rollout import SwitchRule, mixed_episodes
+from jaxil.interactive.schedule import NEVER, expert_probability
+from jaxil.learners.base import Learner, LearnerState
+from jaxil.learners.bc import BCConfig, make_bc
+
+
+@struct.dataclass
+class Batch:
+    """What the BC update reads: ``obs [B, N, O]``, ``avail [B, N, A]``, ``actions``."""
+
+    obs: jax.Array
+    avail: jax.Array
+    actions: jax.Array
+
+
+@struct.dataclass
+class Demos:
+    """Expert demonstration steps in episode order (shared by all runs);
+    a run uses the first ``demo_steps`` of them."""
+
+    obs: jax.Array
+    avail: jax.Array
+    actions: jax.Array
+
+
+@struct.dataclass
+class InteractiveState:
+    student: LearnerState
+    buffer: StepBuffer
+    hp: RegimeHParams
+    labels: jax.Array  # expert labels spent interactively so far
+    env_steps: jax.Array  # environment steps of the rollouts kept within budget
+    round: jax.Array
+    demo_steps: jax.Array  # demos this run may use (from hp.demo_labels)
+    init_key: jax.Array  # a fresh student initialisation (scratch retraining)
+    key: jax.Array
+
+
+@functools.lru_cache(maxsize=16)
+def make_student(env: MultiAgentEnv, config: InteractiveConfig) -> Learner:
+    """The student: a BC learner (cached, so repeated runs share compiled programs)."""
+    return make_bc(env.spec, BCConfig(hidden=tuple(config.hidden), shared=config.shared,
+                                      batch_size=config.batch_size,
+                                      max_grad_norm=config.max_grad_norm), beta=0.0)
+
+
+def _flat(x: jax.Array) -> jax.Array:
+    return x.reshape((-1,) + x.shape[2:])
+
+
+def sample_batch(key: jax.Array, state: InteractiveState, demos: Demos, batch_size: int) -> Batch:
+    """``batch_size`` steps: each from the demos with probability ρ
+    (``hp.demo_ratio``, or ``demo_steps / (demo_steps + buffer.size)`` when
+    it is −1, i.e. uniform over the union), else from the buffer; all from
+    the demos while the buffer is empty."""
+    kd, kb, kc = jax.random.split(key, 3)
+    nd, nb = state.demo_steps, state.buffer.size
+    i_d = jax.random.randint(kd, (batch_size,), 0, jnp.maximum(nd, 1))
+    i_b = jax.random.randint(kb, (batch_size,), 0, jnp.maximum(nb, 1))
+    ratio = state.hp.demo_ratio
+    rho = jnp.where(ratio < 0, nd / jnp.maximum(nd + nb, 1), ratio)
+    rho = jnp.where(nb == 0, 1.0, jnp.where(nd == 0, 0.0, rho))
+    take_d = jax.random.uniform(kc, (batch_size,)) < rho
+    pick = lambda d, b: jnp.where(take_d.reshape((-1,) + (1,) * (d.ndim - 1)), d[i_d], b[i_b])
+    buf = state.buffer
+    return Batch(obs=pick(demos.obs, buf.obs), avail=pick(demos.avail, buf.avail),
+                 actions=pick(demos.actions, buf.actions.astype(demos.actions.dtype)))
+
+
+def train_student(student: Learner, state: InteractiveState, demos: Demos, k: int,
+                  batch_size: int) -> tuple[InteractiveState, jax.Array]:
+    """K fused BC updates on demos ∪ buffer; returns the last loss."""
+
+    def body(s, _):
+        key, kb = jax.random.split(s.key)
+        batch = sample_batch(kb, s, demos, batch_size)
+        ls, m = student.update(s.student, (batch, None))
+        return s.replace(student=ls, key=key), m["bc_loss"]
+
+    state, losses = jax.lax.scan(body, state, None, length=k)
+    return state, losses[-1]
+
+
+def make_round(env: MultiAgentEnv, student: Learner, expert: Any, config: InteractiveConfig):
+    """``round(state, demos, expert_params) -> (state, metrics)`` for ONE run."""
+    spec = env.spec
+    n = spec.num_agents
+    spolicy = student.policy(False)
+
+    def round_fn(state: InteractiveState, demos: Demos, expert_params: Any):
+        hp = state.hp
+        r = state.round
+        key, k_roll, k_init = jax.random.split(state.key, 3)
+        beta = expert_probability(r, hp.beta0, hp.beta_kind, hp.beta_rate)
+        rule = SwitchRule(hp.switch_kind, hp.switch_lo, hp.switch_hi, hp.switch_p, beta)
+        ep = mixed_episodes(env, spolicy, expert, state.student.params, expert_params, rule,
+                            k_roll, config.envs_per_round)
+        info = ep.carry
+        valid = ep.mask
+        T = valid.shape[1]
+        spent = L.labels_spent(valid, info.expert_acted, hp.use_label, n)
+        interactive = hp.budget - hp.demo_labels
+        allowance = (interactive * (r + 1)) // config.rounds - state.labels
+        within = L.within_allowance(spent, allowance)
+        accepted = L.verify(ep.won, ep.episode_return, hp.verifier, hp.return_threshold)
+        accepted &= L.passes_repetition(ep.obs[:, :T], ep.actions, valid, hp.repeat_limit)
+        kept = within & accepted
+        mask = L.loss_mask(valid, info.expert_acted, hp.mask_prefix, kept)
+        targets = L.training_targets(info.label, ep.actions, hp.use_label)
+        buf = insert(state.buffer, _flat(ep.obs[:, :T]), _flat(ep.avail_actions[:, :T]),
+                     _flat(targets), _flat(mask))
+        fresh = student.init(state.init_key, state.student.hparams)
+        learner = jax.tree.map(lambda a, b: jnp.where(hp.scratch, a, b), fresh, state.student)
+        learner = learner.replace(key=state.student.key)
+        new = state.replace(
+            student=learner, buffer=buf, key=key, round=r + 1,
+            labels=state.labels + jnp.sum(jnp.where(within, spent, 0)),
+            env_steps=state.env_steps + jnp.sum(jnp.where(within[:, None], valid, False)),
+        )
+        new, loss = train_student(student, new, demos, config.updates_per_round, config.batch_size)
+        n_within = jnp.maximum(jnp.sum(within), 1)
+        metrics = dict(
+            labels=new.labels + hp.demo_labels, interactive_labels=new.labels,
+            env_steps=new.env_steps, beta=beta, bc_loss=loss, buffer_size=buf.size,
+            episodes_within_budget=jnp.sum(within), episodes_kept=jnp.sum(kept),
+            accept_rate=jnp.sum(within & accepted) / n_within,
+            rollout_return=jnp.sum(jnp.where(within, ep.episode_return, 0.0)) / n_within,
+            trained_steps=jnp.sum(mask),
+        )
+        return new, metrics
+
+    return round_fn
+
+
+# ----------------------------------------------------------------------------- setup
+
+
+def collect_demos(env: MultiAgentEnv, expert: Any, expert_params: Any, key: jax.Array,
+                  num_episodes: int) -> tuple[Demos, np.ndarray, dict]:
+    """Expert episodes from ``key``, flattened to steps in episode order;
+    also the cumulative expert labels after each episode and a summary."""
+    ep = jax.device_get(_expert_episodes(env, expert, num_episodes)(expert_params, key))
+    T = ep.mask.shape[1]
+    e, t = np.nonzero(np.asarray(ep.mask))
+    demos = Demos(obs=jnp.asarray(ep.obs[:, :T][e, t]), avail=jnp.asarray(ep.avail_actions[:, :T][e, t]),
+                  actions=jnp.asarray(ep.actions[e, t]))
+    lengths = np.asarray(ep.length, np.int64)
+    cum = np.cumsum(lengths * env.spec.num_agents)
+    summary = dict(episodes=int(num_episodes), return_mean=float(np.mean(ep.episode_return)),
+                   win_rate=float(np.mean(ep.won)), length_mean=float(lengths.mean()),
+                   return_q25=float(np.quantile(ep.episode_return, 0.25)))
+    return demos, cum, summary
+
+
+@functools.lru_cache(maxsize=16)
+def _expert_episodes(env: MultiAgentEnv, expert: Any, num_episodes: int):
+    return jax.jit(lambda p, k: envs.run_episodes(env, expert, p, k, num_episodes))
+
+
+def demo_steps_for(labels: int, cum_labels: np.ndarray, lengths_cum: np.ndarray) -> int:
+    """Steps of the longest prefix of whole demo episodes costing ≤ ``labels``."""
+    k = int(np.searchsorted(cum_labels, labels, side="right"))
+    return int(lengths_cum[k - 1]) if k else 0
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    index: int
+    name: str  # the regime's label, e.g. "oec@4000"
+    seed: int
+
+
+@functools.lru_cache(maxsize=8)
+def _programs(env, student: Learner, expert: Any, config: InteractiveConfig):
+    round_fn = make_round(env, student, expert, config)
+    rounds = jax.jit(jax.vmap(round_fn, in_axes=(0, None, None)))
+
+    def evaluate(params, key):
+        return envs.run_episodes(env, student.policy(config.deterministic_eval), params, key,
+                                 config.eval_episodes)
+
+    def sft(state, demos):
+        return train_student(student, state, demos, config.sft_updates, config.batch_size)
+
+    return rounds, jax.jit(jax.vmap(evaluate, in_axes=(0, None))), jax.jit(jax.vmap(sft, in_axes=(0, None)))
+
+
+def init_states(env, student: Learner, config: InteractiveConfig, hps: list[dict],
+                seeds: Sequence[int], base_seed: int, demo_steps: Sequence[int],
+                sft_steps: int, demos: Demos, sft_fn) -> InteractiveState:
+    """Stacked states of all runs: each seed's SFT student (trained once per
+    seed), its own buffer, keys from ``base_seed + seed``."""
+    hp = stack_regimes(hps)
+    uniq = sorted(set(seeds))
+    keys = jnp.stack([jax.random.PRNGKey(base_seed + s) for s in uniq])
+    k_init, k_state, k_sft = jax.vmap(lambda k: jax.random.split(k, 3))(keys).transpose(1, 0, 2)
+
+    def one(ki, ks, lr):
+        from jaxil.learners.bc import BCHParams
+
+        ls = student.init(ki, BCHParams(beta=jnp.float32(0.0), lr=lr))
+        return InteractiveState(student=ls, buffer=empty_buffer(env.spec, config.capacity),
+                                hp=jax.tree.map(lambda x: x[0], hp), labels=jnp.int32(0),
+                                env_steps=jnp.int32(0), round=jnp.int32(0),
+                                demo_steps=jnp.int32(sft_steps), init_key=ki, key=ks)
+
+    # SFT per seed (at the first run's lr of that seed).
+    lr0 = jnp.asarray([hps[list(seeds).index(s)]["lr"] for s in uniq], jnp.float32)
+    base = jax.vmap(one)(k_init, k_sft, lr0)
+    base, _ = sft_fn(base, demos)
+    pick = jnp.asarray([uniq.index(s) for s in seeds])
+    states = jax.tree.map(lambda x: x[pick], base)
+    lr = hp.lr
+    opt = states.student.opt_state
+    opt["policy"][1].hyperparams["learning_rate"] = lr
+    student_state = states.student.replace(
+        hparams=states.student.hparams.replace(lr=lr), opt_state=opt,
+        key=jax.vmap(lambda k: jax.random.fold_in(k, 1))(k_state[pick]))
+    return states.replace(student=student_state, hp=hp,
+                          demo_steps=jnp.asarray(demo_steps, jnp.int32),
+                          key=jax.vmap(lambda k: jax.random.fold_in(k, 2))(k_state[pick]))
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    from jaxil.train import _read_jsonl as read
+
+    return read(path)
+
+
+def run(
+    env: MultiAgentEnv,
+    expert: Any,
+    expert_params: Any,
+    regimes: Sequence[tuple[str, dict]],
+    *,
+    seeds: int,
+    config: InteractiveConfig = InteractiveConfig(),
+    base_seed: int = 0,
+    out_dir: Optional[str | Path] = None,
+    resume: bool = False,
+    eval_every: int = 1,
+    progress: bool = True,
+    diagnostics: bool = True,
+    run_info: Optional[dict] = None,
+) -> dict:
+    """Run every regime × ``seeds`` seeds together; returns the summary
+    (also ``results.json`` in ``out_dir``) and the final ``states``.
+
+    ``regimes``: ``(name, knobs)`` pairs, knobs from
+    :func:`jaxil.interactive.config.regime`. Every run is evaluated on the
+    same ``config.eval_episodes`` start states (one fixed reset key).
+    """
+    if not regimes:
+        raise ValueError("interactive run needs at least one regime")
+    if seeds < 1:
+        raise ValueError(f"seeds must be >= 1, got {seeds}")
+    if not 1 <= eval_every <= config.rounds or config.rounds % eval_every:
+        raise ValueError(f"eval_every must divide the {config.rounds} rounds, got {eval_every}")
+    for _, h in regimes:
+        check_regime(h, config.sft_labels)
+    names = [n for n, _ in regimes]
+    if len(set(names)) != len(names):
+        raise ValueError(f"regime names must be unique, got {names}")
+    spec = env.spec
+    n = spec.num_agents
+
+    # Demonstrations: enough expert episodes for the largest demo share.
+    need = max(int(h["demo_labels"]) for _, h in regimes)
+    n_demo = 64
+    while True:
+        demos, cum, demo_summary = collect_demos(env, expert, expert_params,
+                                                 jax.random.PRNGKey(base_seed + 777_777), n_demo)
+        if cum[-1] >= need:
+            break
+        n_demo = int(np.ceil(n_demo * need / cum[-1] * 1.1)) + 8
+    steps_cum = cum // n
+    sft_steps = demo_steps_for(config.sft_labels, cum, steps_cum)
+    if sft_steps == 0:
+        raise ValueError(f"sft_labels={config.sft_labels} is less than one expert episode "
+                         f"({int(cum[0])} labels); raise --sft-labels")
+    max_interactive = max(int(h["budget"]) - int(h["demo_labels"]) for _, h in regimes)
+    if config.capacity * n < max_interactive:
+        raise ValueError(
+            f"buffer capacity {config.capacity} steps holds {config.capacity * n} labels, less "
+            f"than the {max_interactive} a regime may buy; raise --capacity to at least "
+            f"{-(-max_interactive // n)}")
+
+    regimes = [(nm, resolve_auto(h, demo_summary["length_mean"], demo_summary["return_q25"]))
+               for nm, h in regimes]
+    for _, h in regimes:
+        check_regime(h, config.sft_labels)
+    runs = [Run(i * seeds + s, name, s) for i, (name, _) in enumerate(regimes) for s in range(seeds)]
+    hps = [dict(regimes[i][1]) for i in range(len(regimes)) for _ in range(seeds)]
+    demo_steps = [demo_steps_for(int(h["demo_labels"]), cum, steps_cum) for h in hps]
+    student = make_student(env, config)
+    rounds_fn, evaluate, sft_fn = _programs(env, student, expert, config)
+    states = init_states(env, student, config, hps, [r.seed for r in runs], base_seed,
+                         demo_steps, sft_steps, demos, sft_fn)
+    eval_key = jax.random.PRNGKey(base_seed + 10_000)
+
+    out = Path(out_dir) if out_dir else None
+    ckpt, rows, start = None, [], 0
+    info = dict(run_info or {}, env_id=spec.env_id, config=config.to_dict(),
+                regimes=[dict(name=nm, **{k: v for k, v in h.items()}) for nm, h in regimes],
+                seeds=seeds, base_seed=base_seed, eval_every=eval_every,
+                demos=dict(demo_summary, sft_steps=sft_steps))
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        ckpt = Checkpointer(out / "checkpoints")
+        latest = ckpt.latest_step()
+        if latest is not None and not resume:
+            raise FileExistsError(f"{out} already holds a run (checkpoint at round {latest}); "
+                                  "pass --resume to continue it or choose another --out")
+        if latest is not None:
+            old = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else {}
+            changed = sorted(k for k in info if k in old and json.dumps(old[k], sort_keys=True,
+                             default=str) != json.dumps(info[k], sort_keys=True, default=str))
+            if changed:
+                raise ValueError(f"--resume with settings that differ from the run in {out}: "
+                                 f"{', '.join(changed)}; rerun with the original ones or use "
+                                 "another --out")
+            states = ckpt.restore(states, latest)
+            start = latest
+            rows = [r for r in _read_jsonl(out / "metrics.jsonl") if r["round"] <= latest]
+        from jaxil.train import _write_jsonl_atomic
+
+        _write_jsonl_atomic(out / "metrics.jsonl", rows)
+        (out / "run.json").write_text(json.dumps(info, indent=2, default=str))
+
+    def record(round_index, metrics, ep):
+        ret, won = np.asarray(ep.episode_return), np.asarray(ep.won)
+        new = []
+        for r in runs:
+            row = dict(round=round_index, run=r.index, regime=r.name, seed=r.seed,
+                       eval_return=float(ret[r.index].mean()),
+                       eval_win_rate=float(won[r.index].mean()))
+            row.update({k: float(v[r.index]) for k, v in metrics.items()})
+            new.append(row)
+        rows.extend(new)
+        if out:
+            with open(out / "metrics.jsonl", "a") as f:
+                f.writelines(json.dumps(row) + "\n" for row in new)
+
+    if start == 0:  # the SFT start, before any round
+        zero = dict(labels=np.asarray([config.sft_labels] * len(runs), np.float64))
+        record(0, zero, evaluate(states.student.params, eval_key))
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=config.rounds, initial=start, unit="round",
+                   desc=f"interactive {spec.env_id} ×{len(runs)}")
+    t_start = time.perf_counter()
+    for rd in range(start, config.rounds):
+        states, metrics = rounds_fn(states, demos, expert_params)
+        if (rd + 1) % eval_every == 0:
+            ep = evaluate(states.student.params, eval_key)
+            record(rd + 1, jax.tree.map(np.asarray, metrics), ep)
+            if ckpt:
+                ckpt.save(rd + 1, states)
+            if bar:
+                bar.set_postfix(ret=f"{np.asarray(ep.episode_return).mean():.3f}",
+                                labels=f"{float(np.asarray(metrics['labels']).mean()):.0f}")
+        if bar:
+            bar.update(1)
+    if bar:
+        bar.close()
+    summary = summarize(rows, runs)
+    summary["wall_seconds"] = time.perf_counter() - t_start
+    summary["demos"] = info["demos"]
+    if diagnostics:
+        summary["shift"] = shift_diagnostic(env, student, expert, expert_params, states, runs,
+                                            eval_key, config.eval_episodes)
+    if out:
+        (out / "results.json").write_text(json.dumps(summary, indent=2))
+        ckpt.close()
+    summary["states"] = states
+    return summary
+
+
+def summarize(rows: list[dict], runs: list[Run]) -> dict:
+    """Final evaluation per regime: mean ± std over seeds, labels used."""
+    if not rows:
+        return {"regimes": []}
+    last = max(r["round"] for r in rows)
+    final = {r["run"]: r for r in rows if r["round"] == last}
+    by: dict[str, list[dict]] = {}
+    for r in runs:
+        by.setdefault(r.name, []).append(final[r.index])
+    table = []
+    for name, rs in by.items():
+        ret = np.array([x["eval_return"] for x in rs])
+        win = np.array([x["eval_win_rate"] for x in rs])
+        lab = np.array([x["labels"] for x in rs])
+        table.append(dict(regime=name, seeds=len(rs), return_mean=float(ret.mean()),
+                          return_std=float(ret.std()), win_mean=float(win.mean()),
+                          win_std=float(win.std()), labels_mean=float(lab.mean()),
+                          returns=ret.tolist()))
+    return {"round": last, "regimes": table}
+
+
+def format_table(summary: dict) -> str:
+    lines = [f"{'regime':<26}{'seeds':>6}{'labels':>9}{'return':>18}{'win rate':>16}"]
+    for p in summary["regimes"]:
+        lines.append(f"{p['regime']:<26}{p['seeds']:>6}{p['labels_mean']:>9.0f}"
+                     f"{p['return_mean']:>10.3f} ± {p['return_std']:<5.3f}"
+                     f"{p['win_mean']:>9.3f} ± {p['win_std']:<5.3f}")
+    return "\n".join(lines)
+
+
+def shift_diagnostic(env, student: Learner, expert: Any, expert_params: Any,
+                     states: InteractiveState, runs: list[Run], key: jax.Array,
+                     num_episodes: int, num_bins: int = 8) -> dict:
+    """Covariate shift of each run's student on the fixed start states, as a
+    function of t:
+
+    - ``disagreement[t]``: how often the student's action differs from the
+      expert's label on the states the STUDENT visits (discrete: the share
+      of agents with a choice — more than one available action — that
+      disagree; box actions: the mean Euclidean distance);
+    - ``mmd2[b]``: the squared maximum mean discrepancy (unbiased, Gaussian
+      kernel, median-heuristic bandwidth) between the global states the
+      student and the expert visit in time bin ``b``, both from the same
+      start states. The bins split ``[0, 1.5 × the expert's mean length)``
+      into ``num_bins``; a last bin holds the rest of the episode.
+    """
+    from jaxil.interactive.diagnostics import disagreement_by_t, mmd2_by_t
+
+    spec = env.spec
+    never = SwitchRule(0, 0, 0, 1.0, 0.0)
+    T = spec.max_steps
+    ep_x = _expert_episodes(env, expert, num_episodes)(expert_params, key)
+    horizon = min(T, max(num_bins, int(np.ceil(1.5 * float(np.mean(ep_x.length))))))
+    width = max(1, int(np.ceil(horizon / num_bins)))
+    edges = tuple(range(0, horizon, width)) + ((horizon,) if horizon < T else ()) + (T,)
+    edges = tuple(sorted(set(edges)))
+
+    @jax.jit
+    def measure(params):
+        def one(p):
+            ep = mixed_episodes(env, student.policy(False), expert, p, expert_params, never,
+                                key, num_episodes)
+            choice = jnp.sum(ep.avail_actions[:, :T], axis=-1) > 1 if spec.discrete else None
+            rate, count = disagreement_by_t(ep.carry.student_action, ep.carry.label, ep.mask,
+                                            spec.discrete, choice)
+            mmd = mmd2_by_t(ep.global_state[:, :T], ep.mask, ep_x.global_state[:, :T],
+                            ep_x.mask, edges)[0]
+            return rate, count, mmd, ep.length
+
+        return jax.vmap(one)(params)
+
+    rate, count, mmd, length = map(np.asarray, measure(states.student.params))
+    clean = lambda xs: [None if not np.isfinite(x) else float(x) for x in xs]
+    out = {"bin_edges": list(edges), "expert_length_mean": float(np.mean(ep_x.length)),
+           "runs": []}
+    for r in runs:
+        out["runs"].append(dict(
+            run=r.index, regime=r.name, seed=r.seed, disagreement=clean(rate[r.index]),
+            count=count[r.index].astype(int).tolist(), mmd2=clean(mmd[r.index]),
+            student_length_mean=float(np.mean(length[r.index]))))
+    return out

@@ -1,0 +1,364 @@
+"""Interactive imitation: schedules, switch, masks, filters, buffer, rounds, resume."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import envs
+from envs.policies import Policy
+from jaxil.interactive import labels as L
+from jaxil.interactive.buffer import empty_buffer, insert
+from jaxil.interactive.config import InteractiveConfig, check_regime, regime
+from jaxil.interactive.rollout import SwitchRule, mixed_episodes
+from jaxil.interactive.schedule import NEVER, SWITCHES, expert_probability, sample_switch
+
+
+# ----------------------------------------------------------------------------- schedules
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_expert_probability_matches_numpy(jit):
+    """β_r of each schedule against the formulas in float64. Catches a decay
+    that starts at round 1 instead of 0 (β_0 ≠ beta0), a linear decay that
+    goes negative, or exponents off by one."""
+    rng = np.random.default_rng(0)
+    fn = jax.jit(expert_probability) if jit else expert_probability
+    for _ in range(20):
+        r, b0, rate = int(rng.integers(0, 12)), float(rng.uniform()), float(rng.uniform(0, 0.4))
+        want = [b0, b0 * min(1.0, max(0.0, 1 - r * rate)), b0 * rate ** r]
+        for kind in range(3):
+            np.testing.assert_allclose(float(fn(r, b0, kind, rate)), want[kind], rtol=1e-5,
+                                       atol=1e-7)
+    assert float(fn(0, 0.7, 2, 0.5)) == pytest.approx(0.7)  # β_0 is beta0 for every schedule
+
+
+def _pmf(kind, lo, hi, p, kmax):
+    k = np.arange(kmax + 1)
+    w = hi - lo + 1
+    inside = (k >= lo) & (k <= hi)
+    if kind == "uniform":
+        return np.where(inside, 1.0 / w, 0.0)
+    j = k - lo
+    if kind == "late":  # P(⌊√u·w⌋ = j) = ((j+1)² − j²) / w²
+        return np.where(inside, ((j + 1) ** 2 - j ** 2) / w ** 2, 0.0)
+    if kind == "early":
+        return np.where(inside, ((w - j) ** 2 - (w - j - 1) ** 2) / w ** 2, 0.0)
+    if kind == "geometric":
+        return np.where(k >= lo, (1 - p) ** np.maximum(j, 0) * p, 0.0)
+    if kind == "fixed":
+        return (k == lo).astype(float)
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind", ["uniform", "early", "late", "geometric", "fixed"])
+def test_switch_distributions_match_their_pmf(kind):
+    """Empirical switch frequencies against the analytic pmf. Catches an
+    exclusive upper end (hi never drawn), early/late swapped, and a geometric
+    that counts trials instead of failures (never equal to lo)."""
+    lo, hi, p = 3, 9, 0.3
+    keys = jax.random.split(jax.random.PRNGKey(1), 40_000)
+    ks = np.asarray(jax.jit(jax.vmap(lambda k: sample_switch(k, SWITCHES.index(kind), lo, hi, p)))(keys))
+    kmax = 40
+    emp = np.bincount(np.minimum(ks, kmax), minlength=kmax + 1)[: kmax + 1] / len(ks)
+    want = _pmf(kind, lo, hi, p, kmax)
+    np.testing.assert_allclose(emp[:kmax], want[:kmax], atol=0.01)
+    assert ks.min() >= lo
+    if kind != "geometric":
+        assert ks.max() <= hi
+
+
+def test_no_switch_never_hands_over():
+    k = sample_switch(jax.random.PRNGKey(0), SWITCHES.index("none"), 0, 5, 0.5)
+    assert int(k) == NEVER
+
+
+# ----------------------------------------------------------------------------- labels, masks
+
+
+def _hand_built():
+    """Two episodes of lengths 5 and 3 (T = 6); the expert takes over at k = 2 and 1."""
+    valid = np.array([[1, 1, 1, 1, 1, 0], [1, 1, 1, 0, 0, 0]], bool)
+    t = np.arange(6)[None]
+    acted = (t >= np.array([[2], [1]])) & valid
+    return valid, acted
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_loss_mask_and_labels_on_hand_built_episodes(jit):
+    """OEC trains on t ≥ k only (the switch step itself included), DAgger on
+    every valid step; a mask shifted by one step (t > k, or t ≥ k−1), one that
+    forgets the padding, or one that ignores a dropped episode fails here."""
+    valid, acted = _hand_built()
+    kept = np.array([True, False])
+    fn = jax.jit(L.loss_mask) if jit else L.loss_mask
+    oec = np.asarray(fn(valid, acted, True, kept))
+    np.testing.assert_array_equal(oec, [[0, 0, 1, 1, 1, 0], [0, 0, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(np.asarray(fn(valid, acted, True, np.array([True, True])))[1],
+                                  [0, 1, 1, 0, 0, 0])
+    ablation = np.asarray(fn(valid, acted, False, kept))  # mask off: the whole episode
+    np.testing.assert_array_equal(ablation, [[1, 1, 1, 1, 1, 0], [0, 0, 0, 0, 0, 0]])
+    spent = jax.jit(L.labels_spent, static_argnums=3) if jit else L.labels_spent
+    np.testing.assert_array_equal(spent(valid, acted, False, 3), [3 * 3, 3 * 2])  # OEC: expert steps
+    np.testing.assert_array_equal(spent(valid, acted, True, 3), [3 * 5, 3 * 3])  # DAgger: all visited
+    np.testing.assert_array_equal(spent(valid, np.zeros_like(acted), False, 3), [0, 0])  # on-policy
+
+
+def test_budget_allowance_is_inclusive_and_in_order():
+    """Episodes are taken in order while the running cost ≤ allowance: an
+    exclusive bound (<) or a per-episode test instead of the cumulative one
+    fails."""
+    spent = jnp.array([5, 0, 4, 2, 0])
+    np.testing.assert_array_equal(L.within_allowance(spent, 9), [1, 1, 1, 0, 0])
+    np.testing.assert_array_equal(L.within_allowance(spent, 11), [1, 1, 1, 1, 1])
+    np.testing.assert_array_equal(L.within_allowance(spent, 0), [0, 0, 0, 0, 0])
+    np.testing.assert_array_equal(L.within_allowance(jnp.zeros(3, jnp.int32), 0), [1, 1, 1])
+
+
+def test_training_targets_and_verifier():
+    lab, ex = jnp.array([[[1, 2]]]), jnp.array([[[3, 4]]])
+    np.testing.assert_array_equal(L.training_targets(lab, ex, True), lab)
+    np.testing.assert_array_equal(L.training_targets(lab, ex, False), ex)
+    won, ret = jnp.array([True, False, False]), jnp.array([0.0, 2.0, 1.0])
+    np.testing.assert_array_equal(L.verify(won, ret, 0, 0.0), [1, 1, 1])
+    np.testing.assert_array_equal(L.verify(won, ret, 1, 0.0), [1, 0, 0])
+    np.testing.assert_array_equal(L.verify(won, ret, 2, 1.0), [0, 1, 1])  # ≥, not >
+
+
+def _repeats_reference(obs, actions, valid):
+    E, T, N = actions.shape[:3]
+    out = np.zeros(E, int)
+    for e in range(E):
+        for i in range(N):
+            seen = {}
+            for t in range(T):
+                if valid[e, t]:
+                    key = (obs[e, t, i].tobytes(), np.asarray(actions[e, t, i]).tobytes())
+                    seen[key] = seen.get(key, 0) + 1
+            out[e] = max([out[e]] + list(seen.values()))
+    return out
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_repetition_filter_counts_exact_pairs(jit):
+    """The largest count of one agent's identical (obs, action) pair, against
+    a dictionary count. Catches counting obs alone (same obs, other action),
+    counting across agents, and counting padding steps."""
+    rng = np.random.default_rng(3)
+    E, T, N, O = 4, 7, 2, 3
+    obs = rng.integers(0, 2, (E, T, N, O)).astype(np.float32)
+    act = rng.integers(0, 2, (E, T, N)).astype(np.int32)
+    valid = np.arange(T)[None] < rng.integers(3, T + 1, (E, 1))
+    obs[0, :, 0] = 0.5  # agent 0 of episode 0: one obs throughout,
+    act[0, :, 0] = np.arange(T) % 2  # alternating actions: pairs repeat ⌈T/2⌉ times
+    obs[1, :, :] = 0.25
+    act[1, :, 0], act[1, :, 1] = 0, 1  # agents differ in action: no cross-agent count
+    valid[1] = True
+    fn = jax.jit(L.max_repeats) if jit else L.max_repeats
+    got = np.asarray(fn(obs, act, valid))
+    np.testing.assert_array_equal(got, _repeats_reference(obs, act, valid))
+    assert got[1] == T
+    passes = np.asarray(L.passes_repetition(obs, act, valid, T))
+    assert not passes[1] and bool(np.asarray(L.passes_repetition(obs, act, valid, 0)).all())
+
+
+# ----------------------------------------------------------------------------- buffer
+
+
+def test_ring_buffer_matches_a_python_ring():
+    """Appends kept rows in order and overwrites the oldest once full,
+    including one insert with more kept rows than the capacity. Catches a
+    pointer that advances by all rows instead of kept ones, and scatter
+    collisions when an insert wraps."""
+    spec = envs.make("mpe:simple_spread").spec
+    C = 7
+    buf = empty_buffer(spec, C)
+    ring, ptr, size = [None] * C, 0, 0
+    rng = np.random.default_rng(4)
+    n, A, O = spec.num_agents, spec.num_actions, spec.obs_dim
+    ins = jax.jit(insert)
+    for rows in (3, 5, 12, 4):
+        obs = rng.normal(size=(rows, n, O)).astype(np.float32)
+        act = rng.integers(0, A, (rows, n)).astype(np.int32)
+        av = np.ones((rows, n, A), bool)
+        keep = rng.uniform(size=rows) < 0.7
+        buf = ins(buf, obs, av, act, keep)
+        for r in np.nonzero(keep)[0]:
+            ring[ptr] = (obs[r], act[r])
+            ptr, size = (ptr + 1) % C, min(size + 1, C)
+        assert int(buf.ptr) == ptr and int(buf.size) == size
+        for j in range(C):
+            if ring[j] is not None:
+                np.testing.assert_array_equal(np.asarray(buf.obs[j]), ring[j][0])
+                np.testing.assert_array_equal(np.asarray(buf.actions[j]), ring[j][1])
+
+
+# ----------------------------------------------------------------------------- shared control
+
+
+def _counter_policies(num_actions):
+    """Student: always action 0. Expert: action 1 + (its call count mod
+    A−1), so its action reveals how many steps it has seen."""
+    def s_init(key, n):
+        return jnp.zeros((), jnp.int32)
+
+    def s_act(params, obs, avail, key, c):
+        return jnp.zeros(obs.shape[0], jnp.int32), c
+
+    def x_act(params, obs, avail, key, c):
+        return jnp.full(obs.shape[0], 1 + c % (num_actions - 1), jnp.int32), c + 1
+
+    return Policy(s_init, s_act), Policy(s_init, x_act)
+
+
+def test_expert_takes_over_at_k_and_inherits_its_history():
+    """With a fixed switch k the played action is the student's for t < k and
+    the expert's from k on; the expert has been run on every step, so at k
+    its carry already counts k steps. Catches t > k (off by one), an expert
+    started fresh at the switch, and a label that is the played action
+    instead of the expert's."""
+    env = envs.make("mpe:simple_spread")
+    A = env.spec.num_actions
+    student, expert = _counter_policies(A)
+    k = 4
+    rule = SwitchRule(SWITCHES.index("fixed"), k, k, 1.0, 0.0)
+    ep = jax.jit(lambda key: mixed_episodes(env, student, expert, None, None, rule, key, 3))(
+        jax.random.PRNGKey(0))
+    T = int(ep.length[0])
+    t = np.arange(T)
+    want_expert = 1 + t % (A - 1)
+    np.testing.assert_array_equal(np.asarray(ep.carry.expert_acted[0, :T]), t >= k)
+    np.testing.assert_array_equal(np.asarray(ep.actions[0, :T, 0]), np.where(t >= k, want_expert, 0))
+    np.testing.assert_array_equal(np.asarray(ep.carry.label[0, :T, 0]), want_expert)
+    np.testing.assert_array_equal(np.asarray(ep.carry.student_action[0, :T, 0]), 0)
+
+
+def test_dagger_coin_follows_beta():
+    """β = 0 never, β = 1 always, β = 0.3 about 30 % of steps hands the
+    controls to the expert (a coin drawn once per episode, or compared the
+    wrong way, fails)."""
+    env = envs.make("mpe:simple_spread")
+    student, expert = _counter_policies(env.spec.num_actions)
+    run = jax.jit(lambda key, beta: mixed_episodes(
+        env, student, expert, None, None, SwitchRule(0, 0, 0, 1.0, beta), key, 64))
+    key = jax.random.PRNGKey(2)
+    share = lambda b: float(np.asarray(run(key, b).carry.expert_acted)[np.asarray(run(key, b).mask)].mean())
+    assert share(0.0) == 0.0 and share(1.0) == 1.0
+    per_episode = np.asarray(run(key, 0.3).carry.expert_acted).mean(1)
+    assert abs(per_episode.mean() - 0.3) < 0.04 and per_episode.std() < 0.2
+
+
+# ----------------------------------------------------------------------------- regimes
+
+
+def test_regime_presets_and_range_checks():
+    """Presets set the documented knobs; out-of-range values are refused with
+    the name and the allowed range."""
+    kw = dict(sft_labels=100, has_win=True)
+    oec = regime("oec", 1000, **kw)
+    assert oec["mask_prefix"] and oec["verifier"] == 1 and not oec["use_label"]
+    assert regime("dagger", 1000, **kw)["use_label"] and regime("bc", 1000, **kw)["demo_labels"] == 1000
+    assert regime("oec", 1000, sft_labels=100, has_win=False)["verifier"] == 2
+    for bad, match in ((dict(beta0=1.5), "beta0.*0, 1"), (dict(switch_p=0.0), "switch_p"),
+                       (dict(repeat_limit=1), "repeat_limit"), (dict(lr=-1.0), "lr"),
+                       (dict(demo_labels=2000), "demo_labels"), (dict(switch_kind="late2"), "switch_kind"),
+                       (dict(demo_ratio=float("nan")), "finite")):
+        with pytest.raises(ValueError, match=match):
+            regime("dagger", 1000, **kw, **bad)
+    with pytest.raises(ValueError, match="budget"):
+        regime("oec", 50, **kw)
+    with pytest.raises(ValueError, match="unknown interactive method"):
+        regime("gail", 1000, **kw)
+    with pytest.raises(ValueError, match="rounds"):
+        InteractiveConfig(rounds=0)
+
+
+# ----------------------------------------------------------------------------- rounds, resume
+
+CFG = InteractiveConfig(rounds=3, envs_per_round=8, updates_per_round=20, sft_updates=20,
+                        eval_episodes=8, sft_labels=150, capacity=1024, hidden=(32,))
+
+
+@pytest.fixture(scope="module")
+def spread():
+    from jaxil.interactive.cli import load_expert
+
+    env, pol, params, _ = load_expert("mpe:simple_spread", "scripted")
+    return env, pol, params
+
+
+def _regimes(env, budget=900):
+    kw = dict(sft_labels=CFG.sft_labels, has_win=env.spec.has_win)
+    return [(m, regime(m, budget, **kw)) for m in ("bc", "dagger", "oec", "onpolicy")]
+
+
+def test_rounds_respect_the_budget_and_resume_reproduces(spread, tmp_path, monkeypatch):
+    """One program runs BC, DAgger, OEC and rejection sampling × 2 seeds:
+    - no regime spends more expert labels than its budget, and the interactive
+      share is spread over rounds (an allowance that forgets what earlier
+      rounds spent, or counting kept instead of paid episodes, breaks this);
+    - BC and rejection sampling ask the expert nothing interactively;
+    - a run killed after round 2's metrics but before its checkpoint resumes
+      from round 1 and reproduces the uninterrupted metrics and states
+      exactly (a key drawn from the wall clock, or metrics rows kept past
+      the checkpoint, would break it).
+    """
+    from jaxil.checkpoint import Checkpointer
+    from jaxil.interactive.loop import run
+
+    env, pol, params = spread
+    regs = _regimes(env)
+    full = run(env, pol, params, regs, seeds=2, config=CFG, out_dir=tmp_path / "full",
+               progress=False, diagnostics=False)
+    rows = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        assert r["labels"] <= 900
+        if r["round"] > 0:
+            assert r["interactive_labels"] <= (900 - 150) * r["round"] // CFG.rounds
+            if r["regime"] in ("bc", "onpolicy"):
+                assert r["interactive_labels"] == 0
+    final = {r["regime"]: r for r in rows if r["round"] == CFG.rounds}
+    assert final["dagger"]["labels"] > 600 and final["oec"]["labels"] > 450
+
+    save = Checkpointer.save
+
+    def killed(self, step, state):
+        if step == 2:
+            raise KeyboardInterrupt
+        save(self, step, state)
+
+    monkeypatch.setattr(Checkpointer, "save", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run(env, pol, params, regs, seeds=2, config=CFG, out_dir=tmp_path / "killed",
+            progress=False, diagnostics=False)
+    with open(tmp_path / "killed" / "metrics.jsonl", "a") as f:
+        f.write('{"round": 3, "run"')  # a line cut by the kill
+    monkeypatch.setattr(Checkpointer, "save", save)
+    with pytest.raises(FileExistsError, match="--resume"):
+        run(env, pol, params, regs, seeds=2, config=CFG, out_dir=tmp_path / "killed",
+            progress=False, diagnostics=False)
+    with pytest.raises(ValueError, match="differ.*regimes"):
+        run(env, pol, params, _regimes(env, 1000), seeds=2, config=CFG,
+            out_dir=tmp_path / "killed", resume=True, progress=False, diagnostics=False)
+    resumed = run(env, pol, params, regs, seeds=2, config=CFG, out_dir=tmp_path / "killed",
+                  resume=True, progress=False, diagnostics=False)
+    again = [json.loads(x) for x in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
+    assert again == rows
+    for a, b in zip(jax.tree.leaves(full["states"]), jax.tree.leaves(resumed["states"])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_cli_refuses_bad_input_in_one_line(capsys):
+    """A budget below the SFT set and an out-of-range β exit 1 with a
+    one-line message (no traceback)."""
+    from jaxil.cli import main
+
+    assert main(["interactive", "oec", "--env", "mpe:simple_spread", "--expert", "scripted",
+                 "--budget", "100", "--sft-labels", "150"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "budget" in err[0] and "150" in err[0]
+    assert main(["interactive", "dagger", "--env", "mpe:simple_spread", "--expert", "scripted",
+                 "--budget", "1000", "--beta0", "2"]) == 1
+    assert "beta0" in capsys.readouterr().err
