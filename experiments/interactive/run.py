@@ -82,8 +82,13 @@ def run_env(env_id: str, args) -> dict:
         eval_episodes=args.eval_episodes)
     regimes = regimes_for(env, sft_labels)
     t0 = time.perf_counter()
+    import hashlib
+
+    stamp = hashlib.sha256(json.dumps(settings_of(args), sort_keys=True).encode()).hexdigest()[:10]
+    run_dir = Path(args.run_dir) / stamp / env_id.replace(":", "_")
     summary = run(env, policy, params, regimes, seeds=args.seeds, config=config,
                   base_seed=args.seed, progress=not args.no_progress, diagnostics=True,
+                  out_dir=run_dir, resume=True, eval_every=args.eval_every,
                   run_info=dict(expert=source))
     summary.pop("states")
     wall = time.perf_counter() - t0
@@ -142,6 +147,31 @@ def comparisons(results: list[dict]) -> list[dict]:
                 out.append(dict(env_id=res["env_id"], budget=res["sft_labels"] * m, method=k,
                                 gap=gap, beats_bc=bool(gap > max(p["return_std"], bc["return_std"]))))
     return out
+
+
+def shift_table(results: list[dict]) -> str:
+    """Covariate shift at budgets ×2 and ×8: the expert–student disagreement on
+    the student's own states averaged over the thirds of the expert's mean
+    episode length L, and the squared MMD of the first and the last time bin
+    within 1.5 L (mean over seeds)."""
+    lines = ["| environment | student | disagreement t∈[0,L/3) | [L/3,2L/3) | [2L/3,L) "
+             "| MMD² first bin | MMD² last bin |", "|---|---|---|---|---|---|---|"]
+    for res in results:
+        shift = res["summary"]["shift"]
+        L = max(3, int(round(shift["expert_length_mean"])))
+        thirds = [(0, L // 3), (L // 3, 2 * L // 3), (2 * L // 3, L)]
+        for m in (2, ABLATION_MULTIPLE):
+            for k in ("bc", "dagger", "oec"):
+                runs = [r for r in shift["runs"] if r["regime"] == f"{k}@{m}"]
+                d = np.array([[np.nan if x is None else x for x in r["disagreement"]] for r in runs])
+                mm = np.array([[np.nan if x is None else x for x in r["mmd2"][:-1]] for r in runs])
+                parts = [np.nanmean(d[:, a:b]) for a, b in thirds]
+                col = np.nanmean(mm, 0)
+                last = col[np.isfinite(col)][-1] if np.isfinite(col).any() else np.nan
+                lines.append(f"| {res['env_id']} | {METHOD_LABELS[k]} @×{m} | "
+                             + " | ".join(f"{x:.3f}" for x in parts)
+                             + f" | {col[0]:.4f} | {last:.4f} |")
+    return "\n".join(lines)
 
 
 def plots(results: list[dict], out: Path) -> None:
@@ -206,6 +236,13 @@ def plots(results: list[dict], out: Path) -> None:
     plt.close(fig)
 
 
+def settings_of(args) -> dict:
+    """What a result depends on (the cache and the run directories are keyed by it)."""
+    return {k: getattr(args, k) for k in ("seeds", "seed", "rounds", "envs_per_round",
+                                          "updates_per_round", "sft_episodes", "sft_updates",
+                                          "eval_episodes", "eval_every", "scale")}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--envs", nargs="+", default=list(DEFAULT_ENVS))
@@ -218,6 +255,9 @@ def main(argv=None) -> int:
                    help="SFT set size, in expert episodes' worth of labels")
     p.add_argument("--sft-updates", type=int, default=500)
     p.add_argument("--eval-episodes", type=int, default=128)
+    p.add_argument("--eval-every", type=int, default=4, help="rounds between evaluations")
+    p.add_argument("--run-dir", default="runs/experiments/interactive",
+                   help="run directories (checkpoints: a killed run resumes mid-environment)")
     p.add_argument("--scale", type=int, default=1, help="multiply episodes per round and updates")
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     p.add_argument("--out", default=None)
@@ -225,16 +265,15 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.rounds, args.envs_per_round, args.updates_per_round = 2, 8, 20
-        args.sft_updates, args.eval_episodes, args.seeds = 20, 8, 2
+        args.sft_updates, args.eval_episodes, args.seeds, args.eval_every = 20, 8, 2, 1
+        args.run_dir = str(Path(args.run_dir) / "quick")
         args.envs = args.envs[:1]
     out = Path(args.out or Path(__file__).parent / ("results_quick" if args.quick else "results"))
     out.mkdir(parents=True, exist_ok=True)
 
     from jaxil.resume import ResultCache
 
-    settings = {k: getattr(args, k) for k in ("seeds", "seed", "rounds", "envs_per_round",
-                                              "updates_per_round", "sft_episodes", "sft_updates",
-                                              "eval_episodes", "scale")}
+    settings = settings_of(args)
     results, t0 = [], time.perf_counter()
     for env_id in args.envs:
         cache = ResultCache(out / f".cache-{env_id.replace(':', '_')}.json", settings,
@@ -250,9 +289,12 @@ def main(argv=None) -> int:
                wall_seconds_total=sum(r["wall_seconds"] for r in results),
                comparisons=comparisons(results), environments=results)
     (out / "results.json").write_text(json.dumps(doc, indent=1))
-    (out / "table.md").write_text(table(results) + "\n")
+    (out / "table.md").write_text(table(results) + "\n\nCovariate shift (the students of "
+                                  "the table, on the fixed start states):\n\n"
+                                  + shift_table(results) + "\n")
     plots(results, out)
     print(table(results))
+    print(shift_table(results))
     print(f"wrote {out}; environments took {doc['wall_seconds_total']:.0f} s "
           f"(this call {time.perf_counter() - t0:.0f} s)")
     return 0

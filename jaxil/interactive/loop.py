@@ -85,7 +85,8 @@ def make_student(env: MultiAgentEnv, config: InteractiveConfig) -> Learner:
 
 
 def _flat(x: jax.Array) -> jax.Array:
-    return x.reshape((-1,) + x.shape[2:])
+    """``[E, T, ...] -> [E·T, ...]`` (explicit: box actions have ``avail [.., 0]``)."""
+    return x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
 
 
 def sample_batch(key: jax.Array, state: InteractiveState, demos: Demos, batch_size: int) -> Batch:
@@ -412,6 +413,8 @@ def run(
     summary = summarize(rows, runs)
     summary["wall_seconds"] = time.perf_counter() - t_start
     summary["demos"] = info["demos"]
+    if out:  # before the diagnostic, so that its failure loses no result
+        (out / "results.json").write_text(json.dumps(summary, indent=2))
     if diagnostics:
         summary["shift"] = shift_diagnostic(env, student, expert, expert_params, states, runs,
                                             eval_key, config.eval_episodes)
@@ -466,7 +469,11 @@ def shift_diagnostic(env, student: Learner, expert: Any, expert_params: Any,
       kernel, median-heuristic bandwidth) between the global states the
       student and the expert visit in time bin ``b``, both from the same
       start states. The bins split ``[0, 1.5 × the expert's mean length)``
-      into ``num_bins``; a last bin holds the rest of the episode.
+      into ``num_bins`` (later steps are rare and would make the kernel
+      matrices large).
+
+    The runs are measured one after another (``lax.map``), so memory does not
+    grow with their number.
     """
     from jaxil.interactive.diagnostics import disagreement_by_t, mmd2_by_t
 
@@ -476,8 +483,7 @@ def shift_diagnostic(env, student: Learner, expert: Any, expert_params: Any,
     ep_x = _expert_episodes(env, expert, num_episodes)(expert_params, key)
     horizon = min(T, max(num_bins, int(np.ceil(1.5 * float(np.mean(ep_x.length))))))
     width = max(1, int(np.ceil(horizon / num_bins)))
-    edges = tuple(range(0, horizon, width)) + ((horizon,) if horizon < T else ()) + (T,)
-    edges = tuple(sorted(set(edges)))
+    edges = tuple(sorted(set(range(0, horizon, width)) | {horizon}))
 
     @jax.jit
     def measure(params):
@@ -491,7 +497,7 @@ def shift_diagnostic(env, student: Learner, expert: Any, expert_params: Any,
                             ep_x.mask, edges)[0]
             return rate, count, mmd, ep.length
 
-        return jax.vmap(one)(params)
+        return jax.lax.map(one, params)
 
     rate, count, mmd, length = map(np.asarray, measure(states.student.params))
     clean = lambda xs: [None if not np.isfinite(x) else float(x) for x in xs]
