@@ -336,7 +336,9 @@ def test_rounds_respect_the_budget_and_resume_reproduces(spread, tmp_path, monke
     - no regime spends more expert labels than its budget, and the interactive
       share is spread over rounds (an allowance that forgets what earlier
       rounds spent, or counting kept instead of paid episodes, breaks this);
-    - BC and rejection sampling ask the expert nothing interactively;
+    - BC and rejection sampling ask the expert nothing interactively, and BC
+      keeps none of its rollouts (a BC preset whose free, unlabelled
+      rollouts pass the budget would imitate its own actions);
     - a run killed after round 2's metrics but before its checkpoint resumes
       from round 1 and reproduces the uninterrupted metrics and states
       exactly (a key drawn from the wall clock, or metrics rows kept past
@@ -356,6 +358,8 @@ def test_rounds_respect_the_budget_and_resume_reproduces(spread, tmp_path, monke
             assert r["interactive_labels"] <= (900 - 150) * r["round"] // CFG.rounds
             if r["regime"] in ("bc", "onpolicy"):
                 assert r["interactive_labels"] == 0
+            if r["regime"] == "bc":  # BC trains on the demonstrations only
+                assert r["trained_steps"] == 0 and r["buffer_size"] == 0
     final = {r["regime"]: r for r in rows if r["round"] == CFG.rounds}
     assert final["dagger"]["labels"] > 600 and final["oec"]["labels"] > 450
 

@@ -255,7 +255,8 @@ def main(argv=None) -> int:
                    help="SFT set size, in expert episodes' worth of labels")
     p.add_argument("--sft-updates", type=int, default=500)
     p.add_argument("--eval-episodes", type=int, default=128)
-    p.add_argument("--eval-every", type=int, default=4, help="rounds between evaluations")
+    p.add_argument("--eval-every", type=int, default=8,
+                   help="rounds between evaluations (default: the SFT start and the end)")
     p.add_argument("--run-dir", default="runs/experiments/interactive",
                    help="run directories (checkpoints: a killed run resumes mid-environment)")
     p.add_argument("--scale", type=int, default=1, help="multiply episodes per round and updates")

@@ -10,8 +10,8 @@ The methods are presets of the same knobs (:func:`regime`):
 ==========  ======================  ==================  =========  ==========
 method      who acts                trained on          verifier   demos
 ==========  ======================  ==================  =========  ==========
-bc          (nobody: no rollouts    the demonstrations  —          the whole
-            are paid for)                                          budget
+bc          (student; no rollout    the demonstrations  —          the whole
+            is kept: allowance 0)   only                           budget
 dagger      expert w.p. β_r/step    expert label, all   off        SFT set
 oec         student t<k, expert ≥k  expert steps (mask) on         SFT set
 oec_mix     as oec                  as oec              on         a share ρ
@@ -140,7 +140,11 @@ def regime(method: str, budget: int, *, sft_labels: int, has_win: bool,
              demo_ratio=-1.0, budget=budget, demo_labels=sft_labels, lr=1e-3, scratch=False)
     verifier = "win" if has_win else "return"
     if method == "bc":
-        h.update(demo_labels=budget)
+        # The student's rollouts would be labelled (use_label) but the
+        # interactive allowance is 0, so none is kept: BC trains on the
+        # demonstrations alone. (With use_label off they would cost nothing
+        # and BC would also imitate its own rollouts.)
+        h.update(demo_labels=budget, use_label=True)
     elif method == "dagger":
         h.update(beta0=0.5, beta_kind="exponential", beta_rate=0.5, use_label=True)
     elif method in ("oec", "oec_mix"):

@@ -131,7 +131,7 @@ def make_round(env: MultiAgentEnv, student: Learner, expert: Any, config: Intera
     def round_fn(state: InteractiveState, demos: Demos, expert_params: Any):
         hp = state.hp
         r = state.round
-        key, k_roll, k_init = jax.random.split(state.key, 3)
+        key, k_roll, _ = jax.random.split(state.key, 3)
         beta = expert_probability(r, hp.beta0, hp.beta_kind, hp.beta_rate)
         rule = SwitchRule(hp.switch_kind, hp.switch_lo, hp.switch_hi, hp.switch_p, beta)
         ep = mixed_episodes(env, spolicy, expert, state.student.params, expert_params, rule,
