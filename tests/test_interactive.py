@@ -164,6 +164,27 @@ def test_repetition_filter_counts_exact_pairs(jit):
     assert not passes[1] and bool(np.asarray(L.passes_repetition(obs, act, valid, 0)).all())
 
 
+def test_repetition_filter_skips_agents_without_a_choice():
+    """A dead unit (constant zero observation, no-op only) repeats one pair
+    until the episode ends; with the choice mask it is not counted, while a
+    live agent looping on one pair still is. Without the mask (the first
+    experiment's filter) every won episode with an early death was rejected."""
+    E, T, N, O = 1, 10, 2, 3
+    rng = np.random.default_rng(5)
+    obs = rng.normal(size=(E, T, N, O)).astype(np.float32)
+    act = rng.integers(0, 5, (E, T, N)).astype(np.int32)
+    obs[0, 2:, 1], act[0, 2:, 1] = 0.0, 0  # agent 1 dies at t = 2
+    valid = np.ones((E, T), bool)
+    choice = np.ones((E, T, N), bool)
+    choice[0, 2:, 1] = False
+    assert int(L.max_repeats(obs, act, valid)[0]) == 8
+    assert int(L.max_repeats(obs, act, valid, choice)[0]) == 1
+    assert bool(L.passes_repetition(obs, act, valid, 8, choice)[0])
+    obs[0, 3:9, 0], act[0, 3:9, 0] = 0.5, 2  # agent 0 loops for 6 steps
+    assert int(L.max_repeats(obs, act, valid, choice)[0]) == 6
+    assert not bool(L.passes_repetition(obs, act, valid, 6, choice)[0])
+
+
 # ----------------------------------------------------------------------------- buffer
 
 

@@ -16,13 +16,16 @@ episode e and step t: ``valid[e, t]`` (the step happened), ``expert_acted[e, t]`
   been paid for.
 - Verifier: accept a win (tasks with a win), or ``return ≥ threshold``.
 - Repetition filter: reject an episode in which some agent meets the same
-  (observation, action) pair ``R`` or more times (stuck in a loop).
+  (observation, action) pair ``R`` or more times (stuck in a loop), counting
+  only agent-steps with a choice (more than one available action).
 - Budget: episodes are taken in index order while the cumulative labels they
   spent stay within the round's allowance; the rest are dropped unpaid (as if
   never run), so every method stops at the same expert-label count.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import chex
 import jax
@@ -82,9 +85,15 @@ def verify(won: jax.Array, episode_return: jax.Array, kind, threshold) -> jax.Ar
     return options[jnp.asarray(kind, jnp.int32)]
 
 
-def max_repeats(obs: jax.Array, actions: jax.Array, valid: jax.Array) -> jax.Array:
+def max_repeats(obs: jax.Array, actions: jax.Array, valid: jax.Array,
+                agent_mask: Optional[jax.Array] = None) -> jax.Array:
     """``[E]`` int32: per episode, the largest number of valid steps at which
     one agent meets one and the same (observation, action) pair.
+
+    ``agent_mask`` ``[E, T, N]`` limits the count to the agent-steps it
+    marks, e.g. agents with more than one available action: a dead SMAX unit
+    (zero observation, no-op only) repeats one pair until the episode ends,
+    which is not a loop the policy is stuck in.
 
     Pairs are compared exactly: observations and actions are joined into one
     vector per agent-step and hashed by two fixed random projections
@@ -95,6 +104,7 @@ def max_repeats(obs: jax.Array, actions: jax.Array, valid: jax.Array) -> jax.Arr
     Args:
       obs: ``[E, T, N, O]``; actions: ``[E, T, N]`` int or ``[E, T, N, d]``;
       valid: ``[E, T]`` bool.
+      agent_mask: optional ``[E, T, N]`` bool, the agent-steps to count.
     """
     chex.assert_rank([obs, valid], [4, 2])
     chex.assert_equal_shape_prefix([obs, actions, valid], 2)
@@ -104,13 +114,18 @@ def max_repeats(obs: jax.Array, actions: jax.Array, valid: jax.Array) -> jax.Arr
     proj = jax.random.normal(jax.random.PRNGKey(0x0EC), (x.shape[-1], 2), jnp.float32)
     h = jnp.einsum("etnf,fk->etnk", x, proj, precision=jax.lax.Precision.HIGHEST)
     same = jnp.all(h[:, :, None] == h[:, None, :], axis=-1)  # [E, T, T, N]
-    both = valid[:, :, None] & valid[:, None, :]
-    counts = jnp.sum(same & both[..., None], axis=2)  # [E, T, N]: matches of step t
-    return jnp.max(jnp.where(valid[..., None], counts, 0), axis=(1, 2)).astype(jnp.int32)
+    live = jnp.broadcast_to(valid[..., None], (E, T, N))
+    if agent_mask is not None:
+        chex.assert_shape(agent_mask, (E, T, N))
+        live = live & agent_mask
+    both = live[:, :, None, :] & live[:, None, :, :]  # [E, T, T, N]
+    counts = jnp.sum(same & both, axis=2)  # [E, T, N]: matches of step t
+    return jnp.max(jnp.where(live, counts, 0), axis=(1, 2)).astype(jnp.int32)
 
 
-def passes_repetition(obs, actions, valid, limit) -> jax.Array:
+def passes_repetition(obs, actions, valid, limit, agent_mask=None) -> jax.Array:
     """``[E]`` bool: no agent repeats an (observation, action) pair ``limit``
-    times; ``limit ≤ 0`` turns the filter off."""
+    times (among the agent-steps ``agent_mask`` marks); ``limit ≤ 0`` turns
+    the filter off."""
     limit = jnp.asarray(limit, jnp.int32)
-    return (limit <= 0) | (max_repeats(obs, actions, valid) < limit)
+    return (limit <= 0) | (max_repeats(obs, actions, valid, agent_mask) < limit)

@@ -144,7 +144,10 @@ def make_round(env: MultiAgentEnv, student: Learner, expert: Any, config: Intera
         allowance = (interactive * (r + 1)) // config.rounds - state.labels
         within = L.within_allowance(spent, allowance)
         accepted = L.verify(ep.won, ep.episode_return, hp.verifier, hp.return_threshold)
-        accepted &= L.passes_repetition(ep.obs[:, :T], ep.actions, valid, hp.repeat_limit)
+        # Agents with no choice (a dead SMAX unit can only no-op) repeat
+        # themselves without being stuck: the filter skips them.
+        choice = jnp.sum(ep.avail_actions[:, :T], axis=-1) > 1 if spec.discrete else None
+        accepted &= L.passes_repetition(ep.obs[:, :T], ep.actions, valid, hp.repeat_limit, choice)
         kept = within & accepted
         mask = L.loss_mask(valid, info.expert_acted, hp.mask_prefix, kept)
         targets = L.training_targets(info.label, ep.actions, hp.use_label)
