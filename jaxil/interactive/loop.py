@@ -42,6 +42,7 @@ from jaxil.interactive.rollout import SwitchRule, mixed_episodes
 from jaxil.interactive.schedule import NEVER, expert_probability
 from jaxil.learners.base import Learner, LearnerState
 from jaxil.learners.bc import BCConfig, make_bc
+from jaxil.train import _read_jsonl, _write_jsonl_atomic  # the run directories' one JSONL format
 
 
 @struct.dataclass
@@ -268,12 +269,6 @@ def init_states(env, student: Learner, config: InteractiveConfig, hps: list[dict
                           key=jax.vmap(lambda k: jax.random.fold_in(k, 2))(k_state[pick]))
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    from jaxil.train import _read_jsonl as read
-
-    return read(path)
-
-
 def run(
     env: MultiAgentEnv,
     expert: Any,
@@ -369,8 +364,6 @@ def run(
             states = ckpt.restore(states, latest)
             start = latest
             rows = [r for r in _read_jsonl(out / "metrics.jsonl") if r["round"] <= latest]
-        from jaxil.train import _write_jsonl_atomic
-
         _write_jsonl_atomic(out / "metrics.jsonl", rows)
         (out / "run.json").write_text(json.dumps(info, indent=2, default=str))
 
