@@ -351,3 +351,34 @@ def test_disagreement_agent_mask_counts_only_agents_with_a_choice(jit):
         else:
             assert np.isnan(float(rate[t]))
         assert int(count[t]) == int(mask[:, t].sum())
+
+
+def test_twin_policy_measures_the_experts_own_label_noise():
+    """Two draws of a uniformly random expert over A legal actions disagree
+    with probability 1 − 1/A; a deterministic expert never disagrees with
+    itself; the played action is the first draw and the carry moves on as the
+    expert's own. Catches both draws using one key (noise 0), the second draw
+    being played, or the twin advancing its carry with the second draw."""
+    import envs
+    from envs.policies import Policy, random_policy
+    from jaxil.interactive.diagnostics import twin_policy
+
+    env = envs.make("mpe:simple_spread")
+    spec = env.spec
+    shape = (spec.num_agents,) + spec.action.shape
+    run = lambda pol: envs.run_episodes(env, pol, None, jax.random.PRNGKey(3), 32, record_carry=True)
+
+    ep = jax.jit(lambda: run(twin_policy(random_policy(spec), shape)))()
+    rate = np.asarray(disagreement_by_t(ep.carry.second, ep.actions, ep.mask, True)[0])
+    A = spec.num_actions  # every MPE action is always legal
+    assert abs(np.nanmean(rate) - (1 - 1 / A)) < 0.03
+
+    def count_act(params, obs, avail, key, c):  # deterministic, with a carry
+        return jnp.full(obs.shape[0], c % A, jnp.int32), c + 1
+
+    counter = Policy(lambda key, n: jnp.int32(0), count_act)
+    ep = jax.jit(lambda: run(twin_policy(counter, shape)))()
+    T = int(ep.length[0])
+    np.testing.assert_array_equal(np.asarray(ep.carry.second[0, :T]), np.asarray(ep.actions[0, :T]))
+    np.testing.assert_array_equal(np.asarray(ep.actions[0, :T, 0]), np.arange(T) % A)
+    np.testing.assert_array_equal(np.asarray(ep.carry.inner[0, :T]), np.arange(1, T + 1))

@@ -152,24 +152,34 @@ def comparisons(results: list[dict]) -> list[dict]:
 def shift_table(results: list[dict]) -> str:
     """Covariate shift at budgets ×2 and ×8: the expert–student disagreement on
     the student's own states averaged over the thirds of the expert's mean
-    episode length L, and the squared MMD of the first and the last time bin
-    within 1.5 L (mean over seeds)."""
+    episode length L; the floor, two independent expert draws on the same
+    (student's) states, over t < L; and the squared MMD of the first and the
+    last time bin within 1.5 L (mean over seeds). The first row of each
+    environment is the expert's self-disagreement on its own states."""
     lines = ["| environment | student | disagreement t∈[0,L/3) | [L/3,2L/3) | [2L/3,L) "
-             "| MMD² first bin | MMD² last bin |", "|---|---|---|---|---|---|---|"]
+             "| expert vs itself, t<L | MMD² first bin | MMD² last bin |",
+             "|---|---|---|---|---|---|---|---|"]
+    arr = lambda xs: np.array([np.nan if x is None else x for x in xs], float)
     for res in results:
         shift = res["summary"]["shift"]
         L = max(3, int(round(shift["expert_length_mean"])))
         thirds = [(0, L // 3), (L // 3, 2 * L // 3), (2 * L // 3, L)]
+        own = arr(shift["expert_self_on_expert"])[:L]
+        lines.append(f"| {res['env_id']} | expert (own states) | "
+                     + " | ".join(f"{np.nanmean(own[a:b]):.3f}" for a, b in thirds)
+                     + f" | {np.nanmean(own):.3f} | | |")
         for m in (2, ABLATION_MULTIPLE):
             for k in ("bc", "dagger", "oec"):
                 runs = [r for r in shift["runs"] if r["regime"] == f"{k}@{m}"]
-                d = np.array([[np.nan if x is None else x for x in r["disagreement"]] for r in runs])
-                mm = np.array([[np.nan if x is None else x for x in r["mmd2"][:-1]] for r in runs])
+                d = np.array([arr(r["disagreement"]) for r in runs])
+                noise = np.array([arr(r["expert_self"]) for r in runs])
+                mm = np.array([arr(r["mmd2"][:-1]) for r in runs])
                 parts = [np.nanmean(d[:, a:b]) for a, b in thirds]
                 col = np.nanmean(mm, 0)
                 last = col[np.isfinite(col)][-1] if np.isfinite(col).any() else np.nan
                 lines.append(f"| {res['env_id']} | {METHOD_LABELS[k]} @×{m} | "
                              + " | ".join(f"{x:.3f}" for x in parts)
+                             + f" | {np.nanmean(noise[:, :L]):.3f}"
                              + f" | {col[0]:.4f} | {last:.4f} |")
     return "\n".join(lines)
 
@@ -226,6 +236,8 @@ def plots(results: list[dict], out: Path) -> None:
             mm = np.array([[np.nan if x is None else x for x in r["mmd2"][:-1]] for r in runs])
             centers = [(a + b) / 2 for a, b in zip(edges[:-2], edges[1:-1])]
             axes[1][j].plot(centers, np.nanmean(mm, 0)[: len(centers)], marker="o", label=label)
+        own = [np.nan if x is None else x for x in shift["expert_self_on_expert"][:horizon]]
+        axes[0][j].plot(np.arange(horizon), own, "k:", label="expert vs itself")
         axes[0][j].set_title(f"{res['env_id']} (budget ×{ABLATION_MULTIPLE})")
         axes[0][j].set_ylabel("disagreement with expert")
         axes[1][j].set_ylabel("MMD² to expert states")
@@ -236,11 +248,26 @@ def plots(results: list[dict], out: Path) -> None:
     plt.close(fig)
 
 
+def code_fingerprint() -> str:
+    """A digest of ``jaxil/interactive/*.py``: a fix there must not be answered
+    from a cache or resumed from checkpoints that the old code wrote."""
+    import hashlib
+
+    import jaxil.interactive
+
+    h = hashlib.sha256()
+    for f in sorted(Path(jaxil.interactive.__file__).parent.glob("*.py")):
+        h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()[:12]
+
+
 def settings_of(args) -> dict:
     """What a result depends on (the cache and the run directories are keyed by it)."""
-    return {k: getattr(args, k) for k in ("seeds", "seed", "rounds", "envs_per_round",
-                                          "updates_per_round", "sft_episodes", "sft_updates",
-                                          "eval_episodes", "eval_every", "scale")}
+    out = {k: getattr(args, k) for k in ("seeds", "seed", "rounds", "envs_per_round",
+                                         "updates_per_round", "sft_episodes", "sft_updates",
+                                         "eval_episodes", "eval_every", "scale")}
+    out["code"] = code_fingerprint()
+    return out
 
 
 def main(argv=None) -> int:

@@ -12,6 +12,11 @@ episode arrays (``E`` episodes, ``T`` steps, ``N`` agents):
   al. 2012) between the global states the student visits and those the
   expert visits, per bin of time steps.
 
+A stochastic expert (a sampling teacher, a scripted expert that breaks ties
+at random) disagrees with ITSELF: :func:`twin_policy` draws a second,
+independent expert action at every step, and ``disagreement_by_t`` between
+the two is the floor below which no student's disagreement can fall.
+
 Both are masked (padding after an episode's end is ignored), jittable with
 static shapes, and return NaN where there is nothing to measure, so that a
 plot shows a gap instead of a fake 0.
@@ -19,11 +24,45 @@ plot shows a gap instead of a fake 0.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from typing import Any, NamedTuple, Optional, Sequence, Union
 
 import chex
 import jax
 import jax.numpy as jnp
+
+from envs.policies import Policy, as_policy
+from jaxil.interactive.rollout import action_dtype
+
+
+class Twin(NamedTuple):
+    """The carry of :func:`twin_policy`: the expert's own carry and the
+    second draw of this step's action."""
+
+    inner: Any
+    second: jax.Array
+
+
+def twin_policy(expert: Any, action_shape: tuple) -> Policy:
+    """The expert, also drawing a second action from the same state and
+    carry with an independent key (recorded in ``carry.second``; the first
+    draw is played and moves the carry on).
+
+    For a deterministic expert the two draws are equal; otherwise their
+    disagreement is the expert's label noise at that state.
+    """
+    x = as_policy(expert)
+
+    def init(key, n):
+        zeros = jnp.zeros((n,) + tuple(action_shape[1:]), action_dtype(action_shape))
+        return Twin(x.init(key, n), zeros)
+
+    def act(params, obs, avail, key, c: Twin):
+        k1, k2 = jax.random.split(key)
+        a1, inner = x.act(params, obs, avail, k1, c.inner)
+        a2, _ = x.act(params, obs, avail, k2, c.inner)
+        return a1, Twin(inner, a2.astype(a1.dtype))
+
+    return Policy(init=init, act=act)
 
 
 def disagreement_by_t(

@@ -466,17 +466,33 @@ def shift_diagnostic(env, student: Learner, expert: Any, expert_params: Any,
       student and the expert visit in time bin ``b``, both from the same
       start states. The bins split ``[0, 1.5 × the expert's mean length)``
       into ``num_bins`` (later steps are rare and would make the kernel
-      matrices large).
+      matrices large);
+    - ``expert_self[t]``: the disagreement of two independent draws of the
+      expert on the same states (:func:`twin_policy`), on that student's
+      states; and ``expert_self_on_expert[t]`` (top level) on the expert's
+      own states. A student cannot be expected to disagree less than this
+      floor: a sampling teacher or random tie-breaks make labels noisy.
 
     The runs are measured one after another (``lax.map``), so memory does not
     grow with their number.
     """
-    from jaxil.interactive.diagnostics import disagreement_by_t, mmd2_by_t
+    from jaxil.interactive.diagnostics import disagreement_by_t, mmd2_by_t, twin_policy
 
     spec = env.spec
     never = SwitchRule(0, 0, 0, 1.0, 0.0)
     T = spec.max_steps
-    ep_x = _expert_episodes(env, expert, num_episodes)(expert_params, key)
+    twin = twin_policy(expert, (spec.num_agents,) + spec.action.shape)
+
+    def choice_of(ep):
+        return jnp.sum(ep.avail_actions[:, :T], axis=-1) > 1 if spec.discrete else None
+
+    @jax.jit
+    def expert_run(k):
+        ep = envs.run_episodes(env, twin, expert_params, k, num_episodes, record_carry=True)
+        return ep, disagreement_by_t(ep.carry.second, ep.actions, ep.mask, spec.discrete,
+                                     choice_of(ep))[0]
+
+    ep_x, self_x = expert_run(key)
     horizon = min(T, max(num_bins, int(np.ceil(1.5 * float(np.mean(ep_x.length))))))
     width = max(1, int(np.ceil(horizon / num_bins)))
     edges = tuple(sorted(set(range(0, horizon, width)) | {horizon}))
@@ -484,24 +500,26 @@ def shift_diagnostic(env, student: Learner, expert: Any, expert_params: Any,
     @jax.jit
     def measure(params):
         def one(p):
-            ep = mixed_episodes(env, student.policy(False), expert, p, expert_params, never,
+            ep = mixed_episodes(env, student.policy(False), twin, p, expert_params, never,
                                 key, num_episodes)
-            choice = jnp.sum(ep.avail_actions[:, :T], axis=-1) > 1 if spec.discrete else None
+            choice = choice_of(ep)
             rate, count = disagreement_by_t(ep.carry.student_action, ep.carry.label, ep.mask,
                                             spec.discrete, choice)
+            noise = disagreement_by_t(ep.carry.expert_carry.second, ep.carry.label, ep.mask,
+                                      spec.discrete, choice)[0]
             mmd = mmd2_by_t(ep.global_state[:, :T], ep.mask, ep_x.global_state[:, :T],
                             ep_x.mask, edges)[0]
-            return rate, count, mmd, ep.length
+            return rate, count, noise, mmd, ep.length
 
         return jax.lax.map(one, params)
 
-    rate, count, mmd, length = map(np.asarray, measure(states.student.params))
+    rate, count, noise, mmd, length = map(np.asarray, measure(states.student.params))
     clean = lambda xs: [None if not np.isfinite(x) else float(x) for x in xs]
     out = {"bin_edges": list(edges), "expert_length_mean": float(np.mean(ep_x.length)),
-           "runs": []}
+           "expert_self_on_expert": clean(np.asarray(self_x)), "runs": []}
     for r in runs:
         out["runs"].append(dict(
             run=r.index, regime=r.name, seed=r.seed, disagreement=clean(rate[r.index]),
-            count=count[r.index].astype(int).tolist(), mmd2=clean(mmd[r.index]),
-            student_length_mean=float(np.mean(length[r.index]))))
+            count=count[r.index].astype(int).tolist(), expert_self=clean(noise[r.index]),
+            mmd2=clean(mmd[r.index]), student_length_mean=float(np.mean(length[r.index]))))
     return out

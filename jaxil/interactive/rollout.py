@@ -54,7 +54,7 @@ def mixed_policy(student: Any, expert: Any, rule: SwitchRule, action_shape: tupl
 
     def init(key, n):
         ks, kx, kk = jax.random.split(key, 3)
-        zeros = jnp.zeros((n,) + tuple(action_shape[1:]), _action_dtype(action_shape))
+        zeros = jnp.zeros((n,) + tuple(action_shape[1:]), action_dtype(action_shape))
         return MixedStep(t=jnp.int32(0), switch=sample_switch(kk, rule.kind, rule.lo, rule.hi, rule.p),
                          student_carry=s.init(ks, n), expert_carry=x.init(kx, n),
                          label=zeros, student_action=zeros, expert_acted=jnp.bool_(False))
@@ -72,7 +72,8 @@ def mixed_policy(student: Any, expert: Any, rule: SwitchRule, action_shape: tupl
     return Policy(init=init, act=act)
 
 
-def _action_dtype(action_shape: tuple):
+def action_dtype(action_shape: tuple):
+    """int32 for ``[N]`` (discrete) actions, float32 for ``[N, d]`` boxes."""
     return jnp.int32 if len(action_shape) == 1 else jnp.float32
 
 
