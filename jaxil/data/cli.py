@@ -10,6 +10,7 @@
     jaxil data info runs/data/smax-3m-misodice-200e-1000p.npz [--json]
     jaxil data validate runs/data/smax-3m-misodice-200e-1000p.npz
     jaxil data diff A.npz B.npz
+    jaxil data import-omapl dataset/5m_vs_6m.h5 --env ENV --out OUT.npz [--prefs OUT_PREFS]
 """
 
 from __future__ import annotations
@@ -340,6 +341,31 @@ def _diff(args) -> int:
     return 1
 
 
+# -- import-omapl ----------------------------------------------------------------------
+
+
+def _import_omapl(args) -> int:
+    from jaxil.data.format import save
+    from jaxil.data.omapl_h5 import import_omapl_h5, save_preferences
+
+    try:
+        ds, prefs = import_omapl_h5(args.file, None if args.env == "infer" else args.env)
+    except ImportError as e:  # h5py missing: one line, not a traceback
+        print(f"jaxil data import-omapl: error: {e}", file=sys.stderr)
+        return 1
+    out = Path(args.out)
+    prefs_path = Path(args.prefs) if args.prefs else out.with_name(f"{out.stem}.prefs.npz")
+    if prefs_path.resolve() == out.resolve():
+        raise ValueError(f"--prefs and --out are the same file {out}; give two paths")
+    save(ds, out)
+    save_preferences(prefs_path, ds, prefs)
+    p = prefs.prefs
+    x, y = int((p > 0.5).sum()), int((p < 0.5).sum())
+    print(f"wrote {out} ({len(ds)} trajectories of {ds.spec.env_id}, T={ds.num_steps}) and "
+          f"{prefs_path} ({len(p)} pairs: x preferred in {x}, y in {y}, ties {len(p) - x - y})")
+    return 0
+
+
 # -- list ----------------------------------------------------------------------------
 
 
@@ -435,6 +461,17 @@ def register(sub) -> None:
     d.add_argument("a", metavar="A.npz")
     d.add_argument("b", metavar="B.npz")
     d.set_defaults(func=_diff)
+
+    im = dsub.add_parser("import-omapl",
+                         help="the O-MAPL authors' .h5 preference pairs -> dataset + preferences")
+    im.add_argument("file", metavar="FILE", help="the authors' dataset/<env>.h5")
+    im.add_argument("--env", required=True,
+                    help="environment id the file must fit (e.g. smax:3m), or 'infer' to take "
+                         "the spec from the file's shapes")
+    im.add_argument("--out", required=True, metavar="OUT.npz", help="the dataset file to write")
+    im.add_argument("--prefs", default=None, metavar="OUT_PREFS",
+                    help="the preferences file to write (default OUT.prefs.npz beside --out)")
+    im.set_defaults(func=_import_omapl)
 
     ls = dsub.add_parser("list", help="all named recipes")
     ls.add_argument("--env", default=None, help="only this environment (short name or id)")
