@@ -49,6 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from envs._jaxmarl import import_jaxmarl
 from envs.core import ContinuousActions, EnvSpec, MultiAgentEnv, Step
 from envs.registry import register
 
@@ -66,6 +67,8 @@ def _import_mabrax() -> tuple[Any, Any]:
     try:
         import brax  # noqa: F401
         from brax import envs as brax_envs
+
+        import_jaxmarl()
         from jaxmarl.environments.mabrax import MABraxEnv
     except ImportError as e:
         raise ImportError(MISSING_BRAX) from e

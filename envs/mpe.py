@@ -29,10 +29,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from envs._jaxmarl import import_jaxmarl
 from envs.core import ContinuousActions, DiscreteActions, EnvSpec, MultiAgentEnv, Step
 from envs.registry import register
 
 try:
+    import_jaxmarl()
     from jaxmarl.environments.mpe.default_params import CONTINUOUS_ACT, DISCRETE_ACT
     from jaxmarl.environments.mpe.simple_spread import SimpleSpreadMPE
 except ImportError as e:  # pragma: no cover - jaxmarl is a core dependency

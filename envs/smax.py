@@ -22,11 +22,13 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
+from envs._jaxmarl import import_jaxmarl
 from envs.core import DiscreteActions, EnvSpec, MultiAgentEnv, Step
 from envs.policies import Policy
 from envs.registry import register
 
 try:
+    import_jaxmarl()
     from jaxmarl.environments.smax import HeuristicEnemySMAX, map_name_to_scenario
     from jaxmarl.environments.smax.heuristic_enemy import (
         create_heuristic_policy,

@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from jaxil.io_atomic import atomic_write_text
+
 
 class ResultCache:
     def __init__(self, path: str | Path, settings: dict, groups: dict[str, tuple[str, ...]]):
@@ -39,8 +41,5 @@ class ResultCache:
 
     def put(self, key: str, value: Any) -> Any:
         self.data[key] = value
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text(json.dumps(self.data))
-        tmp.replace(self.path)
+        atomic_write_text(self.path, json.dumps(self.data))
         return value

@@ -219,7 +219,7 @@ def _validate(args) -> int:
     from jaxil.data.validate import DatasetError
 
     try:
-        ds = load(args.path)
+        ds = load(args.path, registered=True)
     except (DatasetError, FileNotFoundError) as e:
         print(f"INVALID {e}", file=sys.stderr)
         return 1

@@ -16,7 +16,8 @@ member per field. Why this format:
 * Atomic. One file can be written to a temporary sibling, fsynced and moved
   over the destination with ``os.replace``: a reader sees the old file or the
   new one, never a half-written one, and an interrupted write leaves at most a
-  hidden ``.<name>.*.tmp`` file that :func:`load` never picks up. A directory
+  hidden ``.<name>.*.tmp`` file that :func:`load` never picks up and the next
+  write to the same path removes (:mod:`jaxil.io_atomic`). A directory
   of ``.npy`` files cannot replace an existing directory atomically.
 * Deterministic. Members are written in a fixed order with a fixed zip
   timestamp and attributes, and ``metadata.json`` has sorted keys and no
@@ -34,7 +35,6 @@ of each array).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import importlib.metadata
@@ -42,7 +42,6 @@ import io
 import json
 import os
 import struct as _struct
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
@@ -57,8 +56,11 @@ from jaxil.data.validate import (
     SCHEMA_VERSION,
     DatasetError,
     action_dtype,
+    check_env_id,
+    check_metadata,
     validate,
 )
+from jaxil.io_atomic import atomic_path
 
 FORMAT_NAME = "jaxil.dataset"
 METADATA_MEMBER = "metadata.json"
@@ -476,22 +478,13 @@ def write_archive(
         )
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = json.dumps(metadata, sort_keys=True, indent=1, allow_nan=False).encode()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w+b") as f:
+    with atomic_path(path) as tmp:
+        with open(tmp, "xb") as f:
             with zipfile.ZipFile(f, "w", allowZip64=True) as zf:
                 zf.writestr(_zip_info(METADATA_MEMBER), meta)
                 for name, arr in arrays.items():
                     _write_array(zf, f"{name}.npy", arr)
-            f.flush()
-            os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
 
 
 def _write_array(zf: zipfile.ZipFile, member: str, arr: np.ndarray) -> None:
@@ -500,15 +493,6 @@ def _write_array(zf: zipfile.ZipFile, member: str, arr: np.ndarray) -> None:
         raise TypeError(f"{member}: object arrays cannot be stored")
     with zf.open(_zip_info(member), "w", force_zip64=True) as out:
         np.lib.format.write_array(out, np.ascontiguousarray(arr), allow_pickle=False)
-
-
-def _fsync_dir(d: Path) -> None:
-    with contextlib.suppress(OSError):  # not every platform can fsync a directory
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def read_archive(
@@ -552,8 +536,13 @@ def read_archive(
         raise DatasetError(f"{path}: {METADATA_MEMBER} is not valid JSON ({e}); {fix}") from None
     if not isinstance(meta, dict) or meta.get("format") != format_name:
         raise DatasetError(
-            f"{path} is not a jaxil dataset ({METADATA_MEMBER} has format "
+            f"{path} is not a jaxil dataset ({METADATA_MEMBER} `format` is "
             f"{meta.get('format') if isinstance(meta, dict) else None!r}, expected {format_name!r})"
+        )
+    if "schema_version" not in meta:
+        raise DatasetError(
+            f"{path}: {METADATA_MEMBER} has no `schema_version`; the file was not written by "
+            f"jaxil.data.save or was edited — re-create it"
         )
     version = meta.get("schema_version")
     if version != SCHEMA_VERSION:
@@ -639,7 +628,13 @@ def _read_array(f: io.BufferedReader, zinfo: zipfile.ZipInfo, path: Path, name: 
     return arr
 
 
-def load(path: PathLike, spec: Optional[EnvSpec] = None, *, verify: bool = True) -> Dataset:
+def load(
+    path: PathLike,
+    spec: Optional[EnvSpec] = None,
+    *,
+    verify: bool = True,
+    registered: bool = False,
+) -> Dataset:
     """Read and fully validate a dataset written by :func:`save`.
 
     Args:
@@ -647,6 +642,9 @@ def load(path: PathLike, spec: Optional[EnvSpec] = None, *, verify: bool = True)
       spec: the environment it will be used with; shapes are checked against
         it and it must match the recorded spec. Defaults to the recorded spec.
       verify: check the per-field SHA-256 checksums (recommended).
+      registered: also require the recorded ``env_id`` to be registered with
+        :mod:`envs` (``jaxil data validate`` does); off by default so data of
+        test or out-of-tree environments still loads.
 
     Raises:
       FileNotFoundError: nothing at ``path``.
@@ -654,6 +652,12 @@ def load(path: PathLike, spec: Optional[EnvSpec] = None, *, verify: bool = True)
         names the file, the field, the trajectory (and step) and the fix.
     """
     meta, arrays = read_archive(path, verify=verify, required=tuple(FIELDS))
+    try:
+        check_metadata(meta, arrays)
+        if registered:
+            check_env_id(meta["env_id"])
+    except DatasetError as e:
+        raise DatasetError(f"{path}: {e}") from None
     try:
         info = DatasetInfo.from_dict(meta)
     except (KeyError, TypeError, ValueError) as e:

@@ -52,6 +52,7 @@ from jaxil.data.zoo import (
     make_zoo,
     measure_tiers,
 )
+from jaxil.io_atomic import atomic_write_text
 
 DEFAULT_DATA_DIR = Path("runs") / "data"
 EXTENSION = ".npz"
@@ -359,10 +360,7 @@ def build(
         side = dict(recipe=r.name, dataset=path.name, seed=int(seed), counts=n,
                     zoo=args["zoo"], tier_measurements=measured, wall_times=timings,
                     summary=ds.summary())
-        side_path = sidecar_path(path)
-        tmp = side_path.with_name(f".{side_path.name}.tmp")
-        tmp.write_text(json.dumps(side, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, side_path)
+        atomic_write_text(sidecar_path(path), json.dumps(side, indent=2, sort_keys=True) + "\n")
     return ds
 
 

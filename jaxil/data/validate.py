@@ -35,7 +35,8 @@ about as much as one pass over the data.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import difflib
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
@@ -80,6 +81,95 @@ _REGENERATE = "regenerate the dataset, or drop the trajectory with dataset.selec
 class DatasetError(ValueError):
     """A dataset (in memory or on disk) breaks the schema; the message says
     which field, which trajectory and step, and how to fix it."""
+
+
+# -- the file's metadata block -----------------------------------------------------
+
+# Every key of ``metadata.json`` that :func:`jaxil.data.save` writes and
+# :func:`jaxil.data.load` reads, with its JSON type. All have been written since
+# schema version 1, so a file without one was not written by jaxil or was edited.
+METADATA_KEYS: dict[str, type] = {
+    "format": str,
+    "schema_version": int,
+    "env_id": str,
+    "spec": dict,
+    "tier_names": list,
+    "source_names": list,
+    "recipe": str,
+    "versions": dict,
+    "creation_args": dict,
+    "num_trajectories": int,
+    "num_steps": int,
+    "fields": dict,
+}
+# Env-id families that name data, not a simulator: what the importers record
+# when they infer the spec from the file (``vault:<name>`` from
+# :func:`jaxil.data.import_vault`, ``omapl:<stem>`` from ``jaxil data
+# import-omapl --env infer``).
+DATA_ONLY_FAMILIES = ("vault", "omapl")
+
+_JSON_TYPE = {str: "string", int: "integer", dict: "object", list: "array"}
+_RECREATE = "the file was not written by jaxil.data.save or was edited — re-create it"
+
+
+def check_metadata(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
+    """Check a file's ``metadata.json`` block against the arrays stored with it.
+
+    Every key of :data:`METADATA_KEYS` must be present with its type,
+    ``env_id`` must equal ``spec.env_id``, and ``num_trajectories`` /
+    ``num_steps`` must equal the trajectories in ``length`` and the steps in
+    ``actions``. Raises :class:`DatasetError` (the caller adds the file name).
+    """
+    for key, kind in METADATA_KEYS.items():
+        if key not in meta:
+            raise DatasetError(f"metadata.json has no `{key}`; {_RECREATE}")
+        value = meta[key]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise DatasetError(
+                f"metadata.json `{key}` is {value!r} but must be a JSON {_JSON_TYPE[kind]}; "
+                f"{_RECREATE}"
+            )
+    spec_id = meta["spec"].get("env_id")
+    if meta["env_id"] != spec_id:
+        raise DatasetError(
+            f"metadata.json `env_id` is {meta['env_id']!r} but `spec.env_id` is {spec_id!r}; "
+            f"they must agree — {_RECREATE}"
+        )
+    counts = (
+        ("num_trajectories", "length", 0, "trajectories"),
+        ("num_steps", "actions", 1, "steps"),
+    )
+    for key, field, axis, what in counts:
+        x = arrays.get(field)
+        if x is None or np.ndim(x) <= axis:
+            continue  # a missing or misshapen array is reported by its own check
+        have = int(np.shape(x)[axis])
+        if meta[key] != have:
+            raise DatasetError(
+                f"metadata.json `{key}` is {meta[key]} but the arrays hold {have} {what} "
+                f"(`{field}` has shape {tuple(np.shape(x))}); {_RECREATE}, or set "
+                f"`{key}` to {have} if only the metadata is wrong"
+            )
+
+
+def check_env_id(env_id: str) -> None:
+    """Raise :class:`DatasetError` unless ``env_id`` is registered with
+    :mod:`envs` (membership only: no environment is built) or belongs to a
+    data-only family (:data:`DATA_ONLY_FAMILIES`)."""
+    from envs.registry import list_envs  # imports the env families, ~seconds
+
+    if env_id.split(":", 1)[0] in DATA_ONLY_FAMILIES:
+        return
+    known = list_envs()
+    if env_id in known:
+        return
+    close = difflib.get_close_matches(env_id, known, n=3, cutoff=0.5)
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    raise DatasetError(
+        f"metadata.json `env_id` {env_id!r} is not a registered environment{hint}; "
+        f"`jaxil envs` lists the {len(known)} ids — re-create the dataset on one of them (an "
+        f"out-of-tree environment: envs.register it, then jaxil.data.load the file)"
+    )
 
 
 def action_dtype(spec: EnvSpec) -> np.dtype:

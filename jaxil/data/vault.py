@@ -48,8 +48,6 @@ import contextlib
 import io
 import json
 import os
-import shutil
-import uuid
 import warnings
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -67,6 +65,7 @@ from jaxil.data.format import (
     write_archive,
 )
 from jaxil.data.validate import SCHEMA_VERSION, DatasetError, validate
+from jaxil.io_atomic import atomic_dir
 
 PathLike = Union[str, os.PathLike]
 
@@ -329,21 +328,9 @@ def export_vault(
         raise FileExistsError(
             f"vault {target} already exists; pass overwrite=True or choose another vault_uid"
         )
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = parent / f".{vault_uid}.tmp-{uuid.uuid4().hex[:8]}"
-    old = parent / f".{vault_uid}.old-{uuid.uuid4().hex[:8]}"
-    try:
+    with atomic_dir(target) as tmp:
         _write_experience(tmp, exp, user_meta, backend)
         write_archive(tmp / SIDECAR_FILE, sidecar, side_meta)
-        if target.exists():
-            os.rename(target, old)
-        os.rename(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old.exists() and not target.exists():
-            os.rename(old, target)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
     return target
 
 

@@ -59,6 +59,7 @@ import envs
 from envs.core import EnvSpec, MultiAgentEnv
 from envs.experts import scripted_expert
 from envs.policies import Policy, ScriptedExpertUnavailable, as_policy, random_policy
+from jaxil.io_atomic import atomic_write_text
 
 TIERS = ("expert", "medium", "poor", "random")
 EPSILON = {"medium": 0.4, "poor": 0.85}
@@ -581,9 +582,5 @@ def measure_tiers(
     doc = dict(env_id=env_id, env_kwargs=zoo.env_kwargs, num_episodes=int(num_episodes),
                seed=int(seed), tiers=result)
     if out_path is not None:
-        out_path = Path(out_path)
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out_path.with_name(f".{out_path.name}.tmp")
-        tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, out_path)
+        atomic_write_text(out_path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
     return doc

@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from jaxil.data.format import Dataset, save
+from jaxil.io_atomic import atomic_write_text
 from jaxil.phase1.label import (
     ensemble_scores,
     fit_preferences,
@@ -114,12 +115,10 @@ def write_labels(dataset: Dataset, outcome: LabelOutcome, out: Path, provenance:
     """The labelled copy at ``out`` and its ``.labels.json`` sidecar (both atomic)."""
     save(labelled_copy(dataset, outcome.labels, provenance), out)
     side = out.with_suffix(".labels.json")
-    tmp = side.with_name(f".{side.name}.tmp")
-    tmp.write_text(to_json(dict(
+    atomic_write_text(side, to_json(dict(
         provenance, expert=outcome.labels.astype(bool).tolist(), metrics=outcome.metrics,
         per_seed=outcome.per_seed, oracle=outcome.oracle, scores=outcome.scores.round(5).tolist(),
         fit_seconds=outcome.fit_seconds)))
-    tmp.replace(side)
     return side
 
 

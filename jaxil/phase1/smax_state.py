@@ -52,6 +52,9 @@ def smax_layout(spec: EnvSpec) -> SMAXLayout:
             f"{env_id!r} is not a SMAX environment (ids look like 'smax:3m'); the SMAX "
             f"world-state parser only reads SMAX datasets"
         )
+    from envs._jaxmarl import import_jaxmarl
+
+    import_jaxmarl()
     from jaxmarl.environments.smax.smax_env import MAP_NAME_TO_SCENARIO
 
     map_name = env_id.split(":", 1)[1]

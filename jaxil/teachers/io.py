@@ -36,6 +36,7 @@ import numpy as np
 
 from envs.core import EnvSpec
 from jaxil.checkpoint import params_digest, restore_tree, save_tree
+from jaxil.io_atomic import atomic_dir, atomic_write_text
 from jaxil.teachers.config import PPOConfig
 from jaxil.teachers.ppo import make_actor, make_policy
 
@@ -48,11 +49,7 @@ SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
     """Write ``obj`` as indented JSON atomically (temporary file + rename)."""
-    path = str(path)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, default=_json_default)
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default))
 
 
 def _json_default(x):
@@ -243,19 +240,16 @@ def ship_teacher(run_dir: str | os.PathLike, dest: Optional[str | os.PathLike] =
     if not doc.get("complete"):
         raise ValueError(f"{run_dir} is not a complete teacher run; let training finish first")
     dest = Path(dest) if dest is not None else SHIPPED_DIR / run_dir.name
-    tmp = dest.with_name(f".{dest.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
     digests = {}
-    for step in list_checkpoints(run_dir):
-        params, _ = load_actor_params(run_dir, step, doc)
-        cdir = tmp / CKPT_DIR / str(step)
-        save_tree(cdir / "actor", params)
-        shutil.copy2(run_dir / CKPT_DIR / str(step) / "checkpoint.json", cdir / "checkpoint.json")
-        digests[str(step)] = params_digest(params)
-    shipped = dict(doc, actor_format=ACTOR_FORMAT, params_sha256=digests,
-                   shipped_from=dict(run=run_dir.name, actor_format=doc.get("actor_format", 1)))
-    write_json(tmp / TEACHER_FILE, shipped)
-    if dest.exists():
-        shutil.rmtree(dest)
-    os.replace(tmp, dest)
+    with atomic_dir(dest) as tmp:
+        for step in list_checkpoints(run_dir):
+            params, _ = load_actor_params(run_dir, step, doc)
+            cdir = tmp / CKPT_DIR / str(step)
+            save_tree(cdir / "actor", params)
+            shutil.copy2(run_dir / CKPT_DIR / str(step) / "checkpoint.json",
+                         cdir / "checkpoint.json")
+            digests[str(step)] = params_digest(params)
+        shipped = dict(doc, actor_format=ACTOR_FORMAT, params_sha256=digests,
+                       shipped_from=dict(run=run_dir.name, actor_format=doc.get("actor_format", 1)))
+        write_json(tmp / TEACHER_FILE, shipped)
     return dest

@@ -25,6 +25,7 @@ import envs
 from envs.core import MultiAgentEnv
 from envs.policies import random_policy
 from jaxil.checkpoint import restore_tree, save_tree
+from jaxil.io_atomic import atomic_write_text
 from jaxil.teachers.config import PPOConfig
 from jaxil.teachers.io import (
     ACTOR_FORMAT,
@@ -359,7 +360,5 @@ def _truncate_metrics(path: str, upto_chunk: int) -> float:
             if rec["chunk"] <= upto_chunk:
                 keep.append(line if line.endswith("\n") else line + "\n")
                 wall = rec.get("wall_time_s", wall)
-    with open(path + ".tmp", "w") as f:
-        f.writelines(keep)
-    os.replace(path + ".tmp", path)
+    atomic_write_text(path, "".join(keep))
     return wall
