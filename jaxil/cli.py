@@ -18,6 +18,8 @@ _MODULES = (
     "jaxil.train",  # train, sweep, eval
     "jaxil.phase1.pipeline",  # label, pipeline
     "jaxil.interactive.cli",  # interactive
+    "jaxil.plot",  # plot
+    "jaxil.export",  # export marl-eval
 )
 
 
