@@ -110,7 +110,13 @@ class Checkpointer:
         if step is None:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
-        return self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
+        try:
+            return self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
+        except (ValueError, TypeError, KeyError) as e:  # orbax's tree/shape mismatch dumps
+            raise ValueError(
+                f"checkpoint {self.directory / str(step)} does not match the state this run "
+                f"expects ({len(jax.tree.leaves(like))} arrays): it was written with another "
+                "learner, network shape, number of runs or environment") from e
 
     def close(self) -> None:
         self.manager.close()

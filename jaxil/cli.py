@@ -27,6 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="jaxil", description="JAX imitation learning for multi-agent systems"
     )
+    p.add_argument("--debug", action="store_true",
+                   help="show the full traceback of an error instead of one line")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for mod in _MODULES:
         try:
@@ -45,13 +47,40 @@ def main(argv=None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    if args.debug:
+        return _result(args.func(args))
     try:
         out = args.func(args)
-    except (ValueError, KeyError, FileNotFoundError, FileExistsError) as e:
+    except (ValueError, KeyError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"jaxil {args.command}: error: {msg}", file=sys.stderr)
         return 1
+    except OSError as e:  # FileExistsError, PermissionError, IsADirectoryError, disk full ...
+        print(f"jaxil {args.command}: error: {_os_message(e)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"jaxil {args.command}: interrupted; a run directory keeps its last checkpoint "
+              "(continue with --resume)", file=sys.stderr)
+        return 130
+    return _result(out)
+
+
+def _result(out) -> int:
     return out if isinstance(out, int) else 0
+
+
+def _os_message(e: OSError) -> str:
+    """One line naming the path and the fix (our own errors already do)."""
+    if e.filename is None:
+        return str(e)
+    fix = {
+        FileExistsError: "remove it or choose another path",
+        PermissionError: "choose a path you can write to, or fix its permissions",
+        IsADirectoryError: "pass a file, not a directory",
+        NotADirectoryError: "a parent of the path is a file; choose another path",
+        FileNotFoundError: "check the path",
+    }.get(type(e), "check the path and the disk")
+    return f"{e.strerror or e}: {e.filename}; {fix}"
 
 
 if __name__ == "__main__":

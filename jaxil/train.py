@@ -6,7 +6,9 @@ compiled call performs ``eval_every`` fused updates for every run
 environment. Python runs only between chunks: progress bar, JSONL metrics,
 an orbax checkpoint of all runs. ``resume=True`` restarts from the newest
 checkpoint and reproduces the uninterrupted run exactly (every random key is
-carried in the state or derived from the chunk index).
+carried in the state or derived from the chunk index); it refuses settings
+that differ from the recorded run (:mod:`jaxil.rundir`). A non-finite loss or
+parameter stops the run before its chunk is written (:mod:`jaxil.guard`).
 
 CLI: ``jaxil train``, ``jaxil sweep``, ``jaxil eval``.
 """
@@ -28,9 +30,15 @@ import jax.numpy as jnp
 import numpy as np
 
 import envs
+from envs.core import EnvSpec
+from jaxil import guard
 from jaxil.checkpoint import Checkpointer
-from jaxil.learners import LEARNERS, LearnerData, make_learner, update_n
-from jaxil.learners.base import Learner
+from jaxil.learners import LEARNERS, LearnerData, make_learner, update_n_checked
+from jaxil.learners.base import Learner, check_hparams
+from jaxil.cli_args import nonneg_int, positive_int
+from jaxil.rundir import check_run_dir, open_run_dir
+from jaxil.rundir import read_jsonl as _read_jsonl  # noqa: F401 (jaxil.interactive.loop, until it moves)
+from jaxil.rundir import write_jsonl_atomic as _write_jsonl_atomic  # noqa: F401
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +64,11 @@ def expand_grid(grid: dict[str, Sequence[float]], seeds: int) -> list[RunSpec]:
     return runs
 
 
-def init_runs(learner: Learner, runs: list[RunSpec], base_seed: int):
-    """Stacked learner states ``[R, ...]``; seed s uses the same key at every
-    grid point (common random numbers make grid points comparable)."""
+def run_hparams(learner: Learner, runs: list[RunSpec]) -> list[Any]:
+    """Each run's hyper-parameters (defaults with its grid overrides),
+    range-checked (:func:`jaxil.learners.base.check_hparams`)."""
+    if not runs:
+        raise ValueError("a training run needs at least one run (--seeds >= 1)")
     default = learner.default_hparams()
     fields = {f.name for f in dataclasses.fields(default)}
     for k, _ in runs[0].grid:
@@ -67,6 +77,15 @@ def init_runs(learner: Learner, runs: list[RunSpec], base_seed: int):
                 f"{learner.name} has no hyper-parameter {k!r}; sweepable: {', '.join(sorted(fields))}"
             )
     hps = [default.replace(**dict(r.grid)) for r in runs]
+    for r, h in zip(runs, hps):
+        check_hparams(learner.name, h, f" (grid point {r.grid_label})" if r.grid else "")
+    return hps
+
+
+def init_runs(learner: Learner, runs: list[RunSpec], base_seed: int):
+    """Stacked learner states ``[R, ...]``; seed s uses the same key at every
+    grid point (common random numbers make grid points comparable)."""
+    hps = run_hparams(learner, runs)
     hp = jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x, jnp.float32) for x in xs]), *hps)
     keys = jnp.stack([jax.random.PRNGKey(base_seed + r.seed) for r in runs])
     return _init_fn(learner)(keys, hp)
@@ -77,29 +96,11 @@ def _init_fn(learner: Learner):
     return jax.jit(jax.vmap(learner.init))
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut by a kill
-            break
-    return rows
-
-
-def _write_jsonl_atomic(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, path)
-
-
 @functools.lru_cache(maxsize=32)
 def chunk_fn(learner: Learner, k: int):
-    """``(states [R], data) -> (states, last metrics [R])``: K fused updates
-    for every run (data shared), jitted once per (learner, K)."""
-    return jax.jit(jax.vmap(lambda s, d: update_n(learner, s, d, k), in_axes=(0, None)))
+    """``(states [R], data) -> (states, last metrics [R], health [R])``: K
+    fused updates for every run (data shared), jitted once per (learner, K)."""
+    return jax.jit(jax.vmap(lambda s, d: update_n_checked(learner, s, d, k), in_axes=(0, None)))
 
 
 @functools.lru_cache(maxsize=32)
@@ -124,45 +125,52 @@ def train(
     eval_episodes: int = 32,
     out_dir: Optional[str | Path] = None,
     resume: bool = False,
+    overwrite: bool = False,
     base_seed: int = 0,
     deterministic_eval: bool = False,
     progress: bool = True,
     profile_dir: Optional[str] = None,
     run_info: Optional[dict] = None,
+    data_identity: Optional[dict] = None,
 ) -> dict:
-    """Train R runs together; returns the summary written to ``results.json``."""
+    """Train R runs together; returns the summary written to ``results.json``.
+
+    ``data_identity`` (JSON-able: e.g. the dataset's content id and the
+    labels' digest) joins the run's identity, so ``resume`` refuses other
+    data; ``run_info`` is recorded in ``run.json`` without being compared.
+    """
+    run_hparams(learner, runs)  # refuse bad settings before the run directory is touched
     if num_updates <= 0 or eval_every <= 0:
-        raise ValueError("num_updates and eval_every must be positive")
+        raise ValueError(f"--updates and --eval-every must be positive, got {num_updates} "
+                         f"and {eval_every}")
     if num_updates % eval_every:
         raise ValueError(
-            f"num_updates ({num_updates}) must be a multiple of eval_every ({eval_every})"
+            f"--updates ({num_updates}) must be a multiple of --eval-every ({eval_every})"
         )
+    if eval_episodes < 1:
+        raise ValueError(f"--eval-episodes must be >= 1, got {eval_episodes}")
     n_chunks = num_updates // eval_every
+    rd, rows, start = None, [], 0
+    if out_dir:
+        # --updates is not part of the identity: a finished run may be resumed
+        # with more updates to train on (the first N do not depend on it).
+        identity = dict(learner=learner.name, config=dataclasses.asdict(learner.config),
+                        runs=[dataclasses.asdict(r) for r in runs], eval_every=eval_every, eval_episodes=eval_episodes, base_seed=base_seed,
+                        deterministic_eval=deterministic_eval, env_id=env.spec.env_id,
+                        spec=env.spec.to_dict(), data=data_identity or {})
+        rd = open_run_dir(out_dir, identity, resume=resume, overwrite=overwrite,
+                          info=dict(run_info or {}, num_updates=num_updates))
+        if rd.latest is not None and rd.latest > num_updates:
+            rd.close()
+            raise ValueError(f"--updates {num_updates} is less than the {rd.latest} updates "
+                             f"already trained in {out_dir}; pass --updates >= {rd.latest}")
+        rows = rd.rows
     states = init_runs(learner, runs, base_seed)
-
+    if rd and rd.latest is not None:
+        states = rd.checkpointer.restore(states, rd.latest)
+        start = rd.latest // eval_every
     chunk, evaluate = _compiled(learner, env, eval_every, eval_episodes, deterministic_eval)
-
-    out = Path(out_dir) if out_dir else None
-    ckpt, rows, start = None, [], 0
-    if out:
-        out.mkdir(parents=True, exist_ok=True)
-        ckpt = Checkpointer(out / "checkpoints")
-        metrics_path = out / "metrics.jsonl"
-        latest = ckpt.latest_step()
-        if latest is not None and not resume:
-            raise FileExistsError(
-                f"{out} already holds a run (checkpoint at update {latest}); "
-                "pass --resume to continue it or choose another --out"
-            )
-        if latest is not None:
-            states = ckpt.restore(states, latest)
-            start = latest // eval_every
-            rows = [r for r in _read_jsonl(metrics_path) if r["update"] <= latest]
-            _write_jsonl_atomic(metrics_path, rows)
-        info = dict(run_info or {}, learner=learner.name, config=dataclasses.asdict(learner.config),
-                    runs=[dataclasses.asdict(r) for r in runs], num_updates=num_updates,
-                    eval_every=eval_every, eval_episodes=eval_episodes, base_seed=base_seed)
-        (out / "run.json").write_text(json.dumps(info, indent=2, default=str))
+    labels = [f"run {r.index} (seed {r.seed}, {r.grid_label})" for r in runs]
 
     bar = None
     if progress:
@@ -175,26 +183,30 @@ def train(
         t0 = time.perf_counter()
         if profile_dir and c == start + 1:  # after compilation
             with jax.profiler.trace(profile_dir):
-                states, metrics = jax.block_until_ready(chunk(states, data))
+                states, metrics, health = jax.block_until_ready(chunk(states, data))
         else:
-            states, metrics = chunk(states, data)
+            states, metrics, health = chunk(states, data)
+        kept = (f"the last good checkpoint (update {c * eval_every}) is kept in {rd.path}"
+                if rd and c > 0 else "no checkpoint was written")
+        guard.check(jax.device_get(health), learner=learner.name, run_labels=labels,
+                    first_step=c * eval_every + 1, chunk_len=eval_every, kept=kept)
         ep = evaluate(states.params, jax.random.fold_in(jax.random.PRNGKey(base_seed + 10_000), c))
         ret = np.asarray(ep.episode_return)
         won = np.asarray(ep.won)
         metrics = jax.tree.map(np.asarray, metrics)
         dt = time.perf_counter() - t0
         update = (c + 1) * eval_every
+        new = []
         for r in runs:
             row = dict(update=update, run=r.index, seed=r.seed, grid=dict(r.grid),
                        eval_return=float(ret[r.index].mean()),
                        eval_win_rate=float(won[r.index].mean()))
             row.update({k: float(v[r.index]) for k, v in metrics.items()})
-            rows.append(row)
-        if out:
-            with open(out / "metrics.jsonl", "a") as f:
-                for row in rows[-len(runs):]:
-                    f.write(json.dumps(row) + "\n")
-            ckpt.save(update, states)
+            new.append(row)
+        rows.extend(new)
+        if rd:
+            rd.append(new)
+            rd.save(update, states)
         if bar:
             bar.update(eval_every)
             bar.set_postfix(ret=f"{ret.mean():.3f}", win=f"{won.mean():.2f}",
@@ -203,9 +215,9 @@ def train(
         bar.close()
     summary = summarize(rows, runs, learner.name)
     summary["wall_seconds"] = time.perf_counter() - t_start
-    if out:
-        (out / "results.json").write_text(json.dumps(summary, indent=2))
-        ckpt.close()
+    if rd:
+        rd.write_results(summary)
+        rd.close()
     summary["states"] = states
     return summary
 
@@ -271,7 +283,12 @@ def dataset_path(arg: str, seed: int = 0) -> Path:
 
 
 def expert_labels(dataset, labels: str) -> Optional[np.ndarray]:
-    """Per-trajectory expert flags: ground truth, none, all, or a file."""
+    """Per-trajectory expert flags: ground truth, none, all, or a file.
+
+    A file is the ``.labels.json`` sidecar of ``jaxil label`` (its
+    ``source_id`` must be this dataset's) or a ``.npy`` array; either holds
+    one boolean (or 0/1) per trajectory.
+    """
     m = dataset.num_trajectories
     if labels == "ground_truth":
         return np.asarray(dataset.expert, bool)
@@ -280,13 +297,64 @@ def expert_labels(dataset, labels: str) -> Optional[np.ndarray]:
     if labels == "all":  # the no-Phase-1 ablation: everything counts as expert
         return np.ones(m, bool)
     path = Path(labels)
-    if not path.exists():
-        raise FileNotFoundError(f"--labels {labels!r}: use ground_truth, none, all or a file")
-    flags = np.asarray(json.loads(path.read_text())["expert"] if path.suffix == ".json"
-                       else np.load(path), bool)
-    if flags.shape != (m,):
-        raise ValueError(f"labels in {path} have shape {flags.shape}; the dataset has {m} trajectories")
-    return flags
+    if not path.is_file():
+        raise FileNotFoundError(f"--labels {labels!r}: use ground_truth, none, all or a "
+                                ".labels.json / .npy file")
+    if path.suffix == ".json":
+        raw = _labels_json(path, dataset)
+    elif path.suffix == ".npy":
+        try:
+            raw = np.load(path, allow_pickle=False)
+        except (ValueError, OSError) as e:
+            raise ValueError(f"--labels {path} is not a readable .npy array ({e})") from None
+    else:
+        raise ValueError(f"--labels {path}: expected the .labels.json of `jaxil label` or a "
+                         f".npy array of booleans, not a {path.suffix or 'suffix-less'} file")
+    try:
+        arr = np.asarray(raw)
+    except ValueError:
+        raise ValueError(f"--labels {path}: the labels must be a flat list of booleans, one "
+                         "per trajectory") from None
+    if arr.dtype != bool:
+        if arr.dtype.kind not in "iuf":
+            raise ValueError(f"--labels {path}: labels must be true/false (or 0/1), found "
+                             f"values of type {arr.dtype}")
+        off = arr[(arr != 0) & (arr != 1)]
+        if off.size:
+            raise ValueError(f"--labels {path}: labels must be true/false (or 0/1), found "
+                             f"{off.reshape(-1)[0].item()!r}")
+    if arr.shape != (m,):
+        raise ValueError(f"--labels {path} has shape {arr.shape}; the dataset has {m} trajectories")
+    return arr.astype(bool)
+
+
+def _labels_json(path: Path, dataset) -> Any:
+    from jaxil.phase1.pairs import dataset_id
+
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--labels {path} is not valid JSON ({e.msg} at line {e.lineno}); "
+                         "pass the .labels.json that `jaxil label` wrote") from None
+    if not isinstance(doc, dict) or "expert" not in doc:
+        raise ValueError(f"--labels {path} has no `expert` key (it holds a JSON "
+                         f"{type(doc).__name__}); expected the .labels.json of `jaxil label`: "
+                         '{"source_id": ..., "expert": [true, false, ...]}')
+    src, want = doc.get("source_id"), dataset_id(dataset)
+    if src is not None and src != want:
+        raise ValueError(f"--labels {path} were made for dataset {src}, but --dataset is "
+                         f"{want}; label this dataset with `jaxil label`")
+    return doc["expert"]
+
+
+def labels_digest(flags: Optional[np.ndarray]) -> Optional[str]:
+    """A short digest of the expert flags a run trains with (part of its identity)."""
+    if flags is None:
+        return None
+    import hashlib
+
+    return hashlib.sha256(np.packbits(np.asarray(flags, bool)).tobytes()
+                          + str(len(flags)).encode()).hexdigest()[:16]
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -305,6 +373,14 @@ def _parse_grid(args) -> dict[str, list[float]]:
 
 
 def _run(args, sweep: bool) -> int:
+    grid = _parse_grid(args)
+    if grid and not sweep:
+        raise ValueError("hyper-parameter lists belong to `jaxil sweep`")
+    if args.updates % args.eval_every:
+        raise ValueError(f"--updates ({args.updates}) must be a multiple of --eval-every "
+                         f"({args.eval_every})")
+    if args.out:  # before any work: a bad --out must not cost a dataset build
+        check_run_dir(args.out, resume=args.resume, overwrite=args.overwrite)
     ds = load_dataset(args.dataset, args.data_seed)
     spec = ds.spec
     env = envs.make(spec.env_id)
@@ -313,16 +389,19 @@ def _run(args, sweep: bool) -> int:
     learner = make_learner(args.algo, spec, hidden=tuple(args.hidden), batch_size=args.batch_size)
     needs_labels = args.algo != "bc_union"
     labels = expert_labels(ds, args.labels if needs_labels else "none")
+    if needs_labels and not labels.any():
+        raise ValueError(f"--labels {args.labels} marks no trajectory as expert, but {args.algo} "
+                         "learns from D_E; label some trajectories (jaxil label) or use bc_union")
     data = LearnerData.from_dataset(ds, labels)
-    grid = _parse_grid(args)
-    if grid and not sweep:
-        raise ValueError("hyper-parameter lists belong to `jaxil sweep`")
     runs = expand_grid(grid, args.seeds)
+    from jaxil.phase1.pairs import dataset_id
+
     summary = train(
         learner, env, data, runs=runs, num_updates=args.updates, eval_every=args.eval_every,
         eval_episodes=args.eval_episodes, out_dir=args.out, resume=args.resume,
-        base_seed=args.seed, progress=not args.no_progress, profile_dir=args.profile,
-        run_info=dict(dataset=args.dataset, labels=args.labels, env_id=spec.env_id),
+        overwrite=args.overwrite, base_seed=args.seed, progress=not args.no_progress,
+        profile_dir=args.profile, run_info=dict(dataset=args.dataset, labels=args.labels),
+        data_identity=dict(dataset_id=dataset_id(ds), labels=labels_digest(labels)),
     )
     print(format_table(summary))
     print(f"wall time {summary['wall_seconds']:.1f}s" + (f"; results in {args.out}" if args.out else ""))
@@ -331,9 +410,27 @@ def _run(args, sweep: bool) -> int:
 
 def _eval(args) -> int:
     out = Path(args.run)
-    info = json.loads((out / "run.json").read_text())
-    spec = envs.make(info["env_id"]).spec
+    try:
+        doc = json.loads((out / "run.json").read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{out} holds no run.json: pass a directory written by "
+                                "`jaxil train --out` or `jaxil sweep --out`") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{out / 'run.json'} is not valid JSON ({e.msg})") from None
+    info = doc.get("identity")
+    if info is None:
+        raise ValueError(f"{out / 'run.json'} records no identity (written by an older jaxil); "
+                         "retrain the run")
     env = envs.make(info["env_id"])
+    spec = env.spec
+    recorded = EnvSpec.from_dict(info["spec"])
+    if recorded != spec:
+        diff = ", ".join(f"{k} {getattr(recorded, k)} -> {getattr(spec, k)}"
+                         for k in ("num_agents", "obs_dim", "state_dim", "action", "max_steps")
+                         if getattr(recorded, k) != getattr(spec, k))
+        raise ValueError(f"the environment {info['env_id']} no longer matches the one {out} was "
+                         f"trained on ({diff}); its checkpoint cannot act in it. Evaluate with "
+                         "the jaxil/environment version that trained it, or retrain")
     cfg = dict(info["config"])
     cfg.pop("mixing", None)
     cfg["hidden"] = tuple(cfg["hidden"])
@@ -356,18 +453,22 @@ def _eval(args) -> int:
 def _common(p: argparse.ArgumentParser, sweep: bool) -> None:
     p.add_argument("algo", choices=LEARNERS)
     p.add_argument("--dataset", required=True, help="dataset file or recipe name")
-    p.add_argument("--data-seed", type=int, default=0, help="seed when building a recipe")
+    p.add_argument("--data-seed", type=nonneg_int, default=0, help="seed when building a recipe")
     p.add_argument("--labels", default="ground_truth",
                    help="expert labels: ground_truth | all | none | path (.npy/.json)")
-    p.add_argument("--seeds", type=int, default=1 if not sweep else 4)
-    p.add_argument("--seed", type=int, default=0, help="base seed")
-    p.add_argument("--updates", type=int, default=2000)
-    p.add_argument("--eval-every", type=int, default=500)
-    p.add_argument("--eval-episodes", type=int, default=32)
-    p.add_argument("--batch-size", type=int, default=512)
-    p.add_argument("--hidden", type=int, nargs="+", default=[256, 256])
+    p.add_argument("--seeds", type=positive_int, default=1 if not sweep else 4)
+    p.add_argument("--seed", type=nonneg_int, default=0, help="base seed")
+    p.add_argument("--updates", type=positive_int, default=2000)
+    p.add_argument("--eval-every", type=positive_int, default=500)
+    p.add_argument("--eval-episodes", type=positive_int, default=32)
+    p.add_argument("--batch-size", type=positive_int, default=512)
+    p.add_argument("--hidden", type=positive_int, nargs="+", default=[256, 256])
     p.add_argument("--out", default=None, help="run directory (metrics, checkpoints)")
-    p.add_argument("--resume", action="store_true")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--resume", action="store_true",
+                   help="continue the run in --out (refused if any setting differs)")
+    g.add_argument("--overwrite", action="store_true",
+                   help="delete the run in --out and start afresh")
     p.add_argument("--profile", default=None, help="write a jax.profiler trace here")
     p.add_argument("--no-progress", action="store_true")
     if sweep:
@@ -384,7 +485,7 @@ def register(sub) -> None:
     s.set_defaults(func=lambda a: _run(a, sweep=True))
     e = sub.add_parser("eval", help="evaluate the newest checkpoint of a run directory")
     e.add_argument("run")
-    e.add_argument("--episodes", type=int, default=32)
-    e.add_argument("--seed", type=int, default=123)
+    e.add_argument("--episodes", type=positive_int, default=32)
+    e.add_argument("--seed", type=nonneg_int, default=123)
     e.add_argument("--deterministic", action="store_true")
     e.set_defaults(func=_eval)

@@ -70,7 +70,7 @@ def test_grid_is_one_program_with_per_run_hparams(spread, tmp_path):
 
 def test_bad_schedule_is_refused(spread):
     env, ds = spread
-    with pytest.raises(ValueError, match="multiple of eval_every"):
+    with pytest.raises(ValueError, match="multiple of --eval-every"):
         learner = make_learner("bc_union", env.spec, hidden=(8,), batch_size=8)
         train(learner, env, LearnerData.from_dataset(ds), runs=expand_grid({}, 1),
               num_updates=7, eval_every=5, progress=False)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 
 from envs.core import EnvSpec
-from jaxil.learners.base import Learner, LearnerData, LearnerState, update_n
+from jaxil.learners.base import Learner, LearnerData, LearnerState, update_n, update_n_checked
 from jaxil.learners.bc import BCConfig, BCHParams, make_bc
 from jaxil.learners.dice import DiceConfig, DiceHParams, make_dice
 from jaxil.learners.omapl import OMAPLConfig, OMAPLHParams, PreferenceData, make_omapl
@@ -57,5 +57,5 @@ def _make_learner(name: str, spec: EnvSpec, config_items: tuple) -> Learner:
 __all__ = [
     "BCConfig", "BCHParams", "DiceConfig", "DiceHParams", "Learner", "LearnerData",
     "LearnerState", "LEARNERS", "OMAPLConfig", "OMAPLHParams", "PREFERENCE_LEARNERS",
-    "PreferenceData", "make_learner", "update_n",
+    "PreferenceData", "make_learner", "update_n", "update_n_checked",
 ]

@@ -17,16 +17,20 @@ the numbers a sweep varies (α, γ, β, learning rates) live in
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import struct
 
 from envs.policies import Policy
 
 from jaxil.data.sampling import Transitions, sample_transitions, sample_where
+from jaxil.guard import health
 
 
 @struct.dataclass
@@ -63,6 +67,49 @@ class Learner(NamedTuple):
     act: Callable[..., jax.Array]
     default_hparams: Callable[[], Any]
     policy: Callable[[bool], Policy]  # policy(deterministic) over the learner params
+
+
+class Range(NamedTuple):
+    """The allowed values of one hyper-parameter: ``lo``/``hi`` with open or
+    closed ends, and why (shown in the error)."""
+
+    lo: float = -math.inf
+    hi: float = math.inf
+    lo_open: bool = False
+    hi_open: bool = False
+    why: str = ""
+
+    def __contains__(self, x: float) -> bool:  # NaN is in no range
+        x = float(x)
+        above = x > self.lo if self.lo_open else x >= self.lo
+        below = x < self.hi if self.hi_open else x <= self.hi
+        return above and below
+
+    def __str__(self) -> str:
+        lo = "(" if self.lo_open or self.lo == -math.inf else "["
+        hi = ")" if self.hi_open or self.hi == math.inf else "]"
+        return f"{lo}{self.lo:g}, {self.hi:g}{hi}"
+
+
+POSITIVE = Range(0.0, lo_open=True, why="a learning rate")
+NONNEGATIVE = Range(0.0, why="a weight")
+DISCOUNT = Range(0.0, 1.0, hi_open=True, why="a discount")
+PROBABILITY = Range(0.0, 1.0, why="a probability")
+
+
+def check_hparams(learner: str, hparams: Any, where: str = "") -> None:
+    """Raise a one-line ValueError for the first hyper-parameter of
+    ``hparams`` (a learner's HParams) outside its class's ``RANGES``."""
+    ranges = getattr(type(hparams), "RANGES", {})
+    for f in dataclasses.fields(hparams):
+        r = ranges.get(f.name)
+        if r is None:
+            continue
+        for v in np.atleast_1d(np.asarray(getattr(hparams, f.name), np.float64)):
+            if v not in r:
+                flag = "--" + f.name.replace("_", "-")
+                raise ValueError(f"{flag} {v:g}{where}: {learner}'s {f.name} must be in {r}"
+                                 + (f" ({r.why})" if r.why else ""))
 
 
 def adam(max_grad_norm: float) -> optax.GradientTransformation:
@@ -103,13 +150,8 @@ def expert_and_union(key: jax.Array, data: LearnerData, batch_size: int):
     )
 
 
-def update_n(learner: Learner, state: LearnerState, data: LearnerData, k: int):
-    """K updates fused in one ``lax.scan``; batches are gathered on device.
-
-    Returns the new state and the metrics of the last update (means over K
-    would hide divergence). Jit with ``learner`` and ``k`` static, e.g.
-    ``jax.jit(update_n, static_argnums=(0, 3))``.
-    """
+def _scan_updates(learner: Learner, state: LearnerState, data: LearnerData, k: int):
+    """K updates in one ``lax.scan``: the new state and every update's metrics ``[K]``."""
 
     def body(state, _):
         key, sk = jax.random.split(state.key)
@@ -117,5 +159,23 @@ def update_n(learner: Learner, state: LearnerState, data: LearnerData, k: int):
         state, metrics = learner.update(state.replace(key=key), batch)
         return state, metrics
 
-    state, metrics = jax.lax.scan(body, state, None, length=k)
+    return jax.lax.scan(body, state, None, length=k)
+
+
+def update_n(learner: Learner, state: LearnerState, data: LearnerData, k: int):
+    """K updates fused in one ``lax.scan``; batches are gathered on device.
+
+    Returns the new state and the metrics of the last update (means over K
+    would hide divergence). Jit with ``learner`` and ``k`` static, e.g.
+    ``jax.jit(update_n, static_argnums=(0, 3))``.
+    """
+    state, metrics = _scan_updates(learner, state, data, k)
     return state, jax.tree.map(lambda m: m[-1], metrics)
+
+
+def update_n_checked(learner: Learner, state: LearnerState, data: LearnerData, k: int):
+    """:func:`update_n` plus the chunk's :class:`jaxil.guard.Health` (the first
+    update with a non-finite metric, and whether the parameters stay finite):
+    ``(state, last metrics, health)``."""
+    state, metrics = _scan_updates(learner, state, data, k)
+    return state, jax.tree.map(lambda m: m[-1], metrics), health(metrics, state.params)

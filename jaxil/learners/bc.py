@@ -8,6 +8,7 @@ and from D_U otherwise (β = 1: BC(D_E); β = 0: BC(D_U); β = 0.5: mixture).
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +17,8 @@ from flax import struct
 from envs.core import EnvSpec
 from jaxil.data.sampling import sample_transitions
 from jaxil.learners.base import (
+    POSITIVE,
+    PROBABILITY,
     Learner,
     LearnerData,
     LearnerState,
@@ -43,6 +46,9 @@ class BCConfig:
 class BCHParams:
     beta: jax.Array  # probability that a sample comes from D_E
     lr: jax.Array
+
+    RANGES: ClassVar[dict] = dict(beta=PROBABILITY._replace(why="the share of D_E samples"),
+                                  lr=POSITIVE)
 
 
 def _check_common(cfg) -> None:

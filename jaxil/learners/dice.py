@@ -24,6 +24,7 @@ with a D_E batch and an independent D_U batch:
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +32,9 @@ from flax import struct
 
 from envs.core import EnvSpec
 from jaxil.learners.base import (
+    DISCOUNT,
+    NONNEGATIVE,
+    POSITIVE,
     Learner,
     LearnerData,
     LearnerState,
@@ -82,6 +86,12 @@ class DiceHParams:
     lr_critic: jax.Array
     lr_disc: jax.Array
     gp_coef: jax.Array  # 0.1 in DemoDICE
+
+    RANGES: ClassVar[dict] = dict(
+        alpha=NONNEGATIVE._replace(why="the weight of the KL to the union occupancy; the "
+                                   "weights divide by 1 + alpha"),
+        gamma=DISCOUNT, lr_actor=POSITIVE, lr_critic=POSITIVE, lr_disc=POSITIVE,
+        gp_coef=NONNEGATIVE._replace(why="a gradient-penalty weight"))
 
 
 class _Mixed:

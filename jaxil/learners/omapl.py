@@ -23,6 +23,7 @@ labelling (``jaxil.phase1.label``).
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +32,8 @@ from flax import struct
 
 from envs.core import EnvSpec
 from jaxil.data.sampling import Segments
-from jaxil.learners.base import Learner, LearnerState, adam, apply_grads, init_opt
+from jaxil.learners.base import (DISCOUNT, NONNEGATIVE, POSITIVE, Learner, LearnerState, Range,
+                                 adam, apply_grads, init_opt)
 from jaxil.learners.bc import _check_common
 from jaxil.policy import PolicyNet, encode_actions
 from jaxil.losses import agent_weighted_bc_loss, gumbel_value_loss, gumbel_weights, preference_loss
@@ -65,6 +67,11 @@ class OMAPLHParams:
     lr_q: jax.Array
     lr_v: jax.Array
     lr_actor: jax.Array
+
+    RANGES: ClassVar[dict] = dict(
+        gamma=DISCOUNT, beta=POSITIVE._replace(why="the Gumbel temperature"),
+        reg_coef=NONNEGATIVE, tau=Range(0.0, 1.0, lo_open=True, why="a soft-update rate"),
+        lr_q=POSITIVE, lr_v=POSITIVE, lr_actor=POSITIVE)
 
 
 @struct.dataclass

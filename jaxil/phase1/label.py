@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxil import guard
 from jaxil.data.format import Dataset, canonical_json
 from jaxil.learners import OMAPLConfig, PreferenceData, make_learner
 from jaxil.learners.omapl import learned_returns
@@ -82,8 +83,12 @@ def fit_preferences(
         bar = tqdm(total=updates, unit="upd", desc=f"O-MAPL ×{seeds} ({data.num_pairs} pairs)")
     history = []
     t0 = time.perf_counter()
+    labels = [f"seed {r.seed}" for r in runs]
     for c in range(updates // chunk):
-        states, metrics = step(states, data)
+        states, metrics, health = step(states, data)
+        guard.check(jax.device_get(health), learner="O-MAPL (Phase 1 labelling)",
+                    run_labels=labels, first_step=c * chunk + 1, chunk_len=chunk,
+                    kept="no labels were written")
         m = {k: float(np.mean(v)) for k, v in jax.tree.map(np.asarray, metrics).items()}
         history.append(dict(update=(c + 1) * chunk, **m))
         if bar:
