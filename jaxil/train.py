@@ -132,12 +132,14 @@ def train(
     profile_dir: Optional[str] = None,
     run_info: Optional[dict] = None,
     data_identity: Optional[dict] = None,
+    tensorboard: Optional[str | Path] = None,
 ) -> dict:
     """Train R runs together; returns the summary written to ``results.json``.
 
     ``data_identity`` (JSON-able: e.g. the dataset's content id and the
     labels' digest) joins the run's identity, so ``resume`` refuses other
     data; ``run_info`` is recorded in ``run.json`` without being compared.
+    ``tensorboard``: also write the metrics as TensorBoard scalars there.
     """
     run_hparams(learner, runs)  # refuse bad settings before the run directory is touched
     if num_updates <= 0 or eval_every <= 0:
@@ -172,6 +174,12 @@ def train(
     chunk, evaluate = _compiled(learner, env, eval_every, eval_episodes, deterministic_eval)
     labels = [f"run {r.index} (seed {r.seed}, {r.grid_label})" for r in runs]
 
+    tb = None
+    if tensorboard:
+        from jaxil.tensorboard import TensorBoard
+
+        tb = TensorBoard(tensorboard, [f"run{r.index}-seed{r.seed}-{r.grid_label}" for r in runs],
+                         resume_from=start * eval_every if start else None)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -179,38 +187,45 @@ def train(
         bar = tqdm(total=num_updates, initial=start * eval_every, unit="upd",
                    desc=f"{learner.name} ×{len(runs)}")
     t_start = time.perf_counter()
-    for c in range(start, n_chunks):
-        t0 = time.perf_counter()
-        if profile_dir and c == start + 1:  # after compilation
-            with jax.profiler.trace(profile_dir):
-                states, metrics, health = jax.block_until_ready(chunk(states, data))
-        else:
-            states, metrics, health = chunk(states, data)
-        kept = (f"the last good checkpoint (update {c * eval_every}) is kept in {rd.path}"
-                if rd and c > 0 else "no checkpoint was written")
-        guard.check(jax.device_get(health), learner=learner.name, run_labels=labels,
-                    first_step=c * eval_every + 1, chunk_len=eval_every, kept=kept)
-        ep = evaluate(states.params, jax.random.fold_in(jax.random.PRNGKey(base_seed + 10_000), c))
-        ret = np.asarray(ep.episode_return)
-        won = np.asarray(ep.won)
-        metrics = jax.tree.map(np.asarray, metrics)
-        dt = time.perf_counter() - t0
-        update = (c + 1) * eval_every
-        new = []
-        for r in runs:
-            row = dict(update=update, run=r.index, seed=r.seed, grid=dict(r.grid),
-                       eval_return=float(ret[r.index].mean()),
-                       eval_win_rate=float(won[r.index].mean()))
-            row.update({k: float(v[r.index]) for k, v in metrics.items()})
-            new.append(row)
-        rows.extend(new)
-        if rd:
-            rd.append(new)
-            rd.save(update, states)
-        if bar:
-            bar.update(eval_every)
-            bar.set_postfix(ret=f"{ret.mean():.3f}", win=f"{won.mean():.2f}",
-                            ups=f"{eval_every * len(runs) / dt:.0f}")
+    try:
+        for c in range(start, n_chunks):
+            t0 = time.perf_counter()
+            if profile_dir and c == start + 1:  # after compilation
+                with jax.profiler.trace(profile_dir):
+                    states, metrics, health = jax.block_until_ready(chunk(states, data))
+            else:
+                states, metrics, health = chunk(states, data)
+            kept = (f"the last good checkpoint (update {c * eval_every}) is kept in {rd.path}"
+                    if rd and c > 0 else "no checkpoint was written")
+            guard.check(jax.device_get(health), learner=learner.name, run_labels=labels,
+                        first_step=c * eval_every + 1, chunk_len=eval_every, kept=kept)
+            eval_key = jax.random.fold_in(jax.random.PRNGKey(base_seed + 10_000), c)
+            ep = evaluate(states.params, eval_key)
+            ret = np.asarray(ep.episode_return)
+            won = np.asarray(ep.won)
+            metrics = jax.tree.map(np.asarray, metrics)
+            dt = time.perf_counter() - t0
+            update = (c + 1) * eval_every
+            new = []
+            for r in runs:
+                row = dict(update=update, run=r.index, seed=r.seed, grid=dict(r.grid),
+                           eval_return=float(ret[r.index].mean()),
+                           eval_win_rate=float(won[r.index].mean()))
+                row.update({k: float(v[r.index]) for k, v in metrics.items()})
+                new.append(row)
+            rows.extend(new)
+            if rd:
+                rd.append(new)
+                rd.save(update, states)
+            if tb:
+                tb.write(new)
+            if bar:
+                bar.update(eval_every)
+                bar.set_postfix(ret=f"{ret.mean():.3f}", win=f"{won.mean():.2f}",
+                                ups=f"{eval_every * len(runs) / dt:.0f}")
+    finally:
+        if tb:
+            tb.close()
     if bar:
         bar.close()
     summary = summarize(rows, runs, learner.name)
@@ -402,6 +417,7 @@ def _run(args, sweep: bool) -> int:
         overwrite=args.overwrite, base_seed=args.seed, progress=not args.no_progress,
         profile_dir=args.profile, run_info=dict(dataset=args.dataset, labels=args.labels),
         data_identity=dict(dataset_id=dataset_id(ds), labels=labels_digest(labels)),
+        tensorboard=args.tensorboard,
     )
     print(format_table(summary))
     print(f"wall time {summary['wall_seconds']:.1f}s" + (f"; results in {args.out}" if args.out else ""))
@@ -470,6 +486,8 @@ def _common(p: argparse.ArgumentParser, sweep: bool) -> None:
     g.add_argument("--overwrite", action="store_true",
                    help="delete the run in --out and start afresh")
     p.add_argument("--profile", default=None, help="write a jax.profiler trace here")
+    p.add_argument("--tensorboard", default=None, metavar="DIR",
+                   help="also write the metrics as TensorBoard scalars under DIR (one run each)")
     p.add_argument("--no-progress", action="store_true")
     if sweep:
         for name in ("alpha", "gamma", "beta", "lr", "lr-actor", "lr-critic", "lr-disc", "gp-coef"):

@@ -259,3 +259,40 @@ def test_eval_names_the_environment_mismatch(files, tmp_path, capsys):
     assert main(["eval", str(out), "--episodes", "2"]) == 1
     msg = _err(capsys)
     assert "no longer matches" in msg and "obs_dim" in msg
+
+
+def _scalars(logdir):
+    """{(run dir name, tag): [(step, value)]} from tensorboardX event files
+    (TFRecord framing: u64 length, u32 crc, payload, u32 crc)."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    out = {}
+    for f in sorted(logdir.glob("*/events.out.tfevents.*")):
+        data = f.read_bytes()
+        i = 0
+        while i < len(data):
+            (n,) = struct.unpack("<Q", data[i:i + 8])
+            ev = event_pb2.Event.FromString(data[i + 12:i + 12 + n])
+            i += 12 + n + 4
+            for v in ev.summary.value:
+                out.setdefault((f.parent.name, v.tag), []).append((ev.step, v.simple_value))
+    return out
+
+
+def test_tensorboard_scalars_match_the_metrics_rows(files, tmp_path):
+    """--tensorboard writes each run's metrics under its own run name at the
+    update of the row (a writer indexed by position instead of row["run"],
+    or the step taken from the wrong key, breaks the equality)."""
+    pytest.importorskip("tensorboardX")
+    out, tb = tmp_path / "run", tmp_path / "tb"
+    assert main(["sweep", "bc_union", "--dataset", str(files / "a.npz"), "--lr", "0.001,0.01",
+                 "--seeds", "1", "--out", str(out), "--tensorboard", str(tb), *FAST]) == 0
+    got = _scalars(tb)
+    rows = _rows(out)
+    assert {name for name, _ in got} == {"run0-seed0-lr=0.001", "run1-seed0-lr=0.01"}
+    for r in rows:
+        name = f"run{r['run']}-seed0-lr={r['grid']['lr']:g}"
+        for tag in ("eval_return", "bc_loss"):
+            assert (r["update"], pytest.approx(r[tag], rel=1e-6)) in got[(name, tag)]
