@@ -13,6 +13,10 @@ those written by other hosts more than :data:`STALE_AFTER_S` ago, and those in
 the pre-``io_atomic`` formats (``.<name>.<pid>.tmp`` of a dead pid;
 ``.<name>.tmp``, ``.<name>.<random>.tmp`` and ``.<name>.tmp-<hex>``, which
 carry no owner). Temporaries of live writers are left alone.
+
+:func:`check_file_writable` proves, before the work that produces a file,
+that it can be written (the directory-level check of run directories is
+:func:`jaxil.rundir.check_writable`).
 """
 
 from __future__ import annotations
@@ -110,6 +114,43 @@ def clear_stale(path: PathLike) -> list[Path]:
         _remove(entry)
         removed.append(entry)
     return removed
+
+
+def check_file_writable(path: PathLike, what: str = "output file", *, append: bool = False,
+                        fix: str = "choose a path you can write to, or fix its permissions"
+                        ) -> Path:
+    """Prove that a file can be written at ``path`` before the work that
+    produces it, or raise a one-line error naming it and the fix.
+
+    Creates the parent directory and writes (then removes) a probe beside
+    ``path`` under the name of this module's temporaries, which is what an
+    atomic write needs. ``append=True`` (a file grown in place, such as an
+    answer cache) also opens an existing file for appending; its content is
+    untouched. ``what`` names the path in the message (e.g. ``"--out"``),
+    ``fix`` says what to do.
+
+    Raises:
+      IsADirectoryError: ``path`` is a directory.
+      PermissionError: ``path`` cannot be written (read-only, a parent is a
+        file, ...).
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{what} {path} is a directory; give a file path such as "
+                                f"{path / 'out'}")
+    probe = temp_sibling(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+        if append and path.exists():
+            with open(path, "ab"):
+                pass
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+        raise PermissionError(f"{what} {path} is not writable ({e.strerror or e}); {fix}") from None
+    return path
 
 
 def fsync_dir(d: PathLike) -> None:

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from jaxil.cli_args import nonneg_int, positive_float, positive_int, probability
 from jaxil.data.zoo import TIERS
 
 
@@ -36,6 +37,17 @@ def _kv(item: str) -> tuple[str, Any]:
         return k, v  # a bare string
 
 
+def _tier_epsilon(item: str) -> tuple[str, float]:
+    """``TIER=EPS`` with ε a probability (range-checked at parse time)."""
+    if "=" not in item:
+        raise argparse.ArgumentTypeError(f"expected TIER=EPS, e.g. medium=0.2, got {item!r}")
+    tier, eps = item.split("=", 1)
+    try:
+        return tier, probability(eps)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"ε of tier {tier!r} {e}") from None
+
+
 def _fmt(x: Any, spec: str = ".3f") -> str:
     return "-" if x is None else format(x, spec)
 
@@ -44,7 +56,8 @@ def _fmt(x: Any, spec: str = ".3f") -> str:
 
 
 def _build(args) -> int:
-    from jaxil.data.recipes import build, get_recipe
+    from jaxil.data.recipes import build, get_recipe, sidecar_path
+    from jaxil.io_atomic import check_file_writable
 
     r = get_recipe(args.recipe)
     overrides = {t: getattr(args, f"n_{t}") for t in TIERS if getattr(args, f"n_{t}") is not None}
@@ -52,6 +65,9 @@ def _build(args) -> int:
     out = Path(args.out) if args.out else r.default_path(args.seed, counts)
     if args.teacher and args.no_teacher:
         raise ValueError("give --teacher DIR or --no-teacher, not both")
+    # Before any collection: an unwritable --out is found now, not after the build.
+    check_file_writable(out, "--out")
+    check_file_writable(sidecar_path(out), "--out's sidecar")
     if not args.quiet:
         from jaxil.data.zoo import make_zoo
 
@@ -347,16 +363,19 @@ def _diff(args) -> int:
 def _import_omapl(args) -> int:
     from jaxil.data.format import save
     from jaxil.data.omapl_h5 import import_omapl_h5, save_preferences
+    from jaxil.io_atomic import check_file_writable
 
+    out = Path(args.out)
+    prefs_path = Path(args.prefs) if args.prefs else out.with_name(f"{out.stem}.prefs.npz")
+    if prefs_path.resolve() == out.resolve():
+        raise ValueError(f"--prefs and --out are the same file {out}; give two paths")
+    check_file_writable(out, "--out")
+    check_file_writable(prefs_path, "--prefs")
     try:
         ds, prefs = import_omapl_h5(args.file, None if args.env == "infer" else args.env)
     except ImportError as e:  # h5py missing: one line, not a traceback
         print(f"jaxil data import-omapl: error: {e}", file=sys.stderr)
         return 1
-    out = Path(args.out)
-    prefs_path = Path(args.prefs) if args.prefs else out.with_name(f"{out.stem}.prefs.npz")
-    if prefs_path.resolve() == out.resolve():
-        raise ValueError(f"--prefs and --out are the same file {out}; give two paths")
     save(ds, out)
     save_preferences(prefs_path, ds, prefs)
     p = prefs.prefs
@@ -424,25 +443,26 @@ def register(sub) -> None:
 
     b = dsub.add_parser("build", help="collect a named recipe into a dataset file")
     b.add_argument("recipe", help="e.g. smax-3m/misodice-200e-1000p (see `jaxil data list`)")
-    b.add_argument("--seed", type=int, default=0, help="build seed (default 0)")
+    b.add_argument("--seed", type=nonneg_int, default=0, help="build seed (default 0)")
     b.add_argument("--out", default=None,
                    help="output file (default runs/data/<env-short>-<recipe>[...].npz)")
     b.add_argument("--teacher", default=None, metavar="DIR",
                    help="teacher run directory for the tiers (default: look under runs/teachers)")
     b.add_argument("--no-teacher", action="store_true",
                    help="ignore trained teachers; use the scripted expert")
-    b.add_argument("--scale", type=float, default=1.0,
+    b.add_argument("--scale", type=positive_float, default=1.0,
                    help="multiply every tier count (e.g. 0.01 for a tiny test version)")
     for t in TIERS:
-        b.add_argument(f"--n-{t}", type=int, default=None, metavar="N",
-                       help=f"number of {t} trajectories (overrides the recipe and --scale)")
+        b.add_argument(f"--n-{t}", type=nonneg_int, default=None, metavar="N",
+                       help=f"number of {t} trajectories (overrides the recipe and --scale; "
+                            f"0 drops the tier)")
     b.add_argument("--env-kwarg", type=_kv, action="append", metavar="KEY=VALUE",
                    help="environment keyword override (JSON value), e.g. max_steps=50")
-    b.add_argument("--epsilon", type=_kv, action="append", metavar="TIER=EPS",
+    b.add_argument("--epsilon", type=_tier_epsilon, action="append", metavar="TIER=EPS",
                    help="ε of a noised-expert tier, e.g. medium=0.2 (defaults: 0.4 / 0.85)")
-    b.add_argument("--chunk-size", type=int, default=128,
+    b.add_argument("--chunk-size", type=positive_int, default=128,
                    help="episodes per compiled call (default 128)")
-    b.add_argument("--measure-episodes", type=int, default=128,
+    b.add_argument("--measure-episodes", type=nonneg_int, default=128,
                    help="episodes per tier to measure every tier's return (0: skip)")
     b.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     b.set_defaults(func=_build)

@@ -52,7 +52,7 @@ from jaxil.data.zoo import (
     make_zoo,
     measure_tiers,
 )
-from jaxil.io_atomic import atomic_write_text
+from jaxil.io_atomic import atomic_write_text, check_file_writable
 
 DEFAULT_DATA_DIR = Path("runs") / "data"
 EXTENSION = ".npz"
@@ -269,8 +269,9 @@ def build(
     Args:
       recipe: a recipe name (``"smax-3m/misodice-200e-1000p"``) or :class:`Recipe`.
       seed: the build seed (>= 0); same arguments and seed → identical data.
-      out_path: where to :func:`jaxil.data.save` it (atomic); a sidecar
-        ``<stem>.tiers.json`` gets the tier measurements and wall times.
+      out_path: where to :func:`jaxil.data.save` it (atomic; checked
+        writable before the collection); a sidecar ``<stem>.tiers.json`` gets
+        the tier measurements and wall times.
       teacher_dir: take the tiers from this teacher run (see
         :func:`jaxil.data.zoo.make_zoo`); None looks one up.
       progress: show a tqdm bar over the episodes collected.
@@ -292,8 +293,16 @@ def build(
     t_start = time.perf_counter()
     r = get_recipe(recipe)
     n = r.resolve_counts(scale, counts)
-    if measure_episodes < 0:
-        raise ValueError(f"measure_episodes must be >= 0, got {measure_episodes}")
+    if isinstance(measure_episodes, bool) or int(measure_episodes) != measure_episodes \
+            or measure_episodes < 0:
+        raise ValueError(f"measure_episodes must be an integer >= 0, got {measure_episodes}")
+    if isinstance(chunk_size, bool) or int(chunk_size) != chunk_size or chunk_size < 1:
+        raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size}")
+    if int(seed) != seed or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed}")
+    if out_path is not None:  # before the collection, not after it
+        check_file_writable(out_path, "out_path")
+        check_file_writable(sidecar_path(out_path), "out_path's sidecar")
     env_kwargs = dict(env_kwargs or {})
     zoo = make_zoo(r.env_id, env_kwargs=env_kwargs, teacher_dir=teacher_dir,
                    discover=discover_teachers, epsilons=epsilons)

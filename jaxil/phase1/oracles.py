@@ -38,6 +38,7 @@ from typing import Callable, Optional, Union
 import numpy as np
 
 from jaxil.data.format import Dataset
+from jaxil.io_atomic import check_file_writable
 from jaxil.phase1.pairs import QueryPairs, dataset_id
 from jaxil.phase1.pairs import segment_returns as true_returns
 from jaxil.phase1.pairs import query_sides as _sides
@@ -304,6 +305,25 @@ def _end_last_line(f) -> None:
         f.truncate(pos)
 
 
+def _refuse_directory(cache: Path) -> None:
+    if cache.is_dir():
+        raise IsADirectoryError(f"answer cache {cache} is a directory; pass --cache a file "
+                                f"such as {cache / 'answers.jsonl'}")
+
+
+def check_cache_writable(path: Union[str, os.PathLike]) -> Path:
+    """Prove that the answer cache at ``path`` can be appended to (its
+    directory is created), or raise a one-line :class:`PermissionError`
+    naming it and the fix. An external labeller's answers cost money or
+    time: a cache found unwritable only after the first batch loses them."""
+    path = Path(path)
+    _refuse_directory(path)
+    return check_file_writable(
+        path, "answer cache", append=True,
+        fix="the labeller's answers could not be kept; pass --cache a file you can write "
+            "to (or fix its permissions) before asking")
+
+
 class ExternalOracle:
     """Preferences from an external judge, e.g. a language model.
 
@@ -316,10 +336,12 @@ class ExternalOracle:
     An unparseable reply or an exception raised by ``fn`` is retried up to
     ``max_retries`` times; a query still unanswered gets NaN. Queries are
     worked through in batches of ``batch_size`` (``fn`` is still called once
-    per query): after each batch the new answers are appended to the JSONL
-    ``cache_path`` and flushed to disk, so a killed labelling job loses at
-    most one batch, and a new oracle with the same cache answers the
-    already-answered queries from the cache without calling ``fn``. Each
+    per query). The cache is checked writable before the first query
+    (:func:`check_cache_writable`); after each batch the new answers are
+    appended to the JSONL ``cache_path`` and flushed to disk, so a killed
+    labelling job loses at most one batch, and a new oracle with the same
+    cache answers the already-answered queries from the cache without
+    calling ``fn``. Each
     cache line is ``{"key", "label", "answer"}`` with the key from
     :meth:`QueryPairs.keys` (the dataset id, both trajectories and starts,
     the segment length); a corrupt line (e.g. a truncated last line) is
@@ -383,6 +405,7 @@ class ExternalOracle:
         out: dict[str, float] = {}
         if self.cache_path is None or not self.cache_path.exists():
             return out
+        _refuse_directory(self.cache_path)
         with open(self.cache_path, "r", encoding="utf-8", errors="replace") as f:
             for lineno, line in enumerate(f, start=1):
                 if not line.strip():
@@ -449,6 +472,8 @@ class ExternalOracle:
             else:
                 todo.setdefault(k, []).append(i)
         order = list(todo)
+        if order and self.cache_path is not None:  # before paying for the first answer
+            check_cache_writable(self.cache_path)
 
         bar = None
         if self.progress and order:

@@ -22,8 +22,9 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from jaxil.cli_args import nonneg_int, positive_float, positive_int, probability
 from jaxil.data.format import Dataset, save
-from jaxil.io_atomic import atomic_write_text
+from jaxil.io_atomic import atomic_write_text, check_file_writable
 from jaxil.phase1.label import (
     ensemble_scores,
     fit_preferences,
@@ -125,27 +126,67 @@ def write_labels(dataset: Dataset, outcome: LabelOutcome, out: Path, provenance:
 # ----------------------------------------------------------------------------- CLI
 
 
+def _flip_rate(text: str) -> float:
+    """A flip probability in [0, 0.5] (above 0.5 the labels mostly lie)."""
+    x = probability(text)
+    if x > 0.5:
+        raise argparse.ArgumentTypeError(f"must be in [0, 0.5], got {text} (above 0.5 the "
+                                         "labels mostly lie)")
+    return x
+
+
+def _fraction(text: str) -> float:
+    """A fraction in (0, 1]."""
+    x = positive_float(text)
+    if x > 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return x
+
+
 def _phase1_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--oracle", choices=ORACLES, default="ground_truth")
-    p.add_argument("--flip-rate", type=float, default=0.0,
-                   help="ground_truth oracle: probability of flipping each answer")
+    p.add_argument("--flip-rate", type=_flip_rate, default=0.0,
+                   help="ground_truth oracle: probability of flipping each answer, in [0, 0.5]")
     p.add_argument("--external", default=None, help="MODULE:FUNCTION, a callable str -> '#1'|'#2'")
     p.add_argument("--cache", default=None, help="external oracle: JSONL answer cache (resumable)")
-    p.add_argument("--queries", type=int, default=1000, help="query budget (pairs asked)")
-    p.add_argument("--segment-len", type=int, default=None, help="steps per segment (default: whole)")
+    p.add_argument("--queries", type=positive_int, default=1000, help="query budget (pairs asked)")
+    p.add_argument("--segment-len", type=positive_int, default=None,
+                   help="steps per segment (default: whole)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--top-k", type=int, default=None, help="label this many trajectories expert")
-    g.add_argument("--top-frac", type=float, default=None, help="... or this fraction")
-    p.add_argument("--label-updates", type=int, default=1000, help="O-MAPL updates")
-    p.add_argument("--label-seeds", type=int, default=3, help="O-MAPL seeds (ensembled)")
-    p.add_argument("--label-hidden", type=int, nargs="+", default=[64, 64])
-    p.add_argument("--pairs-per-batch", type=int, default=8, help="O-MAPL batch (pairs)")
-    p.add_argument("--seed", type=int, default=0)
+    g.add_argument("--top-k", type=positive_int, default=None,
+                   help="label this many trajectories expert")
+    g.add_argument("--top-frac", type=_fraction, default=None, help="... or this fraction, in (0, 1]")
+    p.add_argument("--label-updates", type=positive_int, default=1000, help="O-MAPL updates")
+    p.add_argument("--label-seeds", type=positive_int, default=3, help="O-MAPL seeds (ensembled)")
+    p.add_argument("--label-hidden", type=positive_int, nargs="+", default=[64, 64])
+    p.add_argument("--pairs-per-batch", type=positive_int, default=8, help="O-MAPL batch (pairs)")
+    p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument("--no-progress", action="store_true")
 
 
-def _run_phase1(ds: Dataset, args) -> LabelOutcome:
+def _check_phase1_args(args) -> Optional[Callable[[str], str]]:
+    """What can be refused before the dataset is loaded or built: oracle
+    options that do not fit the oracle, an --external that does not load, an
+    answer cache that cannot be written. Returns the --external callable."""
+    if args.flip_rate and args.oracle != "ground_truth":
+        raise ValueError("--flip-rate applies to the ground_truth oracle only")
+    if args.oracle != "external" and (args.external or args.cache):
+        raise ValueError(f"--external and --cache apply to the external oracle only, not "
+                         f"--oracle {args.oracle}")
+    if args.oracle == "external" and not args.external:
+        raise ValueError("the external oracle needs a callable: --external MODULE:FUNCTION "
+                         "(a function str -> '#1' | '#2')")
     ext = load_callable(args.external) if args.external else None
+    if args.cache:
+        from jaxil.phase1.oracles import check_cache_writable
+
+        check_cache_writable(args.cache)
+    return ext
+
+
+def _run_phase1(ds: Dataset, args, ext: Optional[Callable[[str], str]] = None) -> LabelOutcome:
+    if ext is None and args.external:
+        ext = load_callable(args.external)
     oracle = make_oracle(args.oracle, flip_rate=args.flip_rate, seed=args.seed, external=ext,
                          cache=args.cache)
     top_k = args.top_k
@@ -178,7 +219,6 @@ def _provenance(ds: Dataset, args, source: str) -> dict:
 def _label_cmd(args) -> int:
     from jaxil.train import load_dataset
 
-    ds = load_dataset(args.dataset)
     src = Path(args.dataset)
     if args.out:
         out = Path(args.out)
@@ -188,8 +228,12 @@ def _label_cmd(args) -> int:
     if src.exists() and out.resolve() == src.resolve():
         raise ValueError("--out is the input dataset; `jaxil label` never modifies its input, "
                          "choose another path")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    outcome = _run_phase1(ds, args)
+    # Before the dataset is loaded (or built) and the oracle asked.
+    check_file_writable(out, "--out")
+    check_file_writable(out.with_suffix(".labels.json"), "--out's sidecar")
+    ext = _check_phase1_args(args)
+    ds = load_dataset(args.dataset)
+    outcome = _run_phase1(ds, args, ext)
     side = write_labels(ds, outcome, out, _provenance(ds, args, args.dataset))
     print(f"wrote {out} and {side}")
     return 0
@@ -199,9 +243,16 @@ def _pipeline_cmd(args) -> int:
     import envs
     from jaxil.data.recipes import env_short
     from jaxil.learners import LearnerData, make_learner
+    from jaxil.rundir import check_writable
     from jaxil.train import expand_grid, load_dataset, train
 
     t0 = time.perf_counter()
+    if args.evals > args.updates:
+        raise ValueError(f"--evals {args.evals} is more than --updates {args.updates}; "
+                         "give at most one evaluation per update")
+    if args.out:  # before the dataset, Phase 1 and the training runs
+        check_writable(Path(args.out))
+    ext = _check_phase1_args(args)
     env_id = args.env if ":" in args.env else args.env.replace("-", ":", 1)
     ds = load_dataset(args.dataset or f"{env_short(env_id)}/{args.recipe}")
     if ds.spec.env_id != env_id:
@@ -212,7 +263,7 @@ def _pipeline_cmd(args) -> int:
                          "was it recorded with non-default env kwargs?")
     print(f"dataset {ds.info.recipe}: {ds.num_trajectories} trajectories, "
           f"{int(ds.expert.sum())} expert (hidden from Phase 1)")
-    outcome = _run_phase1(ds, args)
+    outcome = _run_phase1(ds, args, ext)
     settings = {"phase1": outcome.labels}
     if args.compare:
         settings.update(ground_truth=np.asarray(ds.expert, bool),
@@ -239,8 +290,7 @@ def _pipeline_cmd(args) -> int:
     print(f"wall time {summary['wall_seconds']:.0f}s")
     if args.out:
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "pipeline.json").write_text(to_json(summary))
+        atomic_write_text(out / "pipeline.json", to_json(summary))
         print(f"summary in {out / 'pipeline.json'}")
     return 0
 
@@ -257,12 +307,12 @@ def register(sub) -> None:
                    help="dataset recipe for the env (built under runs/data/ if missing)")
     q.add_argument("--dataset", default=None, help="a dataset file instead of the recipe")
     q.add_argument("--algo", default="misodice")
-    q.add_argument("--seeds", type=int, default=4)
-    q.add_argument("--updates", type=int, default=2000)
-    q.add_argument("--evals", type=int, default=4)
-    q.add_argument("--eval-episodes", type=int, default=32)
-    q.add_argument("--hidden", type=int, nargs="+", default=[128, 128])
-    q.add_argument("--batch-size", type=int, default=256)
+    q.add_argument("--seeds", type=positive_int, default=4)
+    q.add_argument("--updates", type=positive_int, default=2000)
+    q.add_argument("--evals", type=positive_int, default=4)
+    q.add_argument("--eval-episodes", type=positive_int, default=32)
+    q.add_argument("--hidden", type=positive_int, nargs="+", default=[128, 128])
+    q.add_argument("--batch-size", type=positive_int, default=256)
     q.add_argument("--no-compare", dest="compare", action="store_false",
                    help="skip the ground-truth-label and no-Phase-1 runs")
     q.add_argument("--out", default=None, help="directory for pipeline.json")

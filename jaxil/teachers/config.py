@@ -34,7 +34,7 @@ class PPOConfig:
         joint transitions; the agents of one transition stay together).
       lr: Adam learning rate of actor and critic.
       anneal_lr: decay the learning rate linearly to 0 over the run.
-      gamma, gae_lambda: discount and GAE λ.
+      gamma, gae_lambda: discount and GAE λ, each in [0, 1].
       clip_eps: PPO ratio clip (also used for value clipping).
       ent_coef, vf_coef: entropy bonus and value-loss weights.
       max_grad_norm: global gradient-norm clip (per network).
@@ -72,6 +72,10 @@ class PPOConfig:
         def fail(name, msg):
             raise ValueError(f"PPOConfig.{name}={getattr(self, name)!r}: {msg}")
 
+        def number(v) -> bool:  # a real number; True/False are not learning rates
+            return (isinstance(v, (int, float, np.integer, np.floating))
+                    and not isinstance(v, (bool, np.bool_)) and math.isfinite(v))
+
         if self.algo not in ALGOS:
             fail("algo", f"must be one of {ALGOS}")
         if self.activation not in ACTIVATIONS:
@@ -80,26 +84,26 @@ class PPOConfig:
                      "num_minibatches", "updates_per_chunk"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                fail(name, "must be a positive integer")
+                fail(name, "must be an integer >= 1")
         for name in ("anneal_lr", "normalize_advantages"):
             if not isinstance(getattr(self, name), bool):
                 fail(name, "must be True or False")
         for name in ("lr", "clip_eps", "max_grad_norm", "reward_scale"):
             v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+            if not (number(v) and v > 0):
                 fail(name, "must be a finite number > 0")
         for name in ("ent_coef", "vf_coef"):
             v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+            if not (number(v) and v >= 0):
                 fail(name, "must be a finite number >= 0")
-        if not (isinstance(self.gamma, (int, float)) and 0 < self.gamma <= 1):
-            fail("gamma", "must be in (0, 1]")
-        if not (isinstance(self.gae_lambda, (int, float)) and 0 <= self.gae_lambda <= 1):
-            fail("gae_lambda", "must be in [0, 1]")
-        if not (isinstance(self.log_std_init, (int, float)) and math.isfinite(self.log_std_init)):
+        for name in ("gamma", "gae_lambda"):
+            v = getattr(self, name)
+            if not (number(v) and 0 <= v <= 1):
+                fail(name, "must be a number in [0, 1]")
+        if not number(self.log_std_init):
             fail("log_std_init", "must be a finite number")
         hs = self.hidden_sizes
-        if isinstance(hs, int) or not all(
+        if not isinstance(hs, (tuple, list)) or not all(
             isinstance(h, (int, np.integer)) and not isinstance(h, bool) and h > 0 for h in hs
         ) or len(hs) == 0:
             fail("hidden_sizes", "must be a non-empty sequence of positive integers")

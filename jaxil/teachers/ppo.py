@@ -17,7 +17,8 @@ and is jittable and vmappable over seeds::
 
 ``make_ppo(env, config)`` exposes the pieces: ``init(key) -> RunnerState`` and
 ``update_chunk(runner) -> (runner, metrics)``, which runs
-``config.updates_per_chunk`` PPO updates.
+``config.updates_per_chunk`` PPO updates; ``update_chunk_checked`` also returns
+the chunk's :class:`jaxil.guard.Health` (the driver stops a diverging run with it).
 
 Model. The actor is a :class:`jaxil.policy.PolicyNet` shared by all agents
 (one-hot agent id appended, orthogonal initialisation, a masked categorical
@@ -48,6 +49,7 @@ from flax.training.train_state import TrainState
 from envs.core import EnvSpec, MultiAgentEnv
 from envs.policies import Policy
 from envs.wrappers import AutoReset
+from jaxil import guard
 from jaxil.losses.gae import gae
 from jaxil.losses.ppo import clipped_surrogate_loss, clipped_value_loss, normalize_advantages
 from jaxil.nets import LocalMLP, activation, orthogonal_init
@@ -117,6 +119,11 @@ class PPO(NamedTuple):
     critic: LocalMLP
     init: Callable[[jax.Array], RunnerState]
     update_chunk: Callable[[RunnerState], tuple[RunnerState, dict]]
+    update_chunk_checked: Callable[[RunnerState], tuple[RunnerState, dict, guard.Health]]
+
+
+# The per-update quantities the non-finite guard watches (with the parameters).
+GUARDED = ("actor_loss", "value_loss", "entropy", "approx_kl")
 
 
 def make_ppo(env: MultiAgentEnv, config: PPOConfig) -> PPO:
@@ -128,6 +135,10 @@ def make_ppo(env: MultiAgentEnv, config: PPOConfig) -> PPO:
     the training rollouts), ``return_mean``, ``win_rate`` (NaN when no episode
     finished), ``actor_loss``, ``value_loss``, ``entropy``, ``approx_kl``,
     ``clip_frac``, ``lr``, ``env_steps`` (total so far).
+    ``update_chunk_checked(runner) -> (runner, metrics, health)`` is the same
+    chunk plus :func:`jaxil.guard.health` of the per-update losses
+    (:data:`GUARDED`, ``[updates_per_chunk]`` each) and of the actor and
+    critic parameters after the chunk.
     """
     if not isinstance(config, PPOConfig):
         raise TypeError(f"config must be a PPOConfig, got {type(config).__name__}")
@@ -255,7 +266,7 @@ def make_ppo(env: MultiAgentEnv, config: PPOConfig) -> PPO:
         runner = RunnerState(actor_ts, critic_ts, env_state, ts, key, runner.update + 1)
         return runner, stats
 
-    def update_chunk(runner: RunnerState) -> tuple[RunnerState, dict]:
+    def run_chunk(runner: RunnerState) -> tuple[RunnerState, dict, dict]:
         runner, stats = jax.lax.scan(update, runner, None, cfg.updates_per_chunk)
         episodes = stats["episodes"].sum()
         safe = jnp.maximum(episodes, 1.0)
@@ -269,10 +280,20 @@ def make_ppo(env: MultiAgentEnv, config: PPOConfig) -> PPO:
         )
         if not spec.has_win:
             del metrics["win_rate"]
+        return runner, metrics, stats
+
+    def update_chunk(runner: RunnerState) -> tuple[RunnerState, dict]:
+        runner, metrics, _ = run_chunk(runner)
         return runner, metrics
 
+    def update_chunk_checked(runner: RunnerState) -> tuple[RunnerState, dict, guard.Health]:
+        runner, metrics, stats = run_chunk(runner)
+        health = guard.health({k: stats[k] for k in GUARDED},
+                              (runner.actor.params, runner.critic.params))
+        return runner, metrics, health
+
     return PPO(env=env, config=cfg, actor=actor, critic=critic, init=init,
-               update_chunk=update_chunk)
+               update_chunk=update_chunk, update_chunk_checked=update_chunk_checked)
 
 
 def _opt_count(opt_state) -> jax.Array:

@@ -6,6 +6,12 @@ compiled :func:`jaxil.teachers.ppo.make_ppo` program, writes ``metrics.jsonl``,
 saves the actor at several points, evaluates each checkpoint with
 :func:`envs.run_episodes`, writes ``teacher.json`` and resumes bit-for-bit from
 the last checkpoint. The directory layout is in :mod:`jaxil.teachers.io`.
+
+A run that cannot lie: the output directory is checked writable and free of
+other runs before any compilation; ``resume`` refuses any setting that differs
+from the recorded run; a loss or parameter turning NaN/inf stops the run with
+:class:`jaxil.guard.NonFiniteError` before that chunk's metrics or checkpoint
+are written, so the directory keeps its last good checkpoint.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import json
 import os
 import shutil
 import time
+from pathlib import Path
 from typing import Any, Optional
 
 import jax
@@ -24,8 +31,10 @@ import numpy as np
 import envs
 from envs.core import MultiAgentEnv
 from envs.policies import random_policy
+from jaxil import guard
 from jaxil.checkpoint import restore_tree, save_tree
 from jaxil.io_atomic import atomic_write_text
+from jaxil.rundir import check_writable
 from jaxil.teachers.config import PPOConfig
 from jaxil.teachers.io import (
     ACTOR_FORMAT,
@@ -97,6 +106,7 @@ class _Program:
         self.compiler_options = dict(compiler_items) or None
         self._init = None
         self._chunk = None
+        self._checked = None
         self._eval = {}
 
     def _compile(self, fn, *args):
@@ -114,6 +124,15 @@ class _Program:
             t0 = time.time()
             self._chunk = (self._compile(self.ppo.update_chunk, runner), time.time() - t0)
         return self._chunk
+
+    def checked_chunk(self, runner: RunnerState):
+        """Like :meth:`chunk` for ``update_chunk_checked``: the executable
+        returns ``(runner, metrics, health)`` (:mod:`jaxil.guard`)."""
+        if self._checked is None:
+            t0 = time.time()
+            self._checked = (self._compile(self.ppo.update_chunk_checked, runner),
+                             time.time() - t0)
+        return self._checked
 
     def evaluate(self, params: Any, key: jax.Array, num_episodes: int) -> dict[str, dict]:
         """Stochastic and deterministic evaluation with ONE compiled program
@@ -187,18 +206,35 @@ def train_teacher(
 
     ``resume=True`` continues from the latest checkpoint's runner state; the
     result is bit-identical to an uninterrupted run. Without it, an ``out_dir``
-    that already holds checkpoints is an error. ``stop_after_chunks`` stops
-    after that chunk (as a kill would), for tests and time-boxed runs.
+    that already holds checkpoints is an error; with it, any difference in
+    the env, seed, config, checkpoint schedule or ``eval_episodes`` is. An
+    ``out_dir`` holding another kind of run (a ``jaxil train`` run directory)
+    is refused either way. ``stop_after_chunks`` (>= 1) stops after that chunk
+    (as a kill would), for tests and time-boxed runs.
     ``compiler_options`` go to XLA (``jax.stages.Lowered.compile``), e.g.
     ``{"xla_backend_optimization_level": 0}`` halves CPU compile time for smoke
     runs (and slows the run down).
 
     Returns the ``teacher.json`` content.
+
+    Raises:
+      jaxil.guard.NonFiniteError: a loss or the parameters became NaN/inf;
+        the message names the env, seed, update and quantity, and the
+        directory keeps the checkpoints written before.
+      FileExistsError: ``out_dir`` holds another run (see above).
+      PermissionError: ``out_dir`` cannot be written.
     """
     if not isinstance(config, PPOConfig):
         raise TypeError(f"config must be a PPOConfig, got {type(config).__name__}")
     if isinstance(eval_episodes, bool) or not isinstance(eval_episodes, int) or eval_episodes < 1:
         raise ValueError(f"eval_episodes must be a positive integer, got {eval_episodes!r}")
+    if stop_after_chunks is not None and (isinstance(stop_after_chunks, bool)
+                                          or not isinstance(stop_after_chunks, int)
+                                          or stop_after_chunks < 1):
+        raise ValueError(f"stop_after_chunks must be an integer >= 1 (or None), "
+                         f"got {stop_after_chunks!r}")
+    check_writable(Path(out_dir), "out_dir")
+    _refuse_foreign_run(out_dir)
     session_start = time.time()
     env_kwargs = dict(env_kwargs or {})
     ckpt_chunks = checkpoint_chunks(config.num_chunks, num_checkpoints)
@@ -225,6 +261,11 @@ def train_teacher(
                 f"{out_dir} already has checkpoints {existing}; pass resume=True "
                 f"(--resume) to continue, or choose an empty out_dir"
             )
+        if not os.path.exists(teacher_path):
+            raise FileNotFoundError(
+                f"cannot resume {out_dir}: it holds checkpoints {existing} but no "
+                f"{TEACHER_FILE}, so their settings cannot be checked; choose an empty out_dir"
+            )
         with open(teacher_path) as f:
             old = json.load(f)
         if old.get("actor_format", 1) != ACTOR_FORMAT:
@@ -233,11 +274,16 @@ def train_teacher(
                 f"{old.get('actor_format', 1)}); its checkpoints still load for data, but train "
                 f"a new run in an empty out_dir to continue training"
             )
-        for k in ("env_id", "env_kwargs", "seed", "config", "checkpoint_chunks"):
+        # eval_episodes: the checkpoints of one run are evaluated alike (runs
+        # written before it was recorded are not compared on it).
+        keys = ("env_id", "env_kwargs", "seed", "config", "checkpoint_chunks") + (
+            ("eval_episodes",) if "eval_episodes" in old else ())
+        for k in keys:
             if old.get(k) != json.loads(json.dumps(header[k])):
                 raise ValueError(
                     f"cannot resume {out_dir}: its {k} is {old.get(k)!r} but this run has "
-                    f"{header[k]!r} (num_checkpoints must match too)"
+                    f"{header[k]!r} (num_checkpoints and eval_episodes must match too); "
+                    f"rerun with the original settings, or choose another out_dir"
                 )
 
     prog = _program(env_id, tuple(sorted(env_kwargs.items())), config,
@@ -299,7 +345,10 @@ def train_teacher(
         write_json(teacher_path, doc)
         return doc
 
-    chunk_exec, compile_s = prog.chunk(runner)
+    chunk_exec, compile_s = prog.checked_chunk(runner)
+    K = config.updates_per_chunk
+    learner = f"the {config.algo.upper()} teacher of {env_id}"
+    kept = _kept(out_dir, config)
     end_chunk = config.num_chunks
     if stop_after_chunks is not None:
         end_chunk = min(end_chunk, stop_after_chunks)
@@ -313,38 +362,73 @@ def train_teacher(
             unit_scale=True, desc=f"{config.algo} {env_id}", dynamic_ncols=True,
             mininterval=5.0,
         )
-    with open(metrics_path, "a") as mf:
-        for chunk in range(start_chunk + 1, end_chunk + 1):
-            t = time.time()
-            runner, m = chunk_exec(runner)
-            m = jax.device_get(m)
-            dt = time.time() - t
-            wall += dt
-            rec = dict(chunk=chunk, update=int(runner.update), **jsonable_metrics(m))
-            rec.update(env_steps_per_s=steps_per_chunk / dt, chunk_time_s=dt, wall_time_s=wall)
-            if chunk == start_chunk + 1:
-                rec["compile_s"] = compile_s
-            mf.write(json.dumps(rec) + "\n")
-            mf.flush()
-            if bar is not None:
-                post = {"ret": "-" if rec["return_mean"] is None else f"{rec['return_mean']:.3g}"}
-                if rec.get("win_rate") is not None:
-                    post["win"] = f"{rec['win_rate']:.2f}"
-                post["sps"] = f"{rec['env_steps_per_s']:.0f}"
-                bar.set_postfix(post, refresh=False)
-                bar.update(steps_per_chunk)
-            if chunk in ckpt_chunks:
-                info = save_checkpoint(runner, chunk, wall)
-                write_teacher(complete=False, wall=wall)
+    try:
+        with open(metrics_path, "a") as mf:
+            for chunk in range(start_chunk + 1, end_chunk + 1):
+                t = time.time()
+                runner, m, health = chunk_exec(runner)
+                m, health = jax.device_get((m, health))
+                # Before this chunk's metrics line and checkpoint: a diverged
+                # chunk leaves no trace but the error.
+                guard.check(jax.tree.map(lambda x: np.asarray(x)[None], health),
+                            learner=learner, run_labels=[f"seed {seed} ({out_dir})"],
+                            first_step=(chunk - 1) * K + 1, chunk_len=K,
+                            kept=kept)
+                dt = time.time() - t
+                wall += dt
+                rec = dict(chunk=chunk, update=int(runner.update), **jsonable_metrics(m))
+                rec.update(env_steps_per_s=steps_per_chunk / dt, chunk_time_s=dt, wall_time_s=wall)
+                if chunk == start_chunk + 1:
+                    rec["compile_s"] = compile_s
+                mf.write(json.dumps(rec) + "\n")
+                mf.flush()
                 if bar is not None:
-                    ev = info["eval_stochastic"]
-                    msg = f"checkpoint {info['step']}: eval return {ev['return_mean']:.3f}"
-                    if "win_rate" in ev:
-                        msg += f", win rate {ev['win_rate']:.3f}"
-                    bar.write(msg)
-    if bar is not None:
-        bar.close()
+                    post = {"ret": "-" if rec["return_mean"] is None else f"{rec['return_mean']:.3g}"}
+                    if rec.get("win_rate") is not None:
+                        post["win"] = f"{rec['win_rate']:.2f}"
+                    post["sps"] = f"{rec['env_steps_per_s']:.0f}"
+                    bar.set_postfix(post, refresh=False)
+                    bar.update(steps_per_chunk)
+                if chunk in ckpt_chunks:
+                    info = save_checkpoint(runner, chunk, wall)
+                    write_teacher(complete=False, wall=wall)
+                    kept = _kept(out_dir, config)
+                    if bar is not None:
+                        ev = info["eval_stochastic"]
+                        msg = f"checkpoint {info['step']}: eval return {ev['return_mean']:.3f}"
+                        if "win_rate" in ev:
+                            msg += f", win rate {ev['win_rate']:.3f}"
+                        bar.write(msg)
+    finally:
+        if bar is not None:
+            bar.close()
     return write_teacher(complete=int(runner.update) == config.num_updates, wall=wall)
+
+
+def _refuse_foreign_run(out_dir: str) -> None:
+    """Refuse a directory that holds a run other than a teacher's: a teacher
+    would remove its ``metrics.jsonl`` and mix its files with ours."""
+    d = Path(out_dir)
+    foreign = [f for f in ("run.json", "results.json") if (d / f).exists()]
+    if not (d / TEACHER_FILE).exists():
+        foreign += [f for f in (METRICS_FILE,) if (d / f).exists()]
+        ck = d / CKPT_DIR
+        if ck.is_dir() and any(ck.iterdir()):
+            foreign.append(CKPT_DIR + "/")
+    if foreign:
+        raise FileExistsError(
+            f"{out_dir} holds {', '.join(foreign)}: the files of another kind of run (a "
+            f"`jaxil train` run directory?), not of a teacher; choose another --out"
+        )
+
+
+def _kept(out_dir: str, config: PPOConfig) -> str:
+    """What a diverged run leaves behind (for its error message)."""
+    steps = list_checkpoints(out_dir)
+    if not steps:
+        return "no checkpoint was written (it diverged before the first)"
+    return (f"{out_dir} keeps its last good checkpoint (env step {steps[-1]}, update "
+            f"{steps[-1] // config.batch_size})")
 
 
 def _truncate_metrics(path: str, upto_chunk: int) -> float:

@@ -23,6 +23,7 @@ import dataclasses
 import json
 from typing import Any
 
+from jaxil.cli_args import nonneg_int, positive_int
 from jaxil.teachers.config import PPOConfig
 
 _SMAX = PPOConfig(
@@ -106,21 +107,28 @@ def preset(env_id: str, **overrides: Any) -> PPOConfig:
 
 
 def _parse_sets(items: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` overrides (JSON values); PPOConfig range-checks them."""
     fields = {f.name: f for f in dataclasses.fields(PPOConfig)}
     out = {}
     for item in items:
         if "=" not in item:
-            raise SystemExit(f"--set expects key=value, got {item!r}")
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
         k, v = item.split("=", 1)
         if k not in fields:
-            raise SystemExit(f"unknown config field {k!r}; fields: {sorted(fields)}")
+            raise ValueError(f"--set: unknown config field {k!r}; fields: {sorted(fields)}")
         try:
             val = json.loads(v)
         except json.JSONDecodeError:
             val = v  # bare strings such as algo=ippo
         if k == "hidden_sizes":
+            if isinstance(val, int) and not isinstance(val, bool):
+                val = [val]  # one layer
+            if not isinstance(val, list):
+                raise ValueError(f"--set hidden_sizes takes a JSON list of widths, e.g. "
+                                 f"hidden_sizes=[64,64], got {v!r}")
             val = tuple(val)
-        elif isinstance(getattr(PRESETS["smax:3m"], k), float) and isinstance(val, int):
+        elif (isinstance(getattr(PRESETS["smax:3m"], k), float) and isinstance(val, int)
+              and not isinstance(val, bool)):  # true is not 1.0: PPOConfig refuses it
             val = float(val)
         out[k] = val
     return out
@@ -130,19 +138,24 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", required=True, help="environment id, e.g. smax:3m")
     p.add_argument("--out", default=None,
                    help="output directory (default runs/teachers/<env with : -> _>)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument("--algo", choices=["ippo", "mappo"], default=None)
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="override config fields (JSON values), e.g. lr=0.001 ent_coef=0.01")
-    p.add_argument("--num-checkpoints", type=int, default=5)
-    p.add_argument("--eval-episodes", type=int, default=128)
+    p.add_argument("--num-checkpoints", type=positive_int, default=5)
+    p.add_argument("--eval-episodes", type=positive_int, default=128)
     p.add_argument("--resume", action="store_true",
-                   help="continue from the latest checkpoint in --out")
-    p.add_argument("--stop-after-chunks", type=int, default=None)
+                   help="continue from the latest checkpoint in --out (the settings must "
+                        "match the run there)")
+    p.add_argument("--stop-after-chunks", type=positive_int, default=None)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def _run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from jaxil.rundir import check_writable
+    from jaxil.teachers.io import list_checkpoints
     from jaxil.teachers.train import train_teacher
 
     overrides = _parse_sets(args.set)
@@ -150,6 +163,9 @@ def _run(args: argparse.Namespace) -> int:
         overrides["algo"] = args.algo
     cfg = preset(args.env, **overrides)
     out = args.out or f"runs/teachers/{args.env.replace(':', '_')}"
+    check_writable(Path(out))
+    if args.resume and not list_checkpoints(out):
+        print(f"--resume: {out} holds no checkpoint yet; starting afresh")
     print(f"{args.env} -> {out}: {cfg}")
     print(f"{cfg.num_chunks} chunks x {cfg.updates_per_chunk} updates x {cfg.batch_size} "
           f"steps = {cfg.env_steps} env steps", flush=True)
@@ -179,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     try:
         raise SystemExit(_run(args))
-    except (KeyError, ValueError, FileExistsError, FileNotFoundError) as e:
+    except (KeyError, ValueError, OSError) as e:
         raise SystemExit(f"error: {e.args[0] if isinstance(e, KeyError) else e}")
 
 
