@@ -104,12 +104,23 @@ class Checkpointer:
         self.manager.save(step, args=ocp.args.StandardSave(state))
         self.manager.wait_until_finished()
 
-    def restore(self, like: Any, step: Optional[int] = None) -> Any:
-        """Restore into the structure, shapes and dtypes of ``like``."""
+    def restore(self, like: Any, step: Optional[int] = None,
+                sharding: Optional[jax.sharding.Sharding] = None) -> Any:
+        """Restore into the structure, shapes and dtypes of ``like``.
+
+        The arrays are placed as ``like``'s are (its leaves may be
+        ``jax.ShapeDtypeStruct`` with a ``sharding``), or every leaf with
+        ``sharding`` when given: orbax then reads each device's part straight
+        into place (:mod:`jaxil.sharding`).
+        """
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+        if sharding is None:
+            abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+        else:
+            abstract = jax.tree.map(
+                lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding), like)
         try:
             return self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
         except (ValueError, TypeError, KeyError) as e:  # orbax's tree/shape mismatch dumps

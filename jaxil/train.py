@@ -28,6 +28,7 @@ from typing import Any, Optional, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import envs
 from envs.core import EnvSpec
@@ -39,6 +40,7 @@ from jaxil.cli_args import nonneg_int, positive_int
 from jaxil.rundir import check_run_dir, open_run_dir
 from jaxil.rundir import read_jsonl as _read_jsonl  # noqa: F401 (jaxil.interactive.loop, until it moves)
 from jaxil.rundir import write_jsonl_atomic as _write_jsonl_atomic  # noqa: F401
+from jaxil.sharding import RUNS, RunsLayout, make_mesh, num_devices
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,21 +98,33 @@ def _init_fn(learner: Learner):
     return jax.jit(jax.vmap(learner.init))
 
 
+def _sharded(mesh: Optional[Mesh]) -> dict:
+    """jit's in/out shardings for ``f(per-run [R], shared)`` on ``mesh`` (the
+    runs axis split, the shared argument replicated); none without a mesh."""
+    if mesh is None:
+        return {}
+    runs, shared = NamedSharding(mesh, P(RUNS)), NamedSharding(mesh, P())
+    return dict(in_shardings=(runs, shared), out_shardings=runs)
+
+
 @functools.lru_cache(maxsize=32)
-def chunk_fn(learner: Learner, k: int):
+def chunk_fn(learner: Learner, k: int, mesh: Optional[Mesh] = None):
     """``(states [R], data) -> (states, last metrics [R], health [R])``: K
-    fused updates for every run (data shared), jitted once per (learner, K)."""
-    return jax.jit(jax.vmap(lambda s, d: update_n_checked(learner, s, d, k), in_axes=(0, None)))
+    fused updates for every run (data shared), jitted once per (learner, K).
+    With a ``mesh`` each device updates its slice of the runs
+    (:mod:`jaxil.sharding`)."""
+    return jax.jit(jax.vmap(lambda s, d: update_n_checked(learner, s, d, k), in_axes=(0, None)),
+                   **_sharded(mesh))
 
 
 @functools.lru_cache(maxsize=32)
-def _compiled(learner: Learner, env, eval_every: int, eval_episodes: int, deterministic: bool):
+def _compiled(learner: Learner, env, eval_every: int, eval_episodes: int, deterministic: bool,
+              mesh: Optional[Mesh] = None):
     """Jitted chunk and evaluation, cached so repeated runs compile once."""
     policy = learner.policy(deterministic)
-    chunk = chunk_fn(learner, eval_every)
-    evaluate = jax.jit(
-        jax.vmap(lambda p, k: envs.run_episodes(env, policy, p, k, eval_episodes), in_axes=(0, None))
-    )
+    chunk = chunk_fn(learner, eval_every) if mesh is None else chunk_fn(learner, eval_every, mesh)
+    episodes = lambda p, k: envs.run_episodes(env, policy, p, k, eval_episodes)  # noqa: E731
+    evaluate = jax.jit(jax.vmap(episodes, in_axes=(0, None)), **_sharded(mesh))
     return chunk, evaluate
 
 
@@ -133,6 +147,7 @@ def train(
     run_info: Optional[dict] = None,
     data_identity: Optional[dict] = None,
     tensorboard: Optional[str | Path] = None,
+    devices: Optional[int] = None,
 ) -> dict:
     """Train R runs together; returns the summary written to ``results.json``.
 
@@ -140,6 +155,9 @@ def train(
     labels' digest) joins the run's identity, so ``resume`` refuses other
     data; ``run_info`` is recorded in ``run.json`` without being compared.
     ``tensorboard``: also write the metrics as TensorBoard scalars there.
+    ``devices``: split the runs over this many devices (default: all, at
+    most one per run; :mod:`jaxil.sharding`). One device is the unsharded
+    program; checkpoints and metrics do not depend on the count.
     """
     run_hparams(learner, runs)  # refuse bad settings before the run directory is touched
     if num_updates <= 0 or eval_every <= 0:
@@ -151,8 +169,12 @@ def train(
         )
     if eval_episodes < 1:
         raise ValueError(f"--eval-episodes must be >= 1, got {eval_episodes}")
+    n_dev = num_devices(devices, len(runs))
     n_chunks = num_updates // eval_every
-    rd, rows, start = None, [], 0
+    # In a multi-process run (jaxil.distributed) process 0 alone writes the run
+    # directory; the others only take part in orbax's collective checkpoints.
+    writer = jax.process_index() == 0
+    rd, ckpt, latest, rows, start = None, None, None, [], 0
     if out_dir:
         # --updates is not part of the identity: a finished run may be resumed
         # with more updates to train on (the first N do not depend on it).
@@ -160,28 +182,44 @@ def train(
                         runs=[dataclasses.asdict(r) for r in runs], eval_every=eval_every, eval_episodes=eval_episodes, base_seed=base_seed,
                         deterministic_eval=deterministic_eval, env_id=env.spec.env_id,
                         spec=env.spec.to_dict(), data=data_identity or {})
-        rd = open_run_dir(out_dir, identity, resume=resume, overwrite=overwrite,
-                          info=dict(run_info or {}, num_updates=num_updates))
-        if rd.latest is not None and rd.latest > num_updates:
-            rd.close()
-            raise ValueError(f"--updates {num_updates} is less than the {rd.latest} updates "
-                             f"already trained in {out_dir}; pass --updates >= {rd.latest}")
-        rows = rd.rows
+        if writer:
+            rd = open_run_dir(out_dir, identity, resume=resume, overwrite=overwrite,
+                              info=dict(run_info or {}, num_updates=num_updates))
+            ckpt, latest, rows = rd.checkpointer, rd.latest, rd.rows
+        else:  # meets process 0's Checkpointer (orbax's barrier) after its overwrite
+            ckpt = Checkpointer(Path(out_dir) / "checkpoints")
+            latest = ckpt.latest_step() if resume else None
+        if latest is not None and latest > num_updates:
+            ckpt.close()
+            raise ValueError(f"--updates {num_updates} is less than the {latest} updates "
+                             f"already trained in {out_dir}; pass --updates >= {latest}")
     states = init_runs(learner, runs, base_seed)
-    if rd and rd.latest is not None:
-        states = rd.checkpointer.restore(states, rd.latest)
-        start = rd.latest // eval_every
-    chunk, evaluate = _compiled(learner, env, eval_every, eval_episodes, deterministic_eval)
+    lay = RunsLayout(make_mesh(n_dev), len(runs)) if n_dev > 1 else None
+    if latest is not None:
+        if lay:
+            states = lay.from_checkpoint(ckpt.restore(states, latest,
+                                                      sharding=lay.checkpoint_sharding))
+        else:
+            states = ckpt.restore(states, latest)
+        start = latest // eval_every
+    elif lay:
+        states = lay.place(states)
+    if lay:
+        data = lay.replicate(data)
+    # Without a mesh, device_get and np.asarray are today's unsharded path.
+    fetch = lay.gather if lay else jax.device_get
+    chunk, evaluate = _compiled(learner, env, eval_every, eval_episodes, deterministic_eval,
+                                lay.mesh if lay else None)
     labels = [f"run {r.index} (seed {r.seed}, {r.grid_label})" for r in runs]
 
     tb = None
-    if tensorboard:
+    if tensorboard and writer:
         from jaxil.tensorboard import TensorBoard
 
         tb = TensorBoard(tensorboard, [f"run{r.index}-seed{r.seed}-{r.grid_label}" for r in runs],
                          resume_from=start * eval_every if start else None)
     bar = None
-    if progress:
+    if progress and writer:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=num_updates, initial=start * eval_every, unit="upd",
@@ -195,15 +233,17 @@ def train(
                     states, metrics, health = jax.block_until_ready(chunk(states, data))
             else:
                 states, metrics, health = chunk(states, data)
-            kept = (f"the last good checkpoint (update {c * eval_every}) is kept in {rd.path}"
-                    if rd and c > 0 else "no checkpoint was written")
-            guard.check(jax.device_get(health), learner=learner.name, run_labels=labels,
+            kept = (f"the last good checkpoint (update {c * eval_every}) is kept in {Path(out_dir)}"
+                    if out_dir and c > 0 else "no checkpoint was written")
+            guard.check(fetch(health), learner=learner.name, run_labels=labels,
                         first_step=c * eval_every + 1, chunk_len=eval_every, kept=kept)
             eval_key = jax.random.fold_in(jax.random.PRNGKey(base_seed + 10_000), c)
+            if lay:
+                eval_key = lay.replicate(eval_key)
             ep = evaluate(states.params, eval_key)
-            ret = np.asarray(ep.episode_return)
-            won = np.asarray(ep.won)
-            metrics = jax.tree.map(np.asarray, metrics)
+            ret, won = fetch((ep.episode_return, ep.won))
+            ret, won = np.asarray(ret), np.asarray(won)
+            metrics = jax.tree.map(np.asarray, fetch(metrics))
             dt = time.perf_counter() - t0
             update = (c + 1) * eval_every
             new = []
@@ -216,7 +256,8 @@ def train(
             rows.extend(new)
             if rd:
                 rd.append(new)
-                rd.save(update, states)
+            if ckpt:
+                ckpt.save(update, lay.checkpoint_view(states) if lay else states)
             if tb:
                 tb.write(new)
             if bar:
@@ -232,8 +273,9 @@ def train(
     summary["wall_seconds"] = time.perf_counter() - t_start
     if rd:
         rd.write_results(summary)
-        rd.close()
-    summary["states"] = states
+    if ckpt:
+        ckpt.close()
+    summary["states"] = lay.checkpoint_view(states) if lay else states
     return summary
 
 
@@ -388,15 +430,22 @@ def _parse_grid(args) -> dict[str, list[float]]:
 
 
 def _run(args, sweep: bool) -> int:
+    from jaxil import distributed
+
     grid = _parse_grid(args)
     if grid and not sweep:
         raise ValueError("hyper-parameter lists belong to `jaxil sweep`")
     if args.updates % args.eval_every:
         raise ValueError(f"--updates ({args.updates}) must be a multiple of --eval-every "
                          f"({args.eval_every})")
-    if args.out:  # before any work: a bad --out must not cost a dataset build
+    writer = distributed.is_writer()  # jax.distributed is set up before the CLI imports envs
+    if args.out and writer:  # before any work: a bad --out must not cost a dataset build
         check_run_dir(args.out, resume=args.resume, overwrite=args.overwrite)
+    if not writer:  # process 0 builds a missing recipe dataset
+        distributed.barrier("jaxil dataset")
     ds = load_dataset(args.dataset, args.data_seed)
+    if writer:
+        distributed.barrier("jaxil dataset")
     spec = ds.spec
     env = envs.make(spec.env_id)
     if env.spec != spec:
@@ -417,8 +466,10 @@ def _run(args, sweep: bool) -> int:
         overwrite=args.overwrite, base_seed=args.seed, progress=not args.no_progress,
         profile_dir=args.profile, run_info=dict(dataset=args.dataset, labels=args.labels),
         data_identity=dict(dataset_id=dataset_id(ds), labels=labels_digest(labels)),
-        tensorboard=args.tensorboard,
+        tensorboard=args.tensorboard, devices=args.devices,
     )
+    if not writer:
+        return 0
     print(format_table(summary))
     print(f"wall time {summary['wall_seconds']:.1f}s" + (f"; results in {args.out}" if args.out else ""))
     return 0
@@ -488,6 +539,9 @@ def _common(p: argparse.ArgumentParser, sweep: bool) -> None:
     p.add_argument("--profile", default=None, help="write a jax.profiler trace here")
     p.add_argument("--tensorboard", default=None, metavar="DIR",
                    help="also write the metrics as TensorBoard scalars under DIR (one run each)")
+    p.add_argument("--devices", type=positive_int, default=None, metavar="N",
+                   help="split the runs over N devices (default: all, at most one per run); "
+                        "results agree with one device's to float32 round-off")
     p.add_argument("--no-progress", action="store_true")
     if sweep:
         for name in ("alpha", "gamma", "beta", "lr", "lr-actor", "lr-critic", "lr-disc", "gp-coef"):
