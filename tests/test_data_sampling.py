@@ -19,6 +19,7 @@ from jaxil.data import (
     sample_where,
     trajectory_arrays,
 )
+from jaxil.data.sampling import initial_state_mask, sample_initial_states
 
 SPEC = EnvSpec("test:disc", num_agents=2, obs_dim=3, state_dim=4,
                action=DiscreteActions(num_actions=4, noop_action=0), max_steps=7)
@@ -128,6 +129,30 @@ def test_sample_where_inside_jit_and_vmap_over_seeds():
 
     out = np.asarray(batches(jax.random.split(jax.random.PRNGKey(0), 4)))
     assert out.shape == (4, 8) and ds.expert[out].all()
+
+
+def test_sample_initial_states_uniform_over_trajectories():
+    """s0 for DICE: one step-0 transition per trajectory, trajectories drawn
+    uniformly (DemoDICE), not in proportion to their length as the
+    ``init_obs`` of uniform transitions are. Kills 'wrong s0 source' in the
+    sampler (rows past step 0, or length-weighted trajectories)."""
+    ds = make_dataset(num=9, seed=3)
+    tr = flatten_transitions(ds)
+    mask = np.asarray(initial_state_mask(tr))
+    assert mask.sum() == ds.num_trajectories
+    np.testing.assert_array_equal(np.sort(np.asarray(tr.traj_index)[mask]), np.arange(ds.num_trajectories))
+    b = jax.tree.map(np.asarray, jax.jit(sample_initial_states, static_argnums=2)(
+        jax.random.PRNGKey(0), tr, 9000))
+    assert (b.step == 0).all()
+    np.testing.assert_array_equal(b.init_obs, ds.obs[b.traj_index, 0])
+    np.testing.assert_array_equal(b.obs, ds.obs[b.traj_index, 0])
+    np.testing.assert_array_equal(b.init_global_state, ds.global_state[b.traj_index, 0])
+    counts = np.bincount(b.traj_index, minlength=ds.num_trajectories)
+    np.testing.assert_allclose(counts / 9000, 1 / 9, atol=0.02)  # uniform; lengths vary 1..7
+    assert ds.length.max() >= 3 * ds.length.min()
+    length_weighted = np.bincount(np.asarray(sample_transitions(jax.random.PRNGKey(0), tr, 9000).traj_index),
+                                  minlength=ds.num_trajectories) / 9000
+    assert np.abs(length_weighted - 1 / 9).max() > 0.05
 
 
 def test_segment_pairs_match_dataset():

@@ -1,4 +1,5 @@
-"""Loss functions against float64 numpy references, with and without jit."""
+"""Loss functions against float64 numpy references, with and without jit,
+in float32 and float64 (``test_*_both_precisions``) and on several shapes."""
 
 import math
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from jaxil import losses as L
-from jaxil.losses.discriminator import _interpolation_draws
+from jaxil.losses.discriminator import _interpolation_draws, agent_interpolation_draws
 
 RNG = np.random.default_rng(1234)
 B, B0, N = 16, 6, 3
@@ -44,6 +45,17 @@ def _np_softplus(x):
 
 
 jit_param = pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+# Float64 runs switch JAX to 64 bits for the call only (jax.enable_x64).
+dtype_param = pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+TOL = {np.float32: dict(rtol=2e-5, atol=2e-6), np.float64: dict(rtol=1e-10, atol=1e-12)}
+
+
+def _arr(dtype, *shape, scale=1.0):
+    return (scale * RNG.normal(size=shape)).astype(dtype)
+
+
+def _x64(dtype):
+    return jax.enable_x64(dtype == np.float64)
 
 
 # ------------------------------------------------------------------ BC
@@ -358,8 +370,12 @@ def test_gumbel_value_loss_and_weights(jit):
     beta = 2.0
     q, v, w = _f32(B, N, scale=5), _f32(B, N, scale=5), np.abs(_f32(B, N, scale=2))
     z = _np_gumbel_z(q, v, w, beta, 10.0)
+    z_raw = w.astype(np.float64) * (q.astype(np.float64) - v) / beta
     assert (np.abs(z) == 10.0).any()  # the clip is exercised
     got = _maybe_jit(L.gumbel_value_loss, jit)(q, v, w, beta)
+    # The authors' clip: inside exp only; the linear term is ẑ unclipped.
+    np.testing.assert_allclose(float(got), np.mean(np.exp(z) - z_raw - 1), rtol=1e-5, atol=1e-5)
+    got = _maybe_jit(L.gumbel_value_loss, jit, static_argnames="clip_linear")(q, v, w, beta, clip_linear=True)
     np.testing.assert_allclose(float(got), np.mean(np.exp(z) - z - 1), rtol=1e-5, atol=1e-5)
     got_w = _maybe_jit(L.gumbel_weights, jit)(q, v, w, beta)
     np.testing.assert_allclose(np.asarray(got_w), np.exp(z), rtol=1e-5)
@@ -421,3 +437,257 @@ def test_gumbel_shape_checks():
         L.gumbel_value_loss(np.zeros((B, N)), np.zeros((B, N + 1)), np.ones((B, N)), 1.0)
     with pytest.raises(AssertionError):
         L.gumbel_weights(np.zeros((B,)), np.zeros((B,)), np.ones((B,)), 1.0)
+
+
+
+# ------------------------------------------------------------------ both precisions, several shapes
+
+
+@dtype_param
+@pytest.mark.parametrize("b,n", [(16, 3), (5, 1)])
+def test_losses_match_numpy_in_both_precisions(dtype, b, n):
+    """Every loss of the DICE / O-MAPL stack against its float64 numpy
+    reference, computed in ``dtype`` (the result keeps the input precision)."""
+    tol = TOL[dtype]
+    lp, w_b, w_bn = -np.abs(_arr(dtype, b, n)), np.abs(_arr(dtype, b)), np.abs(_arr(dtype, b, n))
+    le, lu = _arr(dtype, b, scale=3), _arr(dtype, b + 2, scale=3)
+    r, nu, nu_next, nu0 = _arr(dtype, b), _arr(dtype, b), _arr(dtype, b), _arr(dtype, max(b // 2, 1))
+    done = RNG.random(b) < 0.3
+    mask = RNG.random(b) < 0.7
+    mask[0] = True
+    q, v, wq = _arr(dtype, b, n, scale=5), _arr(dtype, b, n, scale=5), np.abs(_arr(dtype, b, n, scale=2))
+    rew = _arr(dtype, 2 * b, 4, scale=0.5)
+    label = RNG.random(b).astype(dtype)
+    f64 = lambda x: np.asarray(x, np.float64)  # noqa: E731
+    with _x64(dtype):
+        def check(got, want):
+            got = np.asarray(got)
+            assert got.dtype == dtype, (got.dtype, dtype)
+            np.testing.assert_allclose(got, want, **tol)
+
+        check(L.weighted_bc_loss(lp, w_b, mask),
+              -np.sum(mask * f64(w_b) * f64(lp).sum(-1)) / mask.sum())
+        check(L.agent_weighted_bc_loss(lp, w_bn), -np.mean((f64(w_bn) * f64(lp)).sum(-1)))
+        check(L.discriminator_loss(le, lu),
+              np.mean(_np_softplus(-f64(le))) + np.mean(_np_softplus(f64(lu))))
+        adv = L.dice_advantage(r, nu, nu_next, done, 0.99)
+        adv64 = _np_dice_advantage(f64(r), f64(nu), f64(nu_next), done, 0.99)
+        check(adv, adv64)
+        check(L.dice_nu_loss(nu0, adv, 0.05, 0.99), _np_dice_nu_loss(f64(nu0), adv64, 0.05, 0.99))
+        check(L.dice_nu_loss(nu0, adv, 0.05, 0.99, mask),
+              _np_dice_nu_loss(f64(nu0), adv64, 0.05, 0.99, mask))
+        check(L.dice_weights(adv, 0.05, mask), _np_dice_weights(adv64, 0.05, mask))
+        check(L.bounded_reward(le), _np_bounded_reward(f64(le)))
+        check(L.preference_loss(rew[:b].sum(-1), rew[b:].sum(-1), label, rew),
+              _np_preference_loss(f64(rew[:b]).sum(-1), f64(rew[b:]).sum(-1), f64(label), f64(rew), 0.5))
+        z = _np_gumbel_z(q, v, wq, 2.0, 10.0)
+        zr = f64(wq) * (f64(q) - v) / 2.0
+        check(L.gumbel_value_loss(q, v, wq, 2.0), np.mean(np.exp(z) - zr - 1))
+        check(L.gumbel_value_loss(q, v, wq, 2.0, clip_linear=True), np.mean(np.exp(z) - z - 1))
+        check(L.gumbel_weights(q, v, wq, 2.0), np.exp(z))
+
+
+# ------------------------------------------------------------------ DemoDICE's bounded reward
+
+
+def _np_bounded_reward(logits, eps=1e-3):
+    """The DemoDICE authors' expression, −log(1/(σ(ℓ)+ε) − 1 + ε), in float64."""
+    sig = 1 / (1 + np.exp(-np.asarray(logits, np.float64)))
+    return -np.log(1 / (sig + eps) - 1 + eps)
+
+
+@pytest.mark.parametrize("dtype,shape", [(np.float32, (16,)), (np.float64, (6, 3))], ids=["f32", "f64"])
+def test_bounded_reward(dtype, shape):
+    """R = −log(1/(σ(ℓ)+ε) − 1 + ε): the authors' expression, ≈ ℓ for small
+    |ℓ|, bounded in [−log(1/ε − 1 + ε), log((1+ε)/ε²)], ε = 0 → ℓ, and
+    finite with a finite gradient for huge logits."""
+    logits = _arr(dtype, *shape, scale=4)
+    with _x64(dtype):
+        got = np.asarray(L.bounded_reward(logits))
+        assert got.dtype == dtype and got.shape == shape
+        np.testing.assert_allclose(got, _np_bounded_reward(logits), **TOL[dtype])
+        np.testing.assert_allclose(np.asarray(L.bounded_reward(logits, 0.0)), logits)
+        small = np.array([-0.01, 0.0, 0.02], dtype)  # R(ℓ) = ℓ + 3ε + O(εℓ, ε²) near 0
+        np.testing.assert_allclose(np.asarray(L.bounded_reward(small)), small + 3e-3, atol=1e-4)
+        eps = 1e-3
+        lo, hi = -math.log(1 / eps - 1 + eps), math.log((1 + eps) / eps ** 2)
+        big = np.array([-1e4, -50.0, 50.0, 1e4], dtype)
+        rb = np.asarray(L.bounded_reward(big))
+        np.testing.assert_allclose(rb[[0, -1]], [lo, hi], rtol=1e-4)
+        assert np.all(rb >= lo - 1e-4) and np.all(rb <= hi + 1e-4)
+        g = np.asarray(jax.grad(lambda x: L.bounded_reward(x).sum())(jnp.asarray(big)))
+        assert np.all(np.isfinite(g)) and np.all(g >= 0)
+
+
+# ------------------------------------------------------------------ INDD: per-agent penalty
+
+
+def _np_agent_gradient_penalty(wts, expert, union, u, partner, shuffle, cost_eps=1e-3):
+    """Σ_i of the DemoDICE penalty for ℓ_i(x) = Σ_j tanh(x·W_i,j), each
+    agent interpolating its own samples (draws ``[N, B]``), in float64."""
+    total = 0.0
+    for i in range(expert.shape[1]):
+        p = None if partner is None else partner[i]
+        total += _np_gradient_penalty(wts[i], expert[:, i], union[:, i], u[i], p, shuffle[i], cost_eps)
+    return total
+
+
+@pytest.mark.parametrize("dtype,b,b2,n", [(np.float32, 16, 16, 3), (np.float64, 8, 12, 2),
+                                          (np.float32, 10, 6, 1)], ids=["f32", "f64-b2>b", "f32-b2<b"])
+def test_agent_gradient_penalty_matches_numpy(dtype, b, b2, n):
+    """INDD's penalty: agent i penalised on interpolates of its own inputs,
+    summed over agents; the same draws as the implementation."""
+    d, h = 5, 4
+    wts, expert, union = _arr(dtype, n, d, h), _arr(dtype, b, n, d), _arr(dtype, b2, n, d)
+    key = _key(7)
+
+    def logit_fn(x):  # [M, N, D] -> [M, N]; agent i's own weights
+        return jnp.tanh(jnp.einsum("mnd,ndh->mnh", x, wts)).sum(-1)
+
+    with _x64(dtype):
+        got = jax.jit(lambda e, un, k: L.agent_gradient_penalty(logit_fn, e, un, k))(expert, union, key)
+        draws = [None if a is None else np.asarray(a) for a in agent_interpolation_draws(key, b, b2, n)]
+        assert got.dtype == dtype
+    want = _np_agent_gradient_penalty(np.asarray(wts, np.float64), np.asarray(expert, np.float64),
+                                      np.asarray(union, np.float64), *draws)
+    np.testing.assert_allclose(float(got), want, rtol=1e-4 if dtype == np.float32 else 1e-9)
+
+
+def test_agent_gradient_penalty_never_mixes_agents():
+    """Kills the mutation 'INDD's union–union interpolation shuffles over the
+    flattened B·N agent-steps' (jaxil before): every input of agent i is the
+    constant c_i, so every within-agent interpolate is c_i too and, with
+    ℓ_i(x) = Σ_d sin(x_d) and the exact −ℓ cost (cost_eps = 0), the penalty
+    is Σ_i (‖cos(c_i)·1 − ε₃₂‖ − 1)² whatever the draws. A point between two
+    agents' inputs changes the gradient, and the value."""
+    b, n, d = 32, 3, 4
+    c = np.array([0.3, 1.2, 2.5])
+    expert = np.broadcast_to(c[None, :, None], (b, n, d)).astype(np.float32)
+    union = expert.copy()
+
+    def logit_fn(x):
+        return jnp.sin(x).sum(-1)
+
+    eps = float(np.finfo(np.float32).eps)
+    want = sum((np.linalg.norm(-np.cos(ci) * np.ones(d) + eps) - 1) ** 2 for ci in c)
+    got = jax.jit(lambda e, un, k: L.agent_gradient_penalty(logit_fn, e, un, k, cost_eps=0.0))(
+        expert, union, _key(0))
+    np.testing.assert_allclose(float(got), want, rtol=1e-5)
+    # The flattened form (what INDD did) draws its union shuffle across agents.
+    flat = jax.jit(lambda e, un, k: n * L.gradient_penalty(lambda x: jnp.sin(x).sum(-1), e, un, k,
+                                                           cost_eps=0.0))(
+        expert.reshape(-1, d), union.reshape(-1, d), _key(0))
+    assert abs(float(flat) - want) > 1e-2
+    with pytest.raises(ValueError, match=r"\[N, D\]"):
+        L.agent_gradient_penalty(logit_fn, expert, union[:, :2], _key(0))
+
+
+def test_demodice_cost_stable_form_equals_authors():
+    """The penalty's cost log(σ(−ℓ)(1−ε)+ε²) − log(σ(ℓ)+ε) is the authors'
+    log(1/(σ+ε) − 1 + ε), and stays accurate where 1/(σ+ε) − 1 cancels."""
+    from jaxil.losses.discriminator import _demodice_cost
+
+    with jax.enable_x64(True):  # (the naive float64 reference itself loses ~1e-11 near σ = 1)
+        x = np.linspace(-30, 30, 61)
+        np.testing.assert_allclose(np.asarray(_demodice_cost(jnp.asarray(x), 1e-3)),
+                                   -_np_bounded_reward(x), rtol=1e-9)
+    x32 = np.array([8.0, 12.0, 20.0], np.float32)  # σ ≈ 1: the naive float32 form loses digits
+    np.testing.assert_allclose(np.asarray(_demodice_cost(jnp.asarray(x32), 1e-3)),
+                               -_np_bounded_reward(x32), rtol=1e-5)
+
+
+# ------------------------------------------------------------------ DemoDICE's ν penalty
+
+
+def _np_nu_gp(grad_fn, points):
+    eps = float(np.finfo(np.float32).eps)
+    return np.mean(np.sum((grad_fn(points) + eps) ** 2, axis=-1))
+
+
+@pytest.mark.parametrize("dtype,b,d", [(np.float32, 16, 5), (np.float64, 7, 2)], ids=["f32", "f64"])
+def test_nu_gradient_penalty_matches_numpy(dtype, b, d):
+    """GP_ν = mean over {s_U, u·s_E+(1−u)·s_U, u·s'_E+(1−u)·s'_U} of
+    ‖∇ν + ε₃₂‖² for ν(x) = Σ_j tanh(x·W_j), with the implementation's u."""
+    h = 3
+    wts = _arr(dtype, d, h)
+    su, se, sun, sen = (_arr(dtype, b, d) for _ in range(4))
+    key = _key(5)
+    with _x64(dtype):
+        got = L.nu_gradient_penalty(lambda x: jnp.tanh(x @ wts).sum(-1), su, se, sun, sen, key)
+        u = np.asarray(jax.random.uniform(key, (b,)), np.float64)[:, None]
+        assert got.dtype == dtype
+    w64 = np.asarray(wts, np.float64)
+    f = lambda x: np.asarray(x, np.float64)  # noqa: E731
+    pts = np.concatenate([f(su), u * f(se) + (1 - u) * f(su), u * f(sen) + (1 - u) * f(sun)])
+    want = _np_nu_gp(lambda x: (1 - np.tanh(x @ w64) ** 2) @ w64.T, pts)
+    np.testing.assert_allclose(float(got), want, rtol=1e-4 if dtype == np.float32 else 1e-9)
+    # The points themselves.
+    with _x64(dtype):
+        p = np.asarray(L.nu_penalty_points(key, su, se, sun, sen))
+    np.testing.assert_allclose(p, pts, rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-6)
+
+
+def test_nu_gradient_penalty_pytree_and_agent_axis():
+    """A pytree input (obs [B, N, O], state [B, S]) takes one norm over all
+    leaves; ``agent_axis`` takes one per agent and sums the agents' means.
+    Linear ν: the gradient is the weight vector everywhere."""
+    b, n, o, s = 8, 3, 4, 5
+    wo, ws = _f32(n, o), _f32(s)
+    obs, st = _f32(b, n, o), _f32(b, s)
+    eps = float(np.finfo(np.float32).eps)
+    got = L.nu_gradient_penalty(lambda x: jnp.einsum("bno,no->b", x[0], wo) + x[1] @ ws,
+                                (obs, st), (obs + 1, st + 1), (obs, st), (obs - 1, st), _key(1))
+    want = np.sum((wo.astype(np.float64) + eps) ** 2) + np.sum((ws.astype(np.float64) + eps) ** 2)
+    np.testing.assert_allclose(float(got), want, rtol=1e-5)
+    got = L.nu_gradient_penalty(lambda x: jnp.einsum("bno,no->bn", x, wo), obs, obs + 1, obs, obs - 1,
+                                _key(1), agent_axis=True)
+    np.testing.assert_allclose(float(got), np.sum((wo.astype(np.float64) + eps) ** 2), rtol=1e-5)
+    with pytest.raises(ValueError, match="pairs sample b"):
+        L.nu_gradient_penalty(lambda x: x.sum(-1), obs[:, 0], obs[:4, 0], obs[:, 0], obs[:, 0], _key(0))
+
+
+# ------------------------------------------------------------------ Gumbel clip boundary
+
+
+@pytest.mark.parametrize("dtype,b,n", [(np.float32, 4, 3), (np.float64, 4, 3), (np.float64, 7, 1)],
+                         ids=["f32", "f64", "f64-n1"])
+def test_gumbel_value_loss_gradient_at_the_clip_boundary(dtype, b, n):
+    """Kills the mutation 'the linear term clipped too' (jaxil before: flat
+    outside the clip). ∂L/∂V against float64 numpy just inside (|ẑ| = c − δ)
+    and just outside (|ẑ| = c + δ) both ends of the clip: inside
+    (w̄/β)(1 − exp(ẑ))/(B·N); outside w̄/β/(B·N), as the O-MAPL code
+    (vietbt/OMAPL trainers/omarl.py: clamp on z, linear term w̄·V/β
+    unclipped) — so an overshooting V (ẑ < −c) is pulled back down;
+    ``clip_linear=True`` gives 0 outside. Also parallel to the authors' own
+    loss, exp(m)·∇ L_authors, on both sides."""
+    beta, c, delta = 2.0, 10.0, 1e-2
+    w = (0.5 + RNG.random((b, n))).astype(dtype)
+    q = _arr(dtype, b, n, scale=3)
+    sign = np.where(RNG.random((b, n)) < 0.5, 1.0, -1.0)
+    side = np.where(RNG.random((b, n)) < 0.5, c - delta, c + delta)  # inside / outside
+    z_raw = sign * side
+    v = (q.astype(np.float64) - z_raw * beta / w.astype(np.float64)).astype(dtype)
+    zr = w.astype(np.float64) * (q.astype(np.float64) - v.astype(np.float64)) / beta  # ẑ as stored
+    inside = np.abs(zr) < c
+    assert inside.any() and (~inside).any() and (zr < -c).any()
+    w64 = w.astype(np.float64)
+    want = np.where(inside, w64 / beta * (1 - np.exp(zr)), w64 / beta) / (b * n)
+    want_flat = np.where(inside, want, 0.0)
+
+    def authors(v):  # the O-MAPL code's loss
+        z = jnp.clip(w * (q - v) / beta, -c, c)
+        m = jax.lax.stop_gradient(jnp.maximum(jnp.max(z), -1.0))
+        return jnp.mean(jnp.exp(z - m) + jnp.exp(-m) * w * v / beta), m
+
+    with _x64(dtype):
+        g = np.asarray(jax.grad(lambda v: L.gumbel_value_loss(q, v, w, beta, c))(jnp.asarray(v)))
+        g_flat = np.asarray(jax.grad(lambda v: L.gumbel_value_loss(q, v, w, beta, c, clip_linear=True))(
+            jnp.asarray(v)))
+        g_auth, m = jax.grad(authors, has_aux=True)(jnp.asarray(v))
+        assert g.dtype == dtype
+    rtol = 1e-4 if dtype == np.float32 else 1e-9
+    np.testing.assert_allclose(g, want, rtol=rtol, atol=1e-12)
+    np.testing.assert_allclose(g_flat, want_flat, rtol=rtol, atol=1e-12)
+    np.testing.assert_allclose(g, math.exp(float(m)) * np.asarray(g_auth, np.float64), rtol=rtol, atol=1e-12)
+    # Past the clip on the high side V still moves down under gradient descent.
+    assert np.all(g[zr < -c] > 0)

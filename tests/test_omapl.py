@@ -129,6 +129,50 @@ def test_update_trains_online_nets_and_soft_updates_targets():
                    zip(jax.tree.leaves(s0.params[k]), jax.tree.leaves(s1.params[k]))), k
 
 
+def test_value_step_uses_target_q_and_target_mixer():
+    """Kills 'online Q and mixer instead of the targets in O-MAPL's value
+    step' (either one): with targets ≠ online networks, the update's value
+    loss and largest actor weight equal a float64 recomputation from the
+    TARGET Q̄_i and TARGET mixer weights w̄_i and the online V_i (the O-MAPL
+    code's ``q_target_values``, ``w_target``), the authors' clip
+    (z clipped inside exp only), every valid step of both sides; the
+    recomputation with the online Q or the online mixer is far from it.
+    β = 0.5 (not 10), so that z spans the clip range instead of staying near 0."""
+    ds = _dataset(2, 6, 10)
+    pairs = sample_query_pairs(ds, 20, 4, seed=1)
+    data = PreferenceData.from_pairs(ds, pairs, _gt_prefs(ds, pairs))
+    learner = make_learner("omapl", SPEC, hidden=(16,), mixer_hidden=8, batch_size=4)
+    s0 = _init(learner)
+    target = jax.tree.map(lambda x: x * 1.5 + 0.1, s0.params["target"])
+    state = s0.replace(params=dict(s0.params, target=target),
+                       hparams=s0.hparams.replace(beta=jnp.float32(0.5)))
+    batch = learner.sample(jax.random.PRNGKey(3), data)
+    _, m = fast_call(learner.update, state, batch)
+
+    nets = _Nets(SPEC, learner.config)
+    x, y, _ = batch
+    both = jax.tree.map(lambda a, b: jnp.concatenate([a, b], 0), x, y)
+    obs, st = both.obs[:, :-1], both.global_state[:, :-1]
+    mask = np.asarray(both.mask, bool)
+    f64 = lambda a: np.asarray(a, np.float64)  # noqa: E731
+
+    def reference(q_params, mixer_params, clip=10.0, beta=0.5):
+        q = np.take_along_axis(f64(nets.q.apply(q_params, obs)), np.asarray(both.actions)[..., None],
+                               -1)[..., 0]
+        w = f64(nets.mixer.apply(mixer_params, st)[0])
+        v = f64(nets.v.apply(state.params["v"], obs))[..., 0]
+        z_raw = w * (q - v) / beta
+        z = np.clip(z_raw, -clip, clip)
+        loss = np.mean(np.exp(z) - z_raw - 1, -1)[mask].mean()
+        return loss, np.exp(z)[mask].max()
+
+    want = reference(target["q"], target["mixer"])
+    np.testing.assert_allclose([float(m["value_loss"]), float(m["weight_max"])], want, rtol=1e-4)
+    for bad in (reference(state.params["q"], target["mixer"]),
+                reference(target["q"], state.params["mixer"])):
+        assert abs(bad[0] - want[0]) > 1e-2 * abs(want[0]), (bad, want)
+
+
 def test_preference_data_drops_unanswered_and_rejects_bad_labels():
     ds = _dataset(3, 4, 6)
     pairs = sample_query_pairs(ds, 10, None, seed=0)

@@ -10,6 +10,7 @@ static Python ints; everything else is traced)::
 
     batch = sample_transitions(key, trans, 256)
     expert_batch = sample_where(key, trans, 256, trans.expert)
+    s0_batch = sample_initial_states(key, trans, 256)   # uniform over trajectories
     x, y = sample_segment_pairs(key, trajs, 64, segment_len=20)
 
 Each sampler is one ``tree_map(lambda x: x[idx])`` (JAX-CORL style): no host
@@ -43,8 +44,11 @@ class Transitions:
       done: [K] terminal — no bootstrapping past it. A truncated (or cut)
         trajectory's last step is NOT done.
       init_obs, init_global_state, init_avail: step 0 of the same trajectory,
-        for the (1 - γ)·E[ν(s0)] term of DICE objectives.
-      traj_index: [K] int32 trajectory of each step; step: [K] int32 its time.
+        for the (1 - γ)·E[ν(s0)] term of DICE objectives. Read off a uniform
+        transition they weight each trajectory's s0 by its length; draw s0
+        uniformly over trajectories with :func:`sample_initial_states`.
+      traj_index: [K] int32 trajectory of each step; step: [K] int32 its time
+        (every trajectory has exactly one ``step == 0`` transition).
       expert: [K] bool labels copied from ``expert_flags`` per trajectory,
         or None when the data is unlabelled.
     """
@@ -159,6 +163,28 @@ def sample_where(
     last_positive = k - 1 - jnp.argmax(w[::-1] > 0)
     idx = jnp.minimum(idx, last_positive)
     return jax.tree.map(lambda x: x[idx], transitions)
+
+
+def initial_state_mask(transitions: Transitions) -> jax.Array:
+    """``[K]`` bool: the first transition (``step == 0``) of each trajectory,
+    one per trajectory."""
+    return transitions.step == 0
+
+
+def sample_initial_states(key: jax.Array, transitions: Transitions, batch_size: int) -> Transitions:
+    """``batch_size`` trajectories uniformly (with replacement), each as its
+    first transition: read ``init_obs`` / ``init_global_state`` off the result.
+
+    This is the s0 ∼ p0 of DICE objectives as DemoDICE samples it, one initial
+    state per trajectory (Kim et al. 2022; the authors' ``lfd_mujoco.py``
+    draws indices uniformly over an array of per-trajectory initial states).
+    Taking ``init_obs`` of uniformly drawn *transitions* instead weights every
+    trajectory's s0 by its length. Jittable (``batch_size`` static); one
+    O(K) cumulative sum per call (:func:`sample_where` on
+    :func:`initial_state_mask`). Every trajectory must keep its ``step == 0``
+    transition (:func:`flatten_transitions` does).
+    """
+    return sample_where(key, transitions, batch_size, initial_state_mask(transitions))
 
 
 @struct.dataclass

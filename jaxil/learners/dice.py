@@ -18,19 +18,41 @@ with a D_E batch and an independent D_U batch:
   in them, and monotone, so local and global values agree).
 - ``"sum"`` — MisoDICE-VDN: w = 1, b = 0.
 - ``"none"`` — INDD: each agent runs DemoDICE on its own (o_i, a_i) with its
-  own logit, ν_i and weights; the per-agent losses are summed.
+  own logit, ν_i and weights; the per-agent losses are summed. Its networks
+  are independent per agent by default (``shared=None`` resolves to False):
+  "independent DemoDICE" learners, as the same authors' independent baseline
+  of O-MAPL (IIPL, github.com/vietbt/OMAPL ``algos/iipl.py``: one network and
+  one optimiser per agent). ``shared=True`` gives one parameter set with an
+  agent id instead. MisoDICE and VDN share parameters by default (O-MAPL's
+  networks take obs ⊕ one-hot id).
+
+Faithfulness switches (DemoDICE: Kim et al. 2022, github.com/geon-hyeong/
+imitation-dice ``demodice.py`` and ``lfd_mujoco.py``):
+- ``init_sampling="trajectory"`` (default): the s0 of (1−γ)·E[ν(s0)] is drawn
+  uniformly over trajectories, as DemoDICE does; ``"transition"`` reads the
+  s0 of the sampled union transitions (jaxil before: weights each
+  trajectory's s0 by its length).
+- ``reward="bounded"``: DemoDICE's reward, the logit of a clipped
+  discriminator ``log(σ(ℓ)+ε) − log(σ(−ℓ)(1−ε)+ε²)`` ∈ [−6.9, 13.8]
+  (:func:`jaxil.losses.bounded_reward`); default ``"logit"`` (R = ℓ).
+- ``nu_grad_penalty=True``: DemoDICE's ν penalty, ``nu_gp_coef`` (1e-4)
+  × mean ‖∇ν‖² on union states and expert–union interpolates of states and
+  next states (:func:`jaxil.losses.nu_gradient_penalty`); off by default.
+Today's default against weight collapse is instead the slow ν learning rate
+(``lr_critic`` 3e-5, see ``default_hparams``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import ClassVar, Optional
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
 from envs.core import EnvSpec
+from jaxil.data.sampling import sample_initial_states
 from jaxil.learners.base import (
     DISCOUNT,
     NONNEGATIVE,
@@ -46,35 +68,57 @@ from jaxil.learners.base import (
 from jaxil.learners.bc import _check_common
 from jaxil.policy import PolicyNet, encode_actions
 from jaxil.losses import (
+    agent_gradient_penalty,
     agent_weighted_bc_loss,
+    bounded_reward,
     dice_advantage,
     dice_nu_loss,
     dice_weights,
     discriminator_loss,
     gradient_penalty,
+    nu_gradient_penalty,
     weighted_bc_loss,
 )
 from jaxil.mixing import mix, vdn_mix
 from jaxil.nets import HyperMixer, LocalMLP
 
 MIXING = ("hyper", "sum", "none")
+INIT_SAMPLING = ("trajectory", "transition")
+REWARDS = ("logit", "bounded")
 
 
 @dataclasses.dataclass(frozen=True)
 class DiceConfig:
+    """Static structure of a DICE learner (see the module docstring).
+
+    ``shared=None`` takes the variant's default: independent per-agent
+    networks for INDD (``mixing="none"``), shared ones (with a one-hot agent
+    id) for MisoDICE and VDN; the resolved bool is what the config holds.
+    """
+
     mixing: str = "hyper"
     hidden: tuple[int, ...] = (256, 256)
     mixer_hidden: int = 64
-    shared: bool = True
+    shared: Optional[bool] = None
     batch_size: int = 512
     max_grad_norm: float = 1.0
     grad_penalty: bool = True
+    init_sampling: str = "trajectory"
+    reward: str = "logit"
+    nu_grad_penalty: bool = False
 
     def __post_init__(self):
         if self.mixing not in MIXING:
             raise ValueError(f"mixing must be one of {MIXING}, got {self.mixing!r}")
+        if self.init_sampling not in INIT_SAMPLING:
+            raise ValueError(f"init_sampling must be one of {INIT_SAMPLING}, got "
+                             f"{self.init_sampling!r}")
+        if self.reward not in REWARDS:
+            raise ValueError(f"reward must be one of {REWARDS}, got {self.reward!r}")
         if self.mixer_hidden <= 0:
             raise ValueError(f"mixer_hidden must be positive, got {self.mixer_hidden}")
+        if self.shared is None:
+            object.__setattr__(self, "shared", self.mixing != "none")
         _check_common(self)
 
 
@@ -86,12 +130,14 @@ class DiceHParams:
     lr_critic: jax.Array
     lr_disc: jax.Array
     gp_coef: jax.Array  # 0.1 in DemoDICE
+    nu_gp_coef: jax.Array  # 1e-4 in DemoDICE; used with ``nu_grad_penalty``
 
     RANGES: ClassVar[dict] = dict(
         alpha=NONNEGATIVE._replace(why="the weight of the KL to the union occupancy; the "
                                    "weights divide by 1 + alpha"),
         gamma=DISCOUNT, lr_actor=POSITIVE, lr_critic=POSITIVE, lr_disc=POSITIVE,
-        gp_coef=NONNEGATIVE._replace(why="a gradient-penalty weight"))
+        gp_coef=NONNEGATIVE._replace(why="a gradient-penalty weight"),
+        nu_gp_coef=NONNEGATIVE._replace(why="the weight of the gradient penalty on nu"))
 
 
 class _Mixed:
@@ -150,6 +196,7 @@ def make_dice(spec: EnvSpec, config: DiceConfig = DiceConfig(), alpha: float = 0
             lr_critic=jnp.float32(3e-5),
             lr_disc=jnp.float32(3e-4),
             gp_coef=jnp.float32(0.1),
+            nu_gp_coef=jnp.float32(1e-4),
         )
 
     def init(key, hparams=None):
@@ -168,15 +215,25 @@ def make_dice(spec: EnvSpec, config: DiceConfig = DiceConfig(), alpha: float = 0
         return LearnerState(params, opt, hparams, jnp.int32(0), k_state)
 
     def sample(key, data: LearnerData):
+        """``(expert, union, s0, key)``: the D_E and D_U batches, the
+        initial-state batch (``None`` with ``init_sampling="transition"``:
+        the union batch's own ``init_*`` fields are used) and a key for the
+        penalties."""
         k, kg = jax.random.split(key)
         e, u = expert_and_union(k, data, config.batch_size)
-        return e, u, kg
+        s0 = None
+        if config.init_sampling == "trajectory":
+            kg, k0 = jax.random.split(kg)
+            s0 = sample_initial_states(k0, data.union, config.batch_size)
+        return e, u, s0, kg
 
     def disc_input(b):
         return jnp.concatenate([b.obs, encode_actions(spec, b.actions)], -1)
 
     def loss_fn(params, hp: DiceHParams, batch):
-        e, u, gp_key = batch
+        e, u, s0, gp_key = batch
+        if config.nu_grad_penalty:
+            gp_key, nu_gp_key = jax.random.split(gp_key)
         # 1. discriminator
         x_e, x_u = disc_input(e), disc_input(u)
         l_e = disc(params["disc"], x_e, e.global_state)
@@ -187,15 +244,10 @@ def make_dice(spec: EnvSpec, config: DiceConfig = DiceConfig(), alpha: float = 0
             d_loss = discriminator_loss(l_e, l_u)
         gp = jnp.float32(0.0)
         if config.grad_penalty and per_agent:
-            # INDD: each agent's discriminator is penalised on its own inputs.
-            # ℓ_i depends on x_i alone, so agent-steps are independent samples.
-            dim = x_e.shape[-1]
-
-            def agent_logits(x):  # [B*N, D] -> [B*N]
-                return disc.local_values(params["disc"], x.reshape(-1, n, dim)).reshape(-1)
-
-            gp = n * gradient_penalty(
-                agent_logits, x_e.reshape(-1, dim), x_u.reshape(-1, dim), gp_key
+            # INDD: each agent's discriminator is penalised on its own inputs,
+            # every interpolate between two of that agent's samples.
+            gp = agent_gradient_penalty(
+                lambda x: disc.local_values(params["disc"], x), x_e, x_u, gp_key
             )
         elif config.grad_penalty:
 
@@ -204,11 +256,13 @@ def make_dice(spec: EnvSpec, config: DiceConfig = DiceConfig(), alpha: float = 0
                 return disc(params["disc"], x, s)
 
             gp = gradient_penalty(logit_fn, (x_e, e.global_state), (x_u, u.global_state), gp_key)
-        reward = jax.lax.stop_gradient(l_u)
+        to_reward = bounded_reward if config.reward == "bounded" else (lambda logit: logit)
+        reward = jax.lax.stop_gradient(to_reward(l_u))
         # 2. value
         nu_s = nu(params["nu"], u.obs, u.global_state)
         nu_next = nu(params["nu"], u.next_obs, u.next_global_state)
-        nu_0 = nu(params["nu"], u.init_obs, u.init_global_state)
+        init = u if s0 is None else s0
+        nu_0 = nu(params["nu"], init.init_obs, init.init_global_state)
         if per_agent:
             done = jnp.broadcast_to(u.done[:, None], reward.shape)
             adv = jax.vmap(dice_advantage, in_axes=(1, 1, 1, 1, None), out_axes=1)(
@@ -222,19 +276,33 @@ def make_dice(spec: EnvSpec, config: DiceConfig = DiceConfig(), alpha: float = 0
             adv = dice_advantage(reward, nu_s, nu_next, u.done, hp.gamma)
             nu_loss = dice_nu_loss(nu_0, adv, hp.alpha, hp.gamma)
             w = dice_weights(adv, hp.alpha)
+        nu_gp = jnp.float32(0.0)
+        if config.nu_grad_penalty:
+            if per_agent:
+                nu_gp = nu_gradient_penalty(
+                    lambda x: nu.local_values(params["nu"], x),
+                    u.obs, e.obs, u.next_obs, e.next_obs, nu_gp_key, agent_axis=True)
+            else:
+                nu_gp = nu_gradient_penalty(
+                    lambda x: nu(params["nu"], *x),
+                    (u.obs, u.global_state), (e.obs, e.global_state),
+                    (u.next_obs, u.next_global_state), (e.next_obs, e.next_global_state),
+                    nu_gp_key)
         # 3. policy: weighted BC with the (stop-gradient) DICE weights
         logp = pi.log_prob(params["policy"], u.obs, u.avail, u.actions)
         pi_loss = agent_weighted_bc_loss(logp, w) if per_agent else weighted_bc_loss(logp, w)
-        total = d_loss + hp.gp_coef * gp + nu_loss + pi_loss
+        total = d_loss + hp.gp_coef * gp + nu_loss + hp.nu_gp_coef * nu_gp + pi_loss
         metrics = {
             "disc_loss": d_loss,
             "grad_penalty": gp,
             "nu_loss": nu_loss,
             "policy_loss": pi_loss,
-            "reward_expert": jnp.mean(l_e),
-            "reward_union": jnp.mean(l_u),
+            "reward_expert": jnp.mean(to_reward(l_e)),
+            "reward_union": jnp.mean(reward),
             "weight_max": jnp.max(w),
         }
+        if config.nu_grad_penalty:
+            metrics["nu_grad_penalty"] = nu_gp
         return total, metrics
 
     def update(state: LearnerState, batch):

@@ -11,7 +11,10 @@ b(s)) mixes both Q and V, and the implicit team reward is
 
 1. preference (Q and mixer): BCE(Σ_t r^x_t − Σ_t r^y_t, label) + c·E[r²];
 2. value (V): Gumbel regression of V_i towards the target Q̄_i through the
-   target mixer weights, z_i = clip(w̄_i(Q̄_i − V_i)/β);
+   target mixer weights, z_i = clip(w̄_i(Q̄_i − V_i)/β), the clip inside the
+   exponential only as in the authors' code (``value_clip_mode="authors"``:
+   a V past the clip range is still pulled back; ``"flat"`` clips the linear
+   term too, zero gradient there; :func:`jaxil.losses.gumbel_value_loss`);
 3. actor: weighted BC with weights exp(z_i) per agent;
 4. soft target update with rate τ.
 
@@ -41,6 +44,11 @@ from jaxil.mixing import mix
 from jaxil.nets import HyperMixer, LocalMLP
 
 
+#: "authors": z is clipped inside exp only (github.com/vietbt/OMAPL, trainers/omarl.py);
+#: "flat": the linear term is clipped too, so the loss is flat outside the clip range.
+VALUE_CLIP_MODES = ("authors", "flat")
+
+
 @dataclasses.dataclass(frozen=True)
 class OMAPLConfig:
     hidden: tuple[int, ...] = (256, 256)
@@ -49,12 +57,16 @@ class OMAPLConfig:
     batch_size: int = 32  # preference pairs per update
     max_grad_norm: float = 1.0
     value_clip: float = 10.0
+    value_clip_mode: str = "authors"  # or "flat" (XQL's form; jaxil before)
 
     def __post_init__(self):
         if self.mixer_hidden <= 0:
             raise ValueError(f"mixer_hidden must be positive, got {self.mixer_hidden}")
         if self.value_clip <= 0:
             raise ValueError(f"value_clip must be positive, got {self.value_clip}")
+        if self.value_clip_mode not in VALUE_CLIP_MODES:
+            raise ValueError(f"value_clip_mode must be one of {VALUE_CLIP_MODES}, got "
+                             f"{self.value_clip_mode!r}")
         _check_common(self)
 
 
@@ -193,7 +205,8 @@ def make_omapl(spec: EnvSpec, config: OMAPLConfig = OMAPLConfig()) -> Learner:
         v = v_net.apply(params["v"], obs)[..., 0]
         flat = lambda a: a.reshape((a.shape[0] * a.shape[1],) + a.shape[2:])  # noqa: E731
         q_tgt, w_tgt, v, mask = flat(q_tgt), flat(w_tgt), flat(v), flat(seg.mask)
-        v_loss = gumbel_value_loss(q_tgt, v, w_tgt, hp.beta, config.value_clip, mask)
+        v_loss = gumbel_value_loss(q_tgt, v, w_tgt, hp.beta, config.value_clip, mask,
+                                   clip_linear=config.value_clip_mode == "flat")
         weights = gumbel_weights(q_tgt, v, w_tgt, hp.beta, config.value_clip)
         logp = pi.log_prob(params["policy"], flat(obs), flat(seg.avail[:, :-1]), flat(seg.actions))
         actor = agent_weighted_bc_loss(logp, weights, mask)

@@ -5,8 +5,19 @@ in its docstring, and is tested against a float64 numpy reference.
 """
 
 from jaxil.losses.bc import agent_weighted_bc_loss, weighted_bc_loss
-from jaxil.losses.dice import dice_advantage, dice_nu_loss, dice_weights
-from jaxil.losses.discriminator import discriminator_loss, gradient_penalty
+from jaxil.losses.dice import (
+    dice_advantage,
+    dice_nu_loss,
+    dice_weights,
+    nu_gradient_penalty,
+    nu_penalty_points,
+)
+from jaxil.losses.discriminator import (
+    agent_gradient_penalty,
+    bounded_reward,
+    discriminator_loss,
+    gradient_penalty,
+)
 from jaxil.losses.gae import gae
 from jaxil.losses.ppo import (
     SurrogateStats,
@@ -19,7 +30,9 @@ from jaxil.losses.value import gumbel_value_loss, gumbel_weights
 
 __all__ = [
     "SurrogateStats",
+    "agent_gradient_penalty",
     "agent_weighted_bc_loss",
+    "bounded_reward",
     "clipped_surrogate_loss",
     "clipped_value_loss",
     "dice_advantage",
@@ -31,6 +44,8 @@ __all__ = [
     "gumbel_value_loss",
     "gumbel_weights",
     "normalize_advantages",
+    "nu_gradient_penalty",
+    "nu_penalty_points",
     "preference_loss",
     "weighted_bc_loss",
 ]

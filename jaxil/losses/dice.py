@@ -15,13 +15,17 @@ never enter Python control flow here.
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Scalar = Union[float, jax.Array]
+
+# DemoDICE's ``EPS`` (float32 machine epsilon), added to the input gradient.
+_GRAD_EPS = float(np.finfo(np.float32).eps)
 
 
 def dice_advantage(
@@ -135,3 +139,86 @@ def dice_weights(
         x = jnp.where(m, x, jnp.asarray(-1e9, x.dtype))
         weights = jnp.where(m, count * jax.nn.softmax(x), 0.0)
     return jax.lax.stop_gradient(weights)
+
+
+def _leading(tree: Any, name: str) -> int:
+    leaves = jax.tree_util.tree_leaves(tree)
+    sizes = {leaf.shape[0] if leaf.ndim else None for leaf in leaves}
+    if not leaves or len(sizes) != 1 or None in sizes:
+        raise ValueError(f"nu_gradient_penalty: every array of `{name}` needs the same leading "
+                         f"batch axis, got shapes {[leaf.shape for leaf in leaves]}")
+    return sizes.pop()
+
+
+def nu_penalty_points(
+    key: jax.Array, union: Any, expert: Any, union_next: Any, expert_next: Any
+) -> Any:
+    """DemoDICE's points for the ν gradient penalty, stacked ``[3B, ...]``:
+    the union states, ``u·s_E + (1−u)·s_U`` and ``u·s'_E + (1−u)·s'_U``
+    (one ``u ~ U(0,1)`` per sample, shared by a state and its successor and
+    by every leaf of a pytree input)."""
+    b = _leading(union, "union")
+    for name, tree in (("expert", expert), ("union_next", union_next), ("expert_next", expert_next)):
+        if _leading(tree, name) != b:
+            raise ValueError(f"nu_gradient_penalty: `{name}` has batch {_leading(tree, name)}, "
+                             f"union has {b}; DemoDICE pairs sample b of each")
+    u = jax.random.uniform(key, (b,))
+
+    def lerp(e, un):
+        uu = u.reshape((b,) + (1,) * (e.ndim - 1)).astype(e.dtype)
+        return uu * e + (1.0 - uu) * un
+
+    inter = jax.tree_util.tree_map(lerp, expert, union)
+    inter_next = jax.tree_util.tree_map(lerp, expert_next, union_next)
+    return jax.tree_util.tree_map(lambda *x: jnp.concatenate(x, 0), union, inter, inter_next)
+
+
+def nu_gradient_penalty(
+    value_fn: Callable[[Any], jax.Array],
+    union: Any,
+    expert: Any,
+    union_next: Any,
+    expert_next: Any,
+    key: jax.Array,
+    agent_axis: bool = False,
+) -> jax.Array:
+    """DemoDICE's gradient penalty on ν (the authors' ``demodice.py``,
+    ``grad_reg_coeffs[1]`` = 1e-4 there; the coefficient is the caller's):
+
+        x ∈ {s_U} ∪ {u·s_E + (1−u)·s_U} ∪ {u·s'_E + (1−u)·s'_U}
+        GP_ν = mean_x ‖∇_x ν(x) + ε_32‖²₂
+
+    (one-sided: it pulls the input gradient towards 0, a smoothness prior on
+    ν, unlike the discriminator's two-sided (‖g‖ − 1)²). Inputs may be
+    pytrees (e.g. ``(obs [B, N, O], state [B, S])`` for a mixed ν_tot); the
+    norm runs over every leaf of a sample jointly.
+
+    With ``agent_axis`` (INDD: one ν_i(o_i) per agent), every leaf is
+    ``[B, N, ...]``, ``value_fn`` returns ``[M, N]`` with ``[m, i]``
+    depending on ``x[m, i]`` alone, the norm is taken per agent, and the
+    per-agent penalties are summed: ``Σ_i mean_x ‖∇_{x_i} ν_i + ε‖²``.
+
+    Args:
+      value_fn: pytree of ``[M, ...]`` inputs -> ``[M]`` values (``[M, N]``
+        with ``agent_axis``); per sample, no batch statistics.
+      union, expert, union_next, expert_next: pytrees of ``[B, ...]`` inputs
+        (states and next states of the union and expert batches, same B).
+      key: PRNG key for the interpolation coefficients.
+      agent_axis: per-agent values and norms (see above).
+
+    Returns:
+      Scalar penalty.
+    """
+    points = nu_penalty_points(key, union, expert, union_next, expert_next)
+    m = _leading(points, "points")
+
+    def total(x):
+        v = value_fn(x)
+        chex.assert_shape(v, (m, jax.tree_util.tree_leaves(x)[0].shape[1]) if agent_axis else (m,))
+        return jnp.sum(v)
+
+    grads = jax.grad(total)(points)
+    keep = 2 if agent_axis else 1
+    sq = sum(jnp.sum(jnp.reshape((g + _GRAD_EPS) ** 2, g.shape[:keep] + (-1,)), axis=-1)
+             for g in jax.tree_util.tree_leaves(grads))
+    return jnp.sum(jnp.mean(sq, axis=0))

@@ -45,10 +45,41 @@ def discriminator_loss(expert_logits: jax.Array, union_logits: jax.Array) -> jax
 
 
 def _demodice_cost(logits: jax.Array, eps: float) -> jax.Array:
-    """DemoDICE's cost ``log(1/(σ(ℓ) + ε) − 1 + ε)``; equals −ℓ when ε = 0."""
+    """DemoDICE's cost ``log(1/(σ(ℓ) + ε) − 1 + ε)``; equals −ℓ when ε = 0.
+
+    Evaluated as ``log(σ(−ℓ)(1−ε) + ε²) − log(σ(ℓ) + ε)`` (the same number:
+    ``1/(σ+ε) − 1 + ε = ((1−σ)(1−ε) + ε²)/(σ+ε)``), which avoids the
+    cancellation of ``1/(σ+ε) − 1`` when σ → 1."""
     if isinstance(eps, (int, float)) and eps == 0.0:  # exact, and stable for any ℓ
         return -logits
-    return jnp.log(1.0 / (jax.nn.sigmoid(logits) + eps) - 1.0 + eps)
+    return (jnp.log(jax.nn.sigmoid(-logits) * (1.0 - eps) + eps * eps)
+            - jnp.log(jax.nn.sigmoid(logits) + eps))
+
+
+def bounded_reward(logits: jax.Array, eps: float = _GP_COST_EPS) -> jax.Array:
+    """DemoDICE's reward: minus its cost, the logit of a clipped discriminator.
+
+        R(ℓ) = −log(1/(σ(ℓ) + ε) − 1 + ε)
+             = log(σ(ℓ) + ε) − log(σ(−ℓ)(1−ε) + ε²)
+
+    (geon-hyeong/imitation-dice, ``demodice.py``: ``union_cost`` enters the
+    advantage as ``−union_cost``; ε = ``EPS2`` = 1e-3.) R ≈ ℓ while
+    |ℓ| ≪ log(1/ε), and R is bounded:
+    ``−log(1/ε − 1 + ε) ≤ R ≤ log((1+ε)/ε²)``, i.e. [−6.91, 13.82] for
+    ε = 1e-3, where the raw logit ℓ is not (a discriminator that separates
+    expert from union data almost perfectly drives ℓ, and through
+    ``exp(e/(1+α))`` the DICE weights, without bound). ``eps = 0`` gives ℓ.
+
+    Args:
+      logits: discriminator logits, any shape (float).
+      eps: ε > 0 (a Python float), or 0 for the raw logit.
+
+    Returns:
+      Rewards, the shape of ``logits``.
+    """
+    logits = jnp.asarray(logits)
+    chex.assert_type(logits, float)
+    return -_demodice_cost(logits, eps)
 
 
 def _batch_size(tree: Any, name: str) -> int:
@@ -182,3 +213,74 @@ def gradient_penalty(
         for g in jax.tree_util.tree_leaves(grads)
     )
     return jnp.mean((jnp.sqrt(sq_norm) - target_norm) ** 2)
+
+
+def agent_interpolation_draws(key: jax.Array, b: int, b2: int, num_agents: int):
+    """The draws of :func:`agent_gradient_penalty`: :func:`_interpolation_draws`
+    once per agent (``jax.random.split(key, num_agents)``), stacked on a
+    leading agent axis: ``(u [N, b], partner_idx [N, b] | None, shuffle_idx [N, b])``."""
+    keys = jax.random.split(key, num_agents)
+    return jax.vmap(lambda k: _interpolation_draws(k, b, b2))(keys)
+
+
+def agent_gradient_penalty(
+    logit_fn: Callable[[jax.Array], jax.Array],
+    expert_inputs: jax.Array,
+    union_inputs: jax.Array,
+    key: jax.Array,
+    target_norm: float = 1.0,
+    cost_eps: float = _GP_COST_EPS,
+    union_union: bool = True,
+) -> jax.Array:
+    """:func:`gradient_penalty` for N independent per-agent discriminators
+    (INDD), every interpolate built within one agent.
+
+    Agent i's logit ℓ_i(x_i) sees its own input only, so agent i runs the
+    DemoDICE penalty on its own samples: ``u ~ U(0,1)``, partners and the
+    union shuffle are drawn per agent (:func:`agent_interpolation_draws`),
+    ``x̃_i = u·x_E,i + (1−u)·x_U,i`` and ``x̃'_i = u·perm_i(x_U,i) + (1−u)·x_U,i``
+    — never a point between agent i's input and agent j's. Per agent,
+    ``GP_i = mean_b (‖∇_{x_i} c(ℓ_i(x̃_i)) + ε_32‖₂ − 1)²``, and
+
+        GP = Σ_i GP_i
+
+    (the per-agent DemoDICE losses are summed, so are their penalties).
+
+    Args:
+      logit_fn: ``[M, N, D] -> [M, N]`` logits, where ``[m, i]`` depends on
+        ``x[m, i]`` alone (per-agent networks; shared parameters with an agent
+        id qualify) and on no batch statistics.
+      expert_inputs: ``[B, N, D]`` expert inputs.
+      union_inputs: ``[B2, N, D]`` union inputs.
+      key: PRNG key.
+      target_norm, cost_eps, union_union: as in :func:`gradient_penalty`.
+
+    Returns:
+      Scalar penalty, summed over agents (multiply by the coefficient yourself).
+    """
+    expert_inputs, union_inputs = jnp.asarray(expert_inputs), jnp.asarray(union_inputs)
+    chex.assert_rank([expert_inputs, union_inputs], 3)
+    chex.assert_type([expert_inputs, union_inputs], float)
+    if expert_inputs.shape[1:] != union_inputs.shape[1:]:
+        raise ValueError(
+            "agent_gradient_penalty: expert and union inputs differ in [N, D]: "
+            f"{expert_inputs.shape} vs {union_inputs.shape}"
+        )
+    b, n = expert_inputs.shape[:2]
+    b2 = union_inputs.shape[0]
+    u, partner_idx, shuffle_idx = agent_interpolation_draws(key, b, b2, n)
+    take = lambda idx: jnp.take_along_axis(union_inputs, idx.T[..., None], axis=0)  # noqa: E731
+    partner = union_inputs if partner_idx is None else take(partner_idx)  # [B, N, D]
+    uu = u.T[..., None].astype(expert_inputs.dtype)  # [B, N, 1]
+    mixed = uu * expert_inputs + (1.0 - uu) * partner
+    if union_union:
+        mixed = jnp.concatenate([mixed, uu * take(shuffle_idx) + (1.0 - uu) * partner], axis=0)
+
+    def total_cost(x):
+        logits = logit_fn(x)
+        chex.assert_shape(logits, x.shape[:2])
+        return jnp.sum(_demodice_cost(logits, cost_eps))
+
+    g = jax.grad(total_cost)(mixed) + _GP_GRAD_EPS  # [M, N, D]
+    norm = jnp.sqrt(jnp.sum(g ** 2, axis=-1))  # [M, N]
+    return jnp.sum(jnp.mean((norm - target_norm) ** 2, axis=0))
