@@ -29,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--debug", action="store_true",
                    help="show the full traceback of an error instead of one line")
+    from jaxil import distributed
+
+    distributed.add_flags(p)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for mod in _MODULES:
         try:
@@ -42,6 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from jaxil import distributed
+
+    try:  # before build_parser: importing the environments starts JAX
+        argv = distributed.initialize_from_argv(sys.argv[1:] if argv is None else list(argv))
+    except ValueError as e:
+        print(f"jaxil: error: {e}", file=sys.stderr)
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -25,7 +25,8 @@ _EID_MODULES = {"test_env_conformance.py"}
 # Scheduled first, longest scopes first, so that no worker is left with a
 # long one at the end. Only the order depends on this list.
 _LONG_FIRST = ("test_policies.py", "test_train.py", "test_teachers.py", "test_interactive.py",
-               "test_omapl.py", "test_env_conformance.py")
+               "test_run_integrity.py", "test_sharding.py", "test_omapl.py",
+               "test_env_conformance.py")
 
 
 def _scope(nodeid: str) -> str:
