@@ -290,6 +290,30 @@ def test_expert_takes_over_at_k_and_inherits_its_history():
     np.testing.assert_array_equal(np.asarray(ep.carry.student_action[0, :T, 0]), 0)
 
 
+def test_labels_are_legal_actions():
+    """An expert that always proposes the last action (attack the last enemy:
+    usually unavailable, and never available to a dead SMAX unit) gets its
+    label mapped onto the action the environment would execute, exactly
+    as the played action is. Before the fix, the raw proposal was the label:
+    a DAgger student on smacv2_5_units with the SMAX heuristic (which moves
+    dead units) trained on log-probabilities of masked actions, loss ~1e9."""
+    env = envs.make("smax:3m")
+    A = env.spec.num_actions
+    student, _ = _counter_policies(A)
+    last = Policy(lambda key, n: jnp.int32(0),
+                  lambda p, obs, avail, key, c: (jnp.full(obs.shape[0], A - 1, jnp.int32), c))
+    ep = jax.jit(lambda key: mixed_episodes(env, student, last, None, None,
+                                            SwitchRule(0, 0, 0, 1.0, 1.0), key, 8))(
+        jax.random.PRNGKey(0))
+    T = ep.mask.shape[1]
+    m = np.asarray(ep.mask)
+    avail = np.asarray(ep.avail_actions[:, :T])
+    label = np.asarray(ep.carry.label)
+    assert np.take_along_axis(avail, label[..., None], -1)[..., 0][m].all()
+    np.testing.assert_array_equal(label[m], np.asarray(ep.actions)[m])  # the expert acted
+    assert (~avail[..., A - 1][m]).any()  # the raw proposal was illegal somewhere
+
+
 def test_dagger_coin_follows_beta():
     """β = 0 never, β = 1 always, β = 0.3 about 30 % of steps hands the
     controls to the expert (a coin drawn once per episode, or compared the
@@ -424,18 +448,44 @@ def test_rounds_respect_the_budget_and_resume_reproduces(spread, tmp_path, monke
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_a_diverging_student_stops_the_run_with_its_round_and_update(spread, tmp_path):
+    """A regime whose student diverges (learning rate 1e30) stops the run in
+    round 1, naming the run, its regime, the update and the loss; round 1 is
+    not recorded and no checkpoint holds the NaN student. Before the guard,
+    the run finished with NaN weights evaluated as a plausible return. Breaks
+    if the guard checks only the SFT, or records the round before checking."""
+    from jaxil.guard import NonFiniteError
+    from jaxil.interactive.loop import run
+
+    env, pol, params = spread
+    regs = _regimes(env)
+    kw = dict(sft_labels=CFG.sft_labels, has_win=env.spec.has_win)
+    regs[-1] = ("warm", regime("dagger", 900, **kw, lr=1e30))
+    with pytest.raises(NonFiniteError) as e:
+        run(env, pol, params, regs, seeds=2, config=CFG, out_dir=tmp_path, progress=False,
+            diagnostics=False)
+    msg = str(e.value)
+    assert "(round 1) diverged in run 10 (warm, seed 0)" in msg and "bc_loss = nan" in msg
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert {r["round"] for r in rows} == {0}
+    assert not any((tmp_path / "checkpoints").iterdir())
+
+
 def test_cli_refuses_bad_input_in_one_line(capsys):
-    """A budget below the SFT set and an out-of-range β exit 1 with a
-    one-line message (no traceback)."""
+    """A budget below the SFT set exits 1 with a one-line message (no
+    traceback); an out-of-range β is refused by the parser (exit 2) with the
+    allowed range."""
     from jaxil.cli import main
 
     assert main(["interactive", "oec", "--env", "mpe:simple_spread", "--expert", "scripted",
                  "--budget", "100", "--sft-labels", "150"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "budget" in err[0] and "150" in err[0]
-    assert main(["interactive", "dagger", "--env", "mpe:simple_spread", "--expert", "scripted",
-                 "--budget", "1000", "--beta0", "2"]) == 1
-    assert "beta0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # refused when parsed, before any work
+        main(["interactive", "dagger", "--env", "mpe:simple_spread", "--expert", "scripted",
+              "--budget", "1000", "--beta0", "2"])
+    assert e.value.code == 2
+    assert "argument --beta0: must be in [0, 1], got 2" in capsys.readouterr().err
 
 
 def test_box_action_steps_flatten_into_the_buffer():

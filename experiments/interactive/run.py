@@ -149,6 +149,25 @@ def comparisons(results: list[dict]) -> list[dict]:
     return out
 
 
+def gap_table(results: list[dict]) -> str:
+    """Each method minus BC at equal budget; ✓ where the gap exceeds one
+    standard deviation over seeds of both (the issue's criterion)."""
+    comp = comparisons(results)
+    methods = ("dagger", "oec", "oec_mix", "onpolicy")
+    lines = ["| environment | budget (labels) | " + " | ".join(METHOD_LABELS[m] for m in methods)
+             + " |", "|---|---|" + "---|" * len(methods)]
+    for res in results:
+        for m in MULTIPLES:
+            b = res["sft_labels"] * m
+            cells = []
+            for k in methods:
+                c = next(x for x in comp if x["env_id"] == res["env_id"] and x["budget"] == b
+                         and x["method"] == k)
+                cells.append(f"{c['gap']:+.3f}" + (" ✓" if c["beats_bc"] else ""))
+            lines.append(f"| {res['env_id']} | {b} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def shift_table(results: list[dict]) -> str:
     """Covariate shift at budgets ×2 and ×8: the expert–student disagreement on
     the student's own states averaged over the thirds of the expert's mean
@@ -290,6 +309,10 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     p.add_argument("--out", default=None)
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--reuse-code", nargs="+", default=[], metavar="DIGEST",
+                   help="also take an environment's cached result written by these "
+                        "jaxil/interactive digests (a change shown not to alter its numbers; "
+                        "each result records the digest that produced it)")
     args = p.parse_args(argv)
     if args.quick:
         args.rounds, args.envs_per_round, args.updates_per_round = 2, 8, 20
@@ -307,9 +330,18 @@ def main(argv=None) -> int:
         cache = ResultCache(out / f".cache-{env_id.replace(':', '_')}.json", settings,
                             {"env:": tuple(settings)})
         res = cache.get("env:result")
+        if res is not None:
+            res.setdefault("code", settings["code"])
+        for old in args.reuse_code:
+            if res is None:
+                res = ResultCache(cache.path, dict(settings, code=old),
+                                  {"env:": tuple(settings)}).get("env:result")
+                if res is not None:
+                    res["code"] = old
+                    print(f"{env_id}: the result of code {old} (--reuse-code)", file=sys.stderr)
         if res is None:
             print(f"== {env_id}", file=sys.stderr)
-            res = cache.put("env:result", run_env(env_id, args))
+            res = cache.put("env:result", dict(run_env(env_id, args), code=settings["code"]))
         print(f"{env_id}: {res['wall_seconds']:.0f} s", file=sys.stderr)
         results.append(res)
     doc = dict(settings=settings, command=" ".join(["python", "experiments/interactive/run.py"]
@@ -317,7 +349,10 @@ def main(argv=None) -> int:
                wall_seconds_total=sum(r["wall_seconds"] for r in results),
                comparisons=comparisons(results), environments=results)
     (out / "results.json").write_text(json.dumps(doc, indent=1))
-    (out / "table.md").write_text(table(results) + "\n\nCovariate shift (the students of "
+    (out / "table.md").write_text(table(results) + "\n\nMethod minus BC at equal budget "
+                                  "(✓: the gap exceeds one standard deviation over seeds of "
+                                  "both):\n\n" + gap_table(results)
+                                  + "\n\nCovariate shift (the students of "
                                   "the table, on the fixed start states):\n\n"
                                   + shift_table(results) + "\n")
     plots(results, out)

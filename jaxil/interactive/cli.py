@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from jaxil.cli_args import nonneg_int, positive_float, positive_int, probability
 from jaxil.interactive.config import METHODS, InteractiveConfig, regime
 from jaxil.interactive.labels import VERIFIERS
 from jaxil.interactive.schedule import BETA_SCHEDULES, SWITCHES
@@ -76,6 +77,7 @@ def _run(args) -> int:
     name = args.name or f"{args.method}@{args.budget}"
     summary = run(env, policy, params, [(name, knobs)], seeds=args.seeds, config=config,
                   base_seed=args.seed, out_dir=args.out, resume=args.resume,
+                  overwrite=args.overwrite, tensorboard=args.tensorboard,
                   eval_every=args.eval_every, progress=not args.no_progress,
                   diagnostics=not args.no_diagnostics,
                   run_info=dict(method=args.method, expert=source, budget=args.budget))
@@ -86,55 +88,57 @@ def _run(args) -> int:
     return 0
 
 
-def _positive(text: str) -> int:
-    v = int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {v}")
-    return v
-
-
 def register(sub) -> None:
     p = sub.add_parser("interactive", help="interactive imitation: bc, dagger, oec, onpolicy",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("method", choices=METHODS)
     p.add_argument("--env", required=True, help="environment id, e.g. smax:3m")
     p.add_argument("--expert", default="zoo", help="zoo | scripted | a teacher run directory")
-    p.add_argument("--budget", type=_positive, required=True,
+    p.add_argument("--budget", type=positive_int, required=True,
                    help="total expert labels (agent-steps), demonstrations included")
-    p.add_argument("--seeds", type=_positive, default=1)
-    p.add_argument("--seed", type=int, default=0, help="base seed")
+    p.add_argument("--seeds", type=positive_int, default=1)
+    p.add_argument("--seed", type=nonneg_int, default=0, help="base seed")
     p.add_argument("--name", default=None, help="regime label in metrics (default METHOD@BUDGET)")
     d = InteractiveConfig()
-    p.add_argument("--rounds", type=_positive, default=d.rounds)
-    p.add_argument("--envs-per-round", type=_positive, default=d.envs_per_round)
-    p.add_argument("--updates-per-round", type=_positive, default=d.updates_per_round)
-    p.add_argument("--sft-labels", type=_positive, default=d.sft_labels)
-    p.add_argument("--sft-updates", type=_positive, default=d.sft_updates)
-    p.add_argument("--capacity", type=_positive, default=d.capacity, help="buffer steps (ring)")
-    p.add_argument("--hidden", type=_positive, nargs="+", default=list(d.hidden))
-    p.add_argument("--batch-size", type=_positive, default=d.batch_size)
-    p.add_argument("--lr", type=float, default=None)
-    p.add_argument("--eval-episodes", type=_positive, default=d.eval_episodes)
-    p.add_argument("--eval-every", type=_positive, default=1, help="rounds between evaluations")
+    p.add_argument("--rounds", type=positive_int, default=d.rounds)
+    p.add_argument("--envs-per-round", type=positive_int, default=d.envs_per_round)
+    p.add_argument("--updates-per-round", type=positive_int, default=d.updates_per_round)
+    p.add_argument("--sft-labels", type=positive_int, default=d.sft_labels)
+    p.add_argument("--sft-updates", type=positive_int, default=d.sft_updates)
+    p.add_argument("--capacity", type=positive_int, default=d.capacity, help="buffer steps (ring)")
+    p.add_argument("--hidden", type=positive_int, nargs="+", default=list(d.hidden))
+    p.add_argument("--batch-size", type=positive_int, default=d.batch_size)
+    p.add_argument("--lr", type=positive_float, default=None)
+    p.add_argument("--eval-episodes", type=positive_int, default=d.eval_episodes)
+    p.add_argument("--eval-every", type=positive_int, default=1, help="rounds between evaluations")
     p.add_argument("--deterministic-eval", action="store_true")
     k = p.add_argument_group("method knobs (defaults: the method's preset)")
-    k.add_argument("--beta0", type=float, default=None, help="DAgger expert probability, round 0")
+    k.add_argument("--beta0", type=probability, default=None,
+                   help="DAgger expert probability, round 0")
     k.add_argument("--beta-schedule", choices=BETA_SCHEDULES, default=None)
     k.add_argument("--beta-rate", type=float, default=None)
     k.add_argument("--switch", choices=SWITCHES, default=None, help="OEC switch distribution")
-    k.add_argument("--switch-range", type=int, nargs=2, metavar=("LO", "HI"), default=None)
-    k.add_argument("--switch-p", type=float, default=None, help="geometric switch probability")
+    k.add_argument("--switch-range", type=nonneg_int, nargs=2, metavar=("LO", "HI"), default=None)
+    k.add_argument("--switch-p", type=probability, default=None,
+                   help="geometric switch probability")
     k.add_argument("--no-mask", action="store_true", help="train on the student's prefix too")
     k.add_argument("--verifier", choices=VERIFIERS + ("auto",), default=None)
     k.add_argument("--return-threshold", type=float, default=None)
-    k.add_argument("--repeat-limit", type=int, default=None, help="repetition filter R (0: off)")
+    k.add_argument("--repeat-limit", type=nonneg_int, default=None,
+                   help="repetition filter R (0: off)")
     k.add_argument("--demo-ratio", type=float, default=None,
                    help="share of each batch from demonstrations (-1: in proportion)")
-    k.add_argument("--demo-labels", type=int, default=None,
+    k.add_argument("--demo-labels", type=nonneg_int, default=None,
                    help="labels of the budget spent on demonstrations")
     k.add_argument("--scratch", action="store_true", help="retrain from scratch every round")
     p.add_argument("--out", default=None, help="run directory")
-    p.add_argument("--resume", action="store_true")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--resume", action="store_true",
+                   help="continue the run in --out (refused if any setting differs)")
+    g.add_argument("--overwrite", action="store_true",
+                   help="delete the run in --out and start afresh")
+    p.add_argument("--tensorboard", default=None, metavar="DIR",
+                   help="also write the metrics as TensorBoard scalars under DIR")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--no-diagnostics", action="store_true", help="skip the covariate-shift report")
     p.set_defaults(func=_run)

@@ -24,7 +24,7 @@ plot shows a gap instead of a fake 0.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
 
 import chex
 import jax
@@ -42,15 +42,17 @@ class Twin(NamedTuple):
     second: jax.Array
 
 
-def twin_policy(expert: Any, action_shape: tuple) -> Policy:
+def twin_policy(expert: Any, action_shape: tuple, legalize: Optional[Callable] = None) -> Policy:
     """The expert, also drawing a second action from the same state and
-    carry with an independent key (recorded in ``carry.second``; the first
-    draw is played and moves the carry on).
+    carry with an independent key (recorded in ``carry.second``, mapped onto
+    a legal action by ``legalize(actions, avail)`` as the first draw is when
+    played; the first draw moves the carry on).
 
     For a deterministic expert the two draws are equal; otherwise their
     disagreement is the expert's label noise at that state.
     """
     x = as_policy(expert)
+    legal = legalize if legalize is not None else (lambda a, avail: a)
 
     def init(key, n):
         zeros = jnp.zeros((n,) + tuple(action_shape[1:]), action_dtype(action_shape))
@@ -60,7 +62,7 @@ def twin_policy(expert: Any, action_shape: tuple) -> Policy:
         k1, k2 = jax.random.split(key)
         a1, inner = x.act(params, obs, avail, k1, c.inner)
         a2, _ = x.act(params, obs, avail, k2, c.inner)
-        return a1, Twin(inner, a2.astype(a1.dtype))
+        return a1, Twin(inner, legal(a2, avail).astype(a1.dtype))
 
     return Policy(init=init, act=act)
 

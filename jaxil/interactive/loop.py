@@ -33,7 +33,7 @@ from flax import struct
 
 import envs
 from envs.core import MultiAgentEnv
-from jaxil.checkpoint import Checkpointer
+from jaxil import guard
 from jaxil.interactive import labels as L
 from jaxil.interactive.buffer import StepBuffer, empty_buffer, insert
 from jaxil.interactive.config import (InteractiveConfig, RegimeHParams, check_regime, resolve_auto,
@@ -42,7 +42,7 @@ from jaxil.interactive.rollout import SwitchRule, mixed_episodes
 from jaxil.interactive.schedule import NEVER, expert_probability
 from jaxil.learners.base import Learner, LearnerState
 from jaxil.learners.bc import BCConfig, make_bc
-from jaxil.train import _read_jsonl, _write_jsonl_atomic  # the run directories' one JSONL format
+from jaxil.rundir import open_run_dir
 
 
 @struct.dataclass
@@ -110,8 +110,9 @@ def sample_batch(key: jax.Array, state: InteractiveState, demos: Demos, batch_si
 
 
 def train_student(student: Learner, state: InteractiveState, demos: Demos, k: int,
-                  batch_size: int) -> tuple[InteractiveState, jax.Array]:
-    """K fused BC updates on demos ∪ buffer; returns the last loss."""
+                  batch_size: int) -> tuple[InteractiveState, jax.Array, guard.Health]:
+    """K fused BC updates on demos ∪ buffer; returns the last loss and the
+    chunk's :class:`jaxil.guard.Health`."""
 
     def body(s, _):
         key, kb = jax.random.split(s.key)
@@ -120,11 +121,11 @@ def train_student(student: Learner, state: InteractiveState, demos: Demos, k: in
         return s.replace(student=ls, key=key), m["bc_loss"]
 
     state, losses = jax.lax.scan(body, state, None, length=k)
-    return state, losses[-1]
+    return state, losses[-1], guard.health({"bc_loss": losses}, state.student.params)
 
 
 def make_round(env: MultiAgentEnv, student: Learner, expert: Any, config: InteractiveConfig):
-    """``round(state, demos, expert_params) -> (state, metrics)`` for ONE run."""
+    """``round(state, demos, expert_params) -> (state, metrics, health)`` for ONE run."""
     spec = env.spec
     n = spec.num_agents
     spolicy = student.policy(False)
@@ -162,7 +163,8 @@ def make_round(env: MultiAgentEnv, student: Learner, expert: Any, config: Intera
             labels=state.labels + jnp.sum(jnp.where(within, spent, 0)),
             env_steps=state.env_steps + jnp.sum(jnp.where(within[:, None], valid, False)),
         )
-        new, loss = train_student(student, new, demos, config.updates_per_round, config.batch_size)
+        new, loss, health = train_student(student, new, demos, config.updates_per_round,
+                                          config.batch_size)
         n_within = jnp.maximum(jnp.sum(within), 1)
         metrics = dict(
             labels=new.labels + hp.demo_labels, interactive_labels=new.labels,
@@ -172,7 +174,7 @@ def make_round(env: MultiAgentEnv, student: Learner, expert: Any, config: Intera
             rollout_return=jnp.sum(jnp.where(within, ep.episode_return, 0.0)) / n_within,
             trained_steps=jnp.sum(mask),
         )
-        return new, metrics
+        return new, metrics, health
 
     return round_fn
 
@@ -255,7 +257,10 @@ def init_states(env, student: Learner, config: InteractiveConfig, hps: list[dict
     # SFT per seed (at the first run's lr of that seed).
     lr0 = jnp.asarray([hps[list(seeds).index(s)]["lr"] for s in uniq], jnp.float32)
     base = jax.vmap(one)(k_init, k_sft, lr0)
-    base, _ = sft_fn(base, demos)
+    base, _, health = sft_fn(base, demos)
+    guard.check(jax.device_get(health), learner="interactive student (SFT)",
+                run_labels=[f"seed {s}" for s in uniq], first_step=1,
+                chunk_len=config.sft_updates)
     pick = jnp.asarray([uniq.index(s) for s in seeds])
     states = jax.tree.map(lambda x: x[pick], base)
     lr = hp.lr
@@ -280,10 +285,12 @@ def run(
     base_seed: int = 0,
     out_dir: Optional[str | Path] = None,
     resume: bool = False,
+    overwrite: bool = False,
     eval_every: int = 1,
     progress: bool = True,
     diagnostics: bool = True,
     run_info: Optional[dict] = None,
+    tensorboard: Optional[str | Path] = None,
 ) -> dict:
     """Run every regime × ``seeds`` seeds together; returns the summary
     (also ``results.json`` in ``out_dir``) and the final ``states``.
@@ -291,7 +298,14 @@ def run(
     ``regimes``: ``(name, knobs)`` pairs, knobs from
     :func:`jaxil.interactive.config.regime`. Every run is evaluated on the
     same ``config.eval_episodes`` start states (one fixed reset key).
+    The run directory (``out_dir``) has the identity, resume and overwrite
+    rules of :mod:`jaxil.rundir`; a non-finite loss or parameter stops the
+    run before its round is recorded (:mod:`jaxil.guard`).
     """
+    if out_dir:  # refuse a bad --out before the demonstrations and the SFT
+        from jaxil.rundir import check_run_dir
+
+        check_run_dir(out_dir, resume=resume, overwrite=overwrite)
     if not regimes:
         raise ValueError("interactive run needs at least one regime")
     if seeds < 1:
@@ -340,32 +354,24 @@ def run(
                          demo_steps, sft_steps, demos, sft_fn)
     eval_key = jax.random.PRNGKey(base_seed + 10_000)
 
-    out = Path(out_dir) if out_dir else None
-    ckpt, rows, start = None, [], 0
+    rd, rows, start = None, [], 0
     info = dict(run_info or {}, env_id=spec.env_id, config=config.to_dict(),
                 regimes=[dict(name=nm, **{k: v for k, v in h.items()}) for nm, h in regimes],
                 seeds=seeds, base_seed=base_seed, eval_every=eval_every,
                 demos=dict(demo_summary, sft_steps=sft_steps))
-    if out:
-        out.mkdir(parents=True, exist_ok=True)
-        ckpt = Checkpointer(out / "checkpoints")
-        latest = ckpt.latest_step()
-        if latest is not None and not resume:
-            raise FileExistsError(f"{out} already holds a run (checkpoint at round {latest}); "
-                                  "pass --resume to continue it or choose another --out")
-        if latest is not None:
-            old = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else {}
-            changed = sorted(k for k in info if k in old and json.dumps(old[k], sort_keys=True,
-                             default=str) != json.dumps(info[k], sort_keys=True, default=str))
-            if changed:
-                raise ValueError(f"--resume with settings that differ from the run in {out}: "
-                                 f"{', '.join(changed)}; rerun with the original ones or use "
-                                 "another --out")
-            states = ckpt.restore(states, latest)
-            start = latest
-            rows = [r for r in _read_jsonl(out / "metrics.jsonl") if r["round"] <= latest]
-        _write_jsonl_atomic(out / "metrics.jsonl", rows)
-        (out / "run.json").write_text(json.dumps(info, indent=2, default=str))
+    if out_dir:
+        rd = open_run_dir(out_dir, info, resume=resume, overwrite=overwrite, step_key="round")
+        if rd.latest is not None:
+            states = rd.checkpointer.restore(states, rd.latest)
+            start = rd.latest
+        rows = rd.rows
+    tb = None
+    if tensorboard:
+        from jaxil.tensorboard import TensorBoard
+
+        tb = TensorBoard(tensorboard, [f"run{r.index}-{r.name}-seed{r.seed}" for r in runs],
+                         step_key="round", resume_from=start if start else None)
+    labels = [f"run {r.index} ({r.name}, seed {r.seed})" for r in runs]
 
     def record(round_index, metrics, ep):
         ret, won = np.asarray(ep.episode_return), np.asarray(ep.won)
@@ -377,9 +383,10 @@ def run(
             row.update({k: float(v[r.index]) for k, v in metrics.items()})
             new.append(row)
         rows.extend(new)
-        if out:
-            with open(out / "metrics.jsonl", "a") as f:
-                f.writelines(json.dumps(row) + "\n" for row in new)
+        if rd:
+            rd.append(new)
+        if tb:
+            tb.write(new)
 
     if start == 0:  # the SFT start, before any round
         zero = dict(labels=np.asarray([config.sft_labels] * len(runs), np.float64))
@@ -392,31 +399,42 @@ def run(
         bar = tqdm(total=config.rounds, initial=start, unit="round",
                    desc=f"interactive {spec.env_id} ×{len(runs)}")
     t_start = time.perf_counter()
-    for rd in range(start, config.rounds):
-        states, metrics = rounds_fn(states, demos, expert_params)
-        if (rd + 1) % eval_every == 0:
-            ep = evaluate(states.student.params, eval_key)
-            record(rd + 1, jax.tree.map(np.asarray, metrics), ep)
-            if ckpt:
-                ckpt.save(rd + 1, states)
+    K = config.updates_per_round
+    last_saved = start
+    try:
+        for r_i in range(start, config.rounds):
+            states, metrics, health = rounds_fn(states, demos, expert_params)
+            kept = (f"the last good checkpoint (round {last_saved}) is kept in {rd.path}"
+                    if rd and last_saved else "no checkpoint was written")
+            guard.check(jax.device_get(health), learner=f"interactive student (round {r_i + 1})",
+                        run_labels=labels, first_step=r_i * K + 1, chunk_len=K, kept=kept)
+            if (r_i + 1) % eval_every == 0:
+                ep = evaluate(states.student.params, eval_key)
+                record(r_i + 1, jax.tree.map(np.asarray, metrics), ep)
+                if rd:
+                    rd.save(r_i + 1, states)
+                    last_saved = r_i + 1
+                if bar:
+                    bar.set_postfix(ret=f"{np.asarray(ep.episode_return).mean():.3f}",
+                                    labels=f"{float(np.asarray(metrics['labels']).mean()):.0f}")
             if bar:
-                bar.set_postfix(ret=f"{np.asarray(ep.episode_return).mean():.3f}",
-                                labels=f"{float(np.asarray(metrics['labels']).mean()):.0f}")
-        if bar:
-            bar.update(1)
+                bar.update(1)
+    finally:
+        if tb:
+            tb.close()
     if bar:
         bar.close()
     summary = summarize(rows, runs)
     summary["wall_seconds"] = time.perf_counter() - t_start
     summary["demos"] = info["demos"]
-    if out:  # before the diagnostic, so that its failure loses no result
-        (out / "results.json").write_text(json.dumps(summary, indent=2))
+    if rd:  # before the diagnostic, so that its failure loses no result
+        rd.write_results(summary)
     if diagnostics:
         summary["shift"] = shift_diagnostic(env, student, expert, expert_params, states, runs,
                                             eval_key, config.eval_episodes)
-    if out:
-        (out / "results.json").write_text(json.dumps(summary, indent=2))
-        ckpt.close()
+    if rd:
+        rd.write_results(summary)
+        rd.close()
     summary["states"] = states
     return summary
 
@@ -481,7 +499,7 @@ def shift_diagnostic(env, student: Learner, expert: Any, expert_params: Any,
     spec = env.spec
     never = SwitchRule(0, 0, 0, 1.0, 0.0)
     T = spec.max_steps
-    twin = twin_policy(expert, (spec.num_agents,) + spec.action.shape)
+    twin = twin_policy(expert, (spec.num_agents,) + spec.action.shape, env.legalize)
 
     def choice_of(ep):
         return jnp.sum(ep.avail_actions[:, :T], axis=-1) > 1 if spec.discrete else None

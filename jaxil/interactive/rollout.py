@@ -14,7 +14,7 @@ as ``Episodes.carry`` (:class:`MixedStep`).
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -48,9 +48,18 @@ class SwitchRule(NamedTuple):
     beta: Any
 
 
-def mixed_policy(student: Any, expert: Any, rule: SwitchRule, action_shape: tuple) -> Policy:
-    """The shared-control policy; its params are ``(student_params, expert_params)``."""
+def mixed_policy(student: Any, expert: Any, rule: SwitchRule, action_shape: tuple,
+                 legalize: Optional[Callable] = None) -> Policy:
+    """The shared-control policy; its params are ``(student_params, expert_params)``.
+
+    ``legalize(actions, avail)`` (the environment's, :meth:`MultiAgentEnv.legalize`)
+    maps both proposals onto the actions the environment would execute, so
+    that a label is always a legal action: a scripted expert may propose a
+    move for a dead SMAX unit, whose only legal action is the no-op, and a
+    label the student's masked policy cannot take has log-probability −inf.
+    """
     s, x = as_policy(student), as_policy(expert)
+    legal = legalize if legalize is not None else (lambda a, avail: a)
 
     def init(key, n):
         ks, kx, kk = jax.random.split(key, 3)
@@ -63,7 +72,8 @@ def mixed_policy(student: Any, expert: Any, rule: SwitchRule, action_shape: tupl
         ks, kx, kc = jax.random.split(key, 3)
         a_s, cs = s.act(params[0], obs, avail, ks, c.student_carry)
         a_x, cx = x.act(params[1], obs, avail, kx, c.expert_carry)
-        a_s, a_x = a_s.astype(a_x.dtype), a_x
+        a_x = legal(a_x, avail).astype(a_x.dtype)
+        a_s = legal(a_s, avail).astype(a_x.dtype)
         coin = jax.random.uniform(kc) < jnp.asarray(rule.beta, jnp.float32)
         expert_now = (c.t >= c.switch) | coin
         a = jnp.where(expert_now, a_x, a_s)
@@ -83,6 +93,6 @@ def mixed_episodes(env: MultiAgentEnv, student: Any, expert: Any, student_params
     ``carry`` is a :class:`MixedStep` (``[E, T, ...]``)."""
     spec = env.spec
     shape = (spec.num_agents,) + spec.action.shape
-    pol = mixed_policy(student, expert, rule, shape)
+    pol = mixed_policy(student, expert, rule, shape, env.legalize)
     return envs.run_episodes(env, pol, (student_params, expert_params), key, num_episodes,
                              record_carry=True)
