@@ -38,8 +38,6 @@ from jaxil.learners import LEARNERS, LearnerData, make_learner, update_n_checked
 from jaxil.learners.base import Learner, check_hparams
 from jaxil.cli_args import nonneg_int, positive_int
 from jaxil.rundir import check_run_dir, open_run_dir
-from jaxil.rundir import read_jsonl as _read_jsonl  # noqa: F401 (jaxil.interactive.loop, until it moves)
-from jaxil.rundir import write_jsonl_atomic as _write_jsonl_atomic  # noqa: F401
 from jaxil.sharding import RUNS, RunsLayout, make_mesh, num_devices
 
 
