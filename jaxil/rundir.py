@@ -29,6 +29,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
+import numpy as np
+
 from jaxil.checkpoint import Checkpointer
 from jaxil.io_atomic import atomic_write_text
 
@@ -74,6 +76,22 @@ def identity_changes(old: dict, new: dict) -> list[str]:
         elif _canonical(old[k]) != _canonical(new[k]):
             out.append(f"{k} ({_short(old[k])} -> {_short(new[k])})")
     return out
+
+
+def metrics_rows(step: dict, ids: list[dict], returns: Any, wins: Any,
+                 metrics: dict) -> list[dict]:
+    """One metrics row per run: the ``step`` fields (``{"update": u}`` or
+    ``{"round": r}``), the run's ``ids`` (``run`` is its index into the
+    arrays), the mean evaluation return and win rate over its episodes
+    (``returns``/``wins`` ``[R, episodes]``) and each metric's value (``[R]``)."""
+    rows = []
+    for ident in ids:
+        i = ident["run"]
+        row = dict(step, **ident, eval_return=float(np.mean(returns[i])),
+                   eval_win_rate=float(np.mean(wins[i])))
+        row.update({k: float(v[i]) for k, v in metrics.items()})
+        rows.append(row)
+    return rows
 
 
 class RunDir:

@@ -37,7 +37,7 @@ from jaxil.checkpoint import Checkpointer
 from jaxil.learners import LEARNERS, LearnerData, make_learner, update_n_checked
 from jaxil.learners.base import Learner, check_hparams
 from jaxil.cli_args import nonneg_int, positive_int
-from jaxil.rundir import check_run_dir, open_run_dir
+from jaxil.rundir import check_run_dir, metrics_rows, open_run_dir
 from jaxil.sharding import RUNS, RunsLayout, make_mesh, num_devices
 
 
@@ -244,13 +244,9 @@ def train(
             metrics = jax.tree.map(np.asarray, fetch(metrics))
             dt = time.perf_counter() - t0
             update = (c + 1) * eval_every
-            new = []
-            for r in runs:
-                row = dict(update=update, run=r.index, seed=r.seed, grid=dict(r.grid),
-                           eval_return=float(ret[r.index].mean()),
-                           eval_win_rate=float(won[r.index].mean()))
-                row.update({k: float(v[r.index]) for k, v in metrics.items()})
-                new.append(row)
+            new = metrics_rows(dict(update=update),
+                               [dict(run=r.index, seed=r.seed, grid=dict(r.grid)) for r in runs],
+                               ret, won, metrics)
             rows.extend(new)
             if rd:
                 rd.append(new)

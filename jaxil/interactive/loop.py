@@ -42,7 +42,7 @@ from jaxil.interactive.rollout import SwitchRule, mixed_episodes
 from jaxil.interactive.schedule import NEVER, expert_probability
 from jaxil.learners.base import Learner, LearnerState
 from jaxil.learners.bc import BCConfig, make_bc
-from jaxil.rundir import open_run_dir
+from jaxil.rundir import metrics_rows, open_run_dir
 
 
 @struct.dataclass
@@ -374,14 +374,9 @@ def run(
     labels = [f"run {r.index} ({r.name}, seed {r.seed})" for r in runs]
 
     def record(round_index, metrics, ep):
-        ret, won = np.asarray(ep.episode_return), np.asarray(ep.won)
-        new = []
-        for r in runs:
-            row = dict(round=round_index, run=r.index, regime=r.name, seed=r.seed,
-                       eval_return=float(ret[r.index].mean()),
-                       eval_win_rate=float(won[r.index].mean()))
-            row.update({k: float(v[r.index]) for k, v in metrics.items()})
-            new.append(row)
+        new = metrics_rows(dict(round=round_index),
+                           [dict(run=r.index, regime=r.name, seed=r.seed) for r in runs],
+                           np.asarray(ep.episode_return), np.asarray(ep.won), metrics)
         rows.extend(new)
         if rd:
             rd.append(new)
