@@ -21,6 +21,7 @@ import numpy as np
 import envs
 from envs.policies import random_policy
 from envs.smax import heuristic_policy
+from jaxil.cli_args import nonneg_int, positive_int
 
 DEFAULT_MAPS = ("smax:3m", "smax:2s3z", "smax:smacv2_5_units")
 
@@ -51,11 +52,11 @@ def evaluate_policies(env_id: str, episodes: int, seed: int) -> list[dict]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The quickstart's flags (shared by ``jaxil quickstart`` and ``main``)."""
     p.add_argument("--envs", default=",".join(DEFAULT_MAPS), help="comma-separated SMAX ids")
-    p.add_argument("--episodes", type=int, default=256)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--episodes", type=positive_int, default=256)
+    p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument("--skip-learning", action="store_true", help="only the policy table")
-    p.add_argument("--updates", type=int, default=500)
-    p.add_argument("--seeds", type=int, default=4)
+    p.add_argument("--updates", type=positive_int, default=500)
+    p.add_argument("--seeds", type=positive_int, default=4)
 
 
 def main(argv=None) -> list[dict]:

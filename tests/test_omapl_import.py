@@ -126,6 +126,13 @@ def test_phase1_consumes_the_import(h5file):
     stacked = jax.tree.map(lambda v: v[None], state)
     scores = score_trajectories(learner.config, SPEC, stacked.params, stacked.hparams.gamma, ds)
     assert scores.shape == (1, 2 * P) and np.isfinite(scores).all()
+    # and Phase 1's one-call fit runs on the import end to end
+    from jaxil.phase1.label import fit_preferences
+
+    fit = fit_preferences(ds, pairs, prefs, seeds=1, updates=4, chunk=2, progress=False,
+                          hidden=(8,), mixer_hidden=4, batch_size=2)
+    assert fit.scores.shape == (1, 2 * P) and np.isfinite(fit.scores).all()
+    assert fit.num_pairs == P
 
 
 def test_without_actives_a_trajectory_ends_at_its_first_done(tmp_path):
