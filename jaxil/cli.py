@@ -20,6 +20,8 @@ _MODULES = (
     "jaxil.interactive.cli",  # interactive
     "jaxil.plot",  # plot
     "jaxil.export",  # export marl-eval
+    "jaxil.irl.cli",  # irl reward-model, irl bon
+    "jaxil.irl.adversarial_cli",  # irl ppo, gail, airl
 )
 
 
