@@ -20,6 +20,18 @@ and is jittable and vmappable over seeds::
 ``config.updates_per_chunk`` PPO updates; ``update_chunk_checked`` also returns
 the chunk's :class:`jaxil.guard.Health` (the driver stops a diverging run with it).
 
+A learned reward. ``make_ppo(env, config, reward_hook=RewardHook(...))`` trains
+against a reward function instead of the environment's (PPO against a learned
+reward, GAIL, AIRL: :mod:`jaxil.irl.adversarial`). The hook's state lives in
+``RunnerState.reward`` (``init(key, reward_state)``), so it is vmapped over
+seeds and checkpointed with the run. Every update: roll out, optionally update
+the reward (``hook.update``, e.g. discriminator steps on this rollout), score
+the rollout (``hook.reward``), optionally subtract the KL penalty towards a
+reference policy (``hook.kl_coef``, ``hook.ref_log_prob``), then the usual
+GAE and PPO epochs. The true episodic return is still what ``return_mean``
+reports; ``env_reward`` and ``learned_reward`` give the per-step means of
+both rewards (the reward-hacking curve is learned up while true falls).
+
 Model. The actor is a :class:`jaxil.policy.PolicyNet` shared by all agents
 (one-hot agent id appended, orthogonal initialisation, a masked categorical
 or a tanh-Gaussian with a state-independent log-std). The critic is a
@@ -39,7 +51,7 @@ Conventions worth knowing:
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +62,7 @@ from envs.core import EnvSpec, MultiAgentEnv
 from envs.policies import Policy
 from envs.wrappers import AutoReset
 from jaxil import guard
+from jaxil.losses.adversarial import kl_penalized_reward
 from jaxil.losses.gae import gae
 from jaxil.losses.ppo import clipped_surrogate_loss, clipped_value_loss, normalize_advantages
 from jaxil.nets import LocalMLP, activation, orthogonal_init
@@ -95,6 +108,51 @@ class RunnerState(NamedTuple):
     timestep: Any
     key: jax.Array
     update: jax.Array  # [] int32, PPO updates done
+    # The state of a RewardHook (None, no leaves, when training on the
+    # environment's reward: teacher checkpoints keep their layout).
+    reward: Any = None
+
+
+class RewardBatch(NamedTuple):
+    """One rollout as a reward function sees it (time-major, ``[T, E, ...]``).
+
+    ``next_obs``/``next_global_state`` are the observation after the step;
+    where ``last`` (the episode ended, by termination or time limit) they are
+    the next episode's first (auto-reset), so a reward of ``s'`` must mask
+    them with ``last`` (time limits count as terminal, as in the GAE).
+    """
+
+    obs: jax.Array  # [T, E, N, O]
+    global_state: jax.Array  # [T, E, S]
+    avail: jax.Array  # [T, E, N, A]
+    action: jax.Array  # [T, E, N] int32 or [T, E, N, D] environment actions
+    next_obs: jax.Array  # [T, E, N, O]
+    next_global_state: jax.Array  # [T, E, S]
+    last: jax.Array  # [T, E] bool
+    env_reward: jax.Array  # [T, E] the environment's team reward
+
+
+class RewardHook(NamedTuple):
+    """A learned reward for :func:`make_ppo` (see the module docstring).
+
+    Attributes:
+      reward: ``(reward_state, actor_params, batch: RewardBatch) -> [T, E]``
+        team rewards, or ``[T, E, N]`` one per agent.
+      update: optional ``(reward_state, actor_params, batch, key) ->
+        (reward_state, metrics)`` run on each rollout before it is scored
+        (``metrics``: scalars, logged per chunk as their mean).
+      kl_coef: β of the KL penalty ``r − β Σ_i (log π_θ(a_i|o_i) − log
+        π_ref(a_i|o_i))`` (0: none). Needs ``ref_log_prob``.
+      ref_log_prob: ``(reward_state, obs [.., N, O], avail, actions) ->
+        [.., N]`` log-probabilities of the reference policy (π_SFT).
+      guarded: names of ``update``'s metrics the non-finite guard watches.
+    """
+
+    reward: Callable[[Any, Any, RewardBatch], jax.Array]
+    update: Optional[Callable[[Any, Any, RewardBatch, jax.Array], tuple[Any, dict]]] = None
+    kl_coef: float = 0.0
+    ref_log_prob: Optional[Callable[..., jax.Array]] = None
+    guarded: tuple[str, ...] = ()
 
 
 class Transition(NamedTuple):
@@ -104,10 +162,13 @@ class Transition(NamedTuple):
     raw_action: jax.Array  # [E, N] int32 or [E, N, D] pre-squash
     logp: jax.Array  # [E, N]
     value: jax.Array  # [E, N]
-    reward: jax.Array  # [E]
+    reward: jax.Array  # [E] (a learned reward: [E] or [E, N])
     last: jax.Array  # [E] episode ended with this step
     episode_return: jax.Array  # [E]
     won: jax.Array  # [E]
+    # With a RewardHook: (global_state [E, S], env action, next obs, next
+    # global state) of the step; None otherwise (no extra memory).
+    step: Any = None
 
 
 class PPO(NamedTuple):
@@ -126,9 +187,11 @@ class PPO(NamedTuple):
 GUARDED = ("actor_loss", "value_loss", "entropy", "approx_kl")
 
 
-def make_ppo(env: MultiAgentEnv, config: PPOConfig) -> PPO:
-    """Build ``init(key) -> RunnerState`` and ``update_chunk(runner) ->
-    (runner, metrics)`` (``config.updates_per_chunk`` PPO updates).
+def make_ppo(env: MultiAgentEnv, config: PPOConfig,
+             reward_hook: Optional[RewardHook] = None) -> PPO:
+    """Build ``init(key[, reward_state]) -> RunnerState`` and
+    ``update_chunk(runner) -> (runner, metrics)`` (``config.updates_per_chunk``
+    PPO updates).
 
     Both are pure and jittable, and vmappable over a leading seed axis.
     ``metrics`` are scalars summarising the chunk: ``episodes`` (finished in
@@ -139,9 +202,26 @@ def make_ppo(env: MultiAgentEnv, config: PPOConfig) -> PPO:
     chunk plus :func:`jaxil.guard.health` of the per-update losses
     (:data:`GUARDED`, ``[updates_per_chunk]`` each) and of the actor and
     critic parameters after the chunk.
+
+    With ``reward_hook`` (:class:`RewardHook`) PPO optimises its reward
+    instead of the environment's; ``init(key, reward_state)`` stores the
+    hook's state in the runner, and the metrics gain ``env_reward`` and
+    ``learned_reward`` (per-step means over the chunk's rollouts), ``kl``
+    (per-step Σ_i log π_θ − log π_ref, with a KL penalty) and the means of the
+    hook's update metrics; the guard also watches those named in
+    ``hook.guarded`` and the reward state.
     """
     if not isinstance(config, PPOConfig):
         raise TypeError(f"config must be a PPOConfig, got {type(config).__name__}")
+    hook = reward_hook
+    if hook is not None:
+        if not isinstance(hook, RewardHook):
+            raise TypeError(f"reward_hook must be a RewardHook, got {type(hook).__name__}")
+        if not (isinstance(hook.kl_coef, (int, float)) and hook.kl_coef >= 0):
+            raise ValueError(f"RewardHook.kl_coef must be a number >= 0, got {hook.kl_coef!r}")
+        if hook.kl_coef > 0 and hook.ref_log_prob is None:
+            raise ValueError("RewardHook.kl_coef > 0 needs ref_log_prob (the reference "
+                             "policy's log-probabilities)")
     spec = env.spec
     env = env if isinstance(env, AutoReset) else AutoReset(env)
     cfg = config
@@ -171,7 +251,7 @@ def make_ppo(env: MultiAgentEnv, config: PPOConfig) -> PPO:
     def value_fn(params, obs, global_state):
         return critic.apply(params, critic_input(obs, global_state))[..., 0]
 
-    def init(key: jax.Array) -> RunnerState:
+    def init(key: jax.Array, reward_state: Any = None) -> RunnerState:
         k_actor, k_critic, k_env, key = jax.random.split(key, 4)
         obs0 = jnp.zeros((n, spec.obs_dim), jnp.float32)
         gs0 = jnp.zeros((spec.state_dim,), jnp.float32)
@@ -181,7 +261,9 @@ def make_ppo(env: MultiAgentEnv, config: PPOConfig) -> PPO:
             tx=make_tx(),
         )
         env_state, ts = jax.vmap(env.reset)(jax.random.split(k_env, E))
-        return RunnerState(actor_ts, critic_ts, env_state, ts, key, jnp.int32(0))
+        if (reward_state is None) != (hook is None):
+            raise ValueError("init needs a reward_state exactly when make_ppo has a reward_hook")
+        return RunnerState(actor_ts, critic_ts, env_state, ts, key, jnp.int32(0), reward_state)
 
     def env_step(carry, _):
         actor_ts, critic_ts, env_state, ts, key = carry
@@ -200,11 +282,39 @@ def make_ppo(env: MultiAgentEnv, config: PPOConfig) -> PPO:
             last=nts.last(),
             episode_return=nts.episode_return,
             won=nts.won,
+            step=None if hook is None else (ts.global_state, actor.to_env_action(raw),
+                                            nts.obs, nts.global_state),
         )
         return (actor_ts, critic_ts, env_state, nts, key), tr
 
+    def learned_reward(reward_state, actor_params, traj: Transition, key):
+        """Replace ``traj.reward`` by the hook's (after its update, minus the
+        KL penalty); returns the new reward state, trajectory and stats."""
+        gs, action, next_obs, next_gs = traj.step
+        batch = RewardBatch(obs=traj.obs, global_state=gs, avail=traj.avail, action=action,
+                            next_obs=next_obs, next_global_state=next_gs, last=traj.last,
+                            env_reward=traj.reward)
+        stats = {}
+        if hook.update is not None:
+            reward_state, stats = hook.update(reward_state, actor_params, batch, key)
+            stats = dict(stats)
+        r = hook.reward(reward_state, actor_params, batch)
+        if r.shape not in (traj.reward.shape, traj.value.shape):
+            raise ValueError(f"RewardHook.reward returned shape {r.shape}; expected "
+                             f"{traj.reward.shape} (team) or {traj.value.shape} (per agent)")
+        team = r if r.ndim == traj.reward.ndim else r.sum(-1)
+        stats.update(env_reward=jnp.mean(traj.reward), learned_reward=jnp.mean(team))
+        if hook.kl_coef > 0:
+            logp = actor.log_prob(actor_params, traj.obs, traj.avail, action)
+            ref = hook.ref_log_prob(reward_state, traj.obs, traj.avail, action)
+            r = kl_penalized_reward(r, logp, ref, hook.kl_coef)
+            stats["kl"] = jnp.mean(jnp.sum(logp - ref, axis=-1))
+        return reward_state, traj._replace(reward=r.astype(jnp.float32), step=None), stats
+
     def advantages(traj: Transition, last_value: jax.Array):
-        reward = jnp.broadcast_to((traj.reward * cfg.reward_scale)[..., None], traj.value.shape)
+        r = traj.reward * cfg.reward_scale  # [T, E] team or [T, E, N] per agent
+        reward = jnp.broadcast_to(r if r.ndim == traj.value.ndim else r[..., None],
+                                  traj.value.shape)
         last = jnp.broadcast_to(traj.last[..., None], traj.value.shape)
         return gae(reward, traj.value, last, last_value, cfg.gamma, cfg.gae_lambda)
 
@@ -246,6 +356,11 @@ def make_ppo(env: MultiAgentEnv, config: PPOConfig) -> PPO:
         carry = (runner.actor, runner.critic, runner.env_state, runner.timestep, runner.key)
         carry, traj = jax.lax.scan(env_step, carry, None, T)
         actor_ts, critic_ts, env_state, ts, key = carry
+        reward_state, hook_stats = runner.reward, {}
+        if hook is not None:
+            key, k_reward = jax.random.split(key)
+            reward_state, traj, hook_stats = learned_reward(reward_state, actor_ts.params, traj,
+                                                            k_reward)
         last_value = value_fn(critic_ts.params, ts.obs, ts.global_state)
         adv, target = advantages(traj, last_value)
         key, k_epochs = jax.random.split(key)
@@ -262,12 +377,18 @@ def make_ppo(env: MultiAgentEnv, config: PPOConfig) -> PPO:
             win_sum=(traj.won.astype(jnp.float32) * last).sum(),
             lr=lr,
             **jax.tree.map(jnp.mean, aux),
+            **hook_stats,
         )
-        runner = RunnerState(actor_ts, critic_ts, env_state, ts, key, runner.update + 1)
+        runner = RunnerState(actor_ts, critic_ts, env_state, ts, key, runner.update + 1,
+                             reward_state)
         return runner, stats
+
+    base_keys = ("episodes", "return_sum", "win_sum", "lr", "actor_loss", "value_loss",
+                 "entropy", "approx_kl", "clip_frac")
 
     def run_chunk(runner: RunnerState) -> tuple[RunnerState, dict, dict]:
         runner, stats = jax.lax.scan(update, runner, None, cfg.updates_per_chunk)
+        hook_keys = [k for k in stats if k not in base_keys]
         episodes = stats["episodes"].sum()
         safe = jnp.maximum(episodes, 1.0)
         metrics = dict(
@@ -277,6 +398,7 @@ def make_ppo(env: MultiAgentEnv, config: PPOConfig) -> PPO:
             win_rate=jnp.where(episodes > 0, stats["win_sum"].sum() / safe, jnp.nan),
             **{k: stats[k].mean() for k in
                ("actor_loss", "value_loss", "entropy", "approx_kl", "clip_frac", "lr")},
+            **{k: v.mean() for k, v in stats.items() if k in hook_keys},
         )
         if not spec.has_win:
             del metrics["win_rate"]
@@ -288,8 +410,9 @@ def make_ppo(env: MultiAgentEnv, config: PPOConfig) -> PPO:
 
     def update_chunk_checked(runner: RunnerState) -> tuple[RunnerState, dict, guard.Health]:
         runner, metrics, stats = run_chunk(runner)
-        health = guard.health({k: stats[k] for k in GUARDED},
-                              (runner.actor.params, runner.critic.params))
+        watched = GUARDED + (() if hook is None else ("learned_reward",) + tuple(hook.guarded))
+        health = guard.health({k: stats[k] for k in watched},
+                              (runner.actor.params, runner.critic.params, runner.reward))
         return runner, metrics, health
 
     return PPO(env=env, config=cfg, actor=actor, critic=critic, init=init,
@@ -301,16 +424,18 @@ def _opt_count(opt_state) -> jax.Array:
     return opt_state[1][0].count
 
 
-def make_train(env: MultiAgentEnv, config: PPOConfig) -> Callable:
-    """``train(key) -> (RunnerState, metrics)``: the whole run as one pure
-    function (``config.num_chunks`` chunks of ``updates_per_chunk`` updates).
-    ``metrics`` leaves have a leading ``[num_chunks]`` axis (a learning curve).
-    ``jax.jit(jax.vmap(train))(keys)`` trains one seed per key.
+def make_train(env: MultiAgentEnv, config: PPOConfig,
+               reward_hook: Optional[RewardHook] = None) -> Callable:
+    """``train(key[, reward_state]) -> (RunnerState, metrics)``: the whole run
+    as one pure function (``config.num_chunks`` chunks of
+    ``updates_per_chunk`` updates). ``metrics`` leaves have a leading
+    ``[num_chunks]`` axis (a learning curve). ``jax.jit(jax.vmap(train))(keys)``
+    trains one seed per key. ``reward_hook``: see :func:`make_ppo`.
     """
-    ppo = make_ppo(env, config)
+    ppo = make_ppo(env, config, reward_hook)
 
-    def train(key: jax.Array):
-        runner = ppo.init(key)
+    def train(key: jax.Array, reward_state: Any = None):
+        runner = ppo.init(key, reward_state)
         return jax.lax.scan(lambda r, _: ppo.update_chunk(r), runner, None, config.num_chunks)
 
     return train
