@@ -79,8 +79,7 @@ from jaxil.losses import (
     nu_gradient_penalty,
     weighted_bc_loss,
 )
-from jaxil.mixing import mix, vdn_mix
-from jaxil.nets import HyperMixer, LocalMLP
+from jaxil.mixed_net import MixedNet
 
 MIXING = ("hyper", "sum", "none")
 INIT_SAMPLING = ("trajectory", "transition")
@@ -140,35 +139,10 @@ class DiceHParams:
         nu_gp_coef=NONNEGATIVE._replace(why="the weight of the gradient penalty on nu"))
 
 
-class _Mixed:
-    """Local per-agent scalars, mixed into a team scalar per ``mixing``."""
-
-    def __init__(self, spec: EnvSpec, config: DiceConfig):
-        self.mode = config.mixing
-        self.local = LocalMLP(
-            out_dim=1, num_agents=spec.num_agents, hidden=config.hidden, shared=config.shared
-        )
-        self.mixer = HyperMixer(num_agents=spec.num_agents, hidden=config.mixer_hidden)
-
-    def init(self, key, x, state):
-        k1, k2 = jax.random.split(key)
-        p = {"local": self.local.init(k1, x)}
-        if self.mode == "hyper":
-            p["mixer"] = self.mixer.init(k2, state)
-        return p
-
-    def local_values(self, params, x):
-        return self.local.apply(params["local"], x)[..., 0]  # [B, N]
-
-    def __call__(self, params, x, state):
-        """``[B]`` team values (hyper/sum) or ``[B, N]`` local ones (none)."""
-        local = self.local_values(params, x)
-        if self.mode == "hyper":
-            w, b = self.mixer.apply(params["mixer"], state)
-            return mix(local, w, b)
-        if self.mode == "sum":
-            return vdn_mix(local)
-        return local
+def _Mixed(spec: EnvSpec, config: DiceConfig) -> MixedNet:
+    """The discriminator / value network of ``config`` (:class:`jaxil.mixed_net.MixedNet`)."""
+    return MixedNet(spec.num_agents, config.mixing, config.hidden, config.mixer_hidden,
+                    config.shared)
 
 
 def make_dice(spec: EnvSpec, config: DiceConfig = DiceConfig(), alpha: float = 0.05) -> Learner:

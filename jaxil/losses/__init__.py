@@ -26,6 +26,7 @@ from jaxil.losses.ppo import (
     normalize_advantages,
 )
 from jaxil.losses.preference import preference_loss
+from jaxil.losses.trajectory import discounted_score, log_ratio_score
 from jaxil.losses.value import gumbel_value_loss, gumbel_weights
 
 __all__ = [
@@ -38,11 +39,13 @@ __all__ = [
     "dice_advantage",
     "dice_nu_loss",
     "dice_weights",
+    "discounted_score",
     "discriminator_loss",
     "gae",
     "gradient_penalty",
     "gumbel_value_loss",
     "gumbel_weights",
+    "log_ratio_score",
     "normalize_advantages",
     "nu_gradient_penalty",
     "nu_penalty_points",

@@ -1,0 +1,341 @@
+"""Reward models (jaxil.irl.reward_model) and the trajectory-score maths
+(jaxil.losses.trajectory), against float64 numpy references."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from envs.core import ContinuousActions, DiscreteActions, EnvSpec
+from jaxil import losses as L
+from jaxil.data.sampling import Transitions
+from jaxil.irl.reward_model import (
+    RewardData,
+    RewardModel,
+    RewardModelConfig,
+    StepBatch,
+    analytic_reward,
+    init_params,
+    pad_transitions,
+    source_roles,
+)
+from jaxil.policy import PolicyNet
+
+N, O, S, A = 3, 5, 7, 4
+SPEC = EnvSpec("test:rm", N, O, S, DiscreteActions(A), max_steps=6)
+BOX = EnvSpec("test:rm-box", N, O, S, ContinuousActions(2), max_steps=6)
+
+
+def _f64(x):
+    return np.asarray(x, np.float64)
+
+
+def _softplus(x):
+    return np.logaddexp(0.0, x)
+
+
+def _relu(x):
+    return np.maximum(x, 0.0)
+
+
+def _np_mlp(p, x):
+    """float64 forward of a jaxil.nets.MLP with ReLU."""
+    names = sorted(k for k in p if k.startswith("hidden_"))
+    for k in names:
+        x = _relu(x @ _f64(p[k]["kernel"]) + _f64(p[k]["bias"]))
+    return x @ _f64(p["out"]["kernel"]) + _f64(p["out"]["bias"])
+
+
+def _np_reward(params, spec, cfg, obs, actions, state):
+    """float64 reference of r(s, a): local logits of obs ⊕ one-hot(a) ⊕ id,
+    mixed by |W2 relu(W1 s)| and the bias head."""
+    obs, state = _f64(obs), _f64(state)
+    onehot = np.eye(spec.num_actions)[np.asarray(actions)] if spec.discrete else _f64(actions)
+    x = np.concatenate([obs, onehot], -1)
+    lp = params["local"]["params"]
+    if cfg.shared:
+        ids = np.broadcast_to(np.eye(N), x.shape[:-1] + (N,))
+        local = _np_mlp(lp["mlp"], np.concatenate([x, ids], -1))[..., 0]
+    else:
+        local = np.stack([_np_mlp(jax.tree.map(lambda a: a[i], lp["agents"]), x[..., i, :])[..., 0]
+                          for i in range(N)], -1)
+    if cfg.mixing == "none":
+        return local
+    if cfg.mixing == "sum":
+        return local.sum(-1)
+    mp = params["mixer"]["params"]
+    h = _relu(state @ _f64(mp["trunk"]["kernel"]) + _f64(mp["trunk"]["bias"]))
+    w = np.abs(h @ _f64(mp["weights"]["kernel"]) + _f64(mp["weights"]["bias"]))
+    b = (h @ _f64(mp["bias"]["kernel"]) + _f64(mp["bias"]["bias"]))[..., 0]
+    return (w * local).sum(-1) + b
+
+
+def _batch(key, b, spec=SPEC):
+    k1, k2, k3 = jax.random.split(key, 3)
+    obs = jax.random.normal(k1, (b, N, O))
+    if spec.discrete:
+        act = jax.random.randint(k2, (b, N), 0, A)
+    else:
+        act = jax.random.uniform(k2, (b, N, 2), minval=-1, maxval=1)
+    return StepBatch(obs, act, jax.random.normal(k3, (b, S)))
+
+
+CONFIGS = [
+    RewardModelConfig(mixing="hyper", hidden=(16, 8), mixer_hidden=8),
+    RewardModelConfig(mixing="sum", hidden=(16,)),
+    RewardModelConfig(mixing="none", hidden=(16,)),  # independent per-agent nets
+    RewardModelConfig(mixing="none", hidden=(16,), shared=True),
+]
+
+
+@pytest.mark.parametrize("cfg,jit", [(CONFIGS[0], False)] + [(c, True) for c in CONFIGS],
+                         ids=lambda x: f"{x.mixing}-shared{x.shared}" if hasattr(x, "mixing")
+                         else ("jit" if x else "eager"))
+def test_step_reward_matches_numpy(cfg, jit):
+    """step_reward is the mixed local logit: fails if the mixer weights lose
+    their abs, the bias is dropped, the action one-hot is left out, or the
+    per-agent mode mixes (wrong shape) or sums."""
+    rm = RewardModel(SPEC, cfg)
+    params = rm.init(jax.random.PRNGKey(0))
+    b = _batch(jax.random.PRNGKey(1), 11)
+    fn = jax.jit(rm.step_reward) if jit else rm.step_reward
+    got = fn(params, b.obs, b.actions, b.global_state)
+    want = _np_reward(params, SPEC, cfg, b.obs, b.actions, b.global_state)
+    assert got.shape == ((11, N) if cfg.mixing == "none" else (11,))
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    # leading dims [E, T, ...] work and agree with the flat call
+    obs2 = b.obs[:10].reshape(2, 5, N, O)
+    got2 = fn(params, obs2, b.actions[:10].reshape(2, 5, N),
+                          b.global_state[:10].reshape(2, 5, S))
+    np.testing.assert_allclose(np.asarray(got2).reshape(got[:10].shape), got[:10], rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_init_params_function_matches_class():
+    """init_params(key, spec, config) is RewardModel(...).init(key): fails if
+    the function used another key split or network."""
+    cfg = RewardModelConfig(hidden=(8,))
+    a = jax.jit(lambda k: init_params(k, SPEC, cfg))(jax.random.PRNGKey(3))
+    b = jax.jit(RewardModel(SPEC, cfg).init)(jax.random.PRNGKey(3))
+    chex.assert_trees_all_equal(a, b)
+
+
+@pytest.mark.parametrize("cfg,jit", [(CONFIGS[1], False)] + [(c, True) for c in CONFIGS[:3]],
+                         ids=lambda x: x.mixing if hasattr(x, "mixing") else ("jit" if x else "eager"))
+def test_loss_matches_numpy(cfg, jit):
+    """The discriminator loss without penalty: mean softplus(−r) on positives
+    + mean softplus(r) on negatives (summed over agents per agent). Fails if
+    the labels are swapped (positives scored as negatives), the penalty is
+    added when off, or the per-agent losses are averaged."""
+    cfg = RewardModelConfig(**{**cfg.__dict__, "grad_penalty": False})
+    rm = RewardModel(BOX, cfg)
+    params = rm.init(jax.random.PRNGKey(2))
+    pos, neg = _batch(jax.random.PRNGKey(3), 9, BOX), _batch(jax.random.PRNGKey(4), 13, BOX)
+    fn = jax.jit(rm.loss) if jit else rm.loss
+    loss, m = fn(params, pos, neg, jax.random.PRNGKey(5), 0.1)
+    rp = _np_reward(params, BOX, cfg, pos.obs, pos.actions, pos.global_state)
+    rn = _np_reward(params, BOX, cfg, neg.obs, neg.actions, neg.global_state)
+    want = np.sum(np.mean(_softplus(-rp), 0) + np.mean(_softplus(rn), 0))
+    np.testing.assert_allclose(loss, want, rtol=1e-5)
+    np.testing.assert_allclose(m["accuracy"], 0.5 * ((rp > 0).mean() + (rn < 0).mean()), atol=1e-6)
+    assert float(m["grad_penalty"]) == 0.0
+
+
+@pytest.mark.parametrize("mixing", ["hyper", "none"])
+def test_loss_gradient_penalty_is_the_shared_penalty(mixing):
+    """With the penalty, loss = disc loss + gp_coef × the jaxil.losses penalty
+    on (obs ⊕ action[, state]) inputs, positives in the expert slot: fails if
+    the coefficient is ignored, the penalty sees other inputs or another key,
+    or the per-agent model takes the joint (cross-agent) penalty."""
+    cfg = RewardModelConfig(mixing=mixing, hidden=(8,), mixer_hidden=4)
+    rm = RewardModel(SPEC, cfg)
+    params = rm.init(jax.random.PRNGKey(0))
+    pos, neg = _batch(jax.random.PRNGKey(1), 8), _batch(jax.random.PRNGKey(2), 8)
+    key = jax.random.PRNGKey(9)
+    x = lambda b: jnp.concatenate([b.obs, jax.nn.one_hot(b.actions, A)], -1)  # noqa: E731
+
+    @jax.jit
+    def both(params, pos, neg):
+        loss, m = rm.loss(params, pos, neg, key, 0.3)
+        if mixing == "none":
+            gp = L.agent_gradient_penalty(lambda z: rm.net.local_values(params, z), x(pos),
+                                          x(neg), key)
+        else:
+            gp = L.gradient_penalty(lambda z: rm.net(params, *z), (x(pos), pos.global_state),
+                                    (x(neg), neg.global_state), key)
+        return loss, m, gp
+
+    loss, m, gp = both(params, pos, neg)
+    assert float(gp) > 0
+    np.testing.assert_allclose(m["grad_penalty"], gp, rtol=1e-6)
+    np.testing.assert_allclose(loss, m["disc_loss"] + 0.3 * gp, rtol=1e-6)
+
+
+def test_update_learns_to_separate_and_is_vmappable():
+    """update_n on two separable sources drives the accuracy up and the reward
+    of positives above negatives, for two seeds vmapped at once; padded
+    steps (weight 0) are never drawn. Fails if the gradient ascends the loss,
+    the optimiser state is not threaded, the labels are swapped, or the
+    sampler ignores the weights."""
+    rm = RewardModel(SPEC, RewardModelConfig(hidden=(32,), mixer_hidden=8, batch_size=64))
+
+    def trans(key, k, shift):
+        b = _batch(key, k)
+        z = lambda *s: jnp.zeros(s)  # noqa: E731
+        return Transitions(obs=b.obs + shift, global_state=b.global_state, avail=z(k, N, A) > 0,
+                           actions=b.actions, reward=z(k), next_obs=b.obs,
+                           next_global_state=b.global_state, next_avail=z(k, N, A) > 0,
+                           done=z(k) > 0, init_obs=b.obs, init_global_state=b.global_state,
+                           init_avail=z(k, N, A) > 0, traj_index=jnp.zeros(k, jnp.int32),
+                           step=jnp.zeros(k, jnp.int32))
+
+    pos = trans(jax.random.PRNGKey(1), 200, 2.0)
+    neg, w = pad_transitions(trans(jax.random.PRNGKey(2), 150, -2.0), 200)
+    assert w.sum() == 150 and w[150:].sum() == 0
+    neg = neg.replace(obs=neg.obs.at[150:].set(1e3) if hasattr(neg.obs, "at")
+                      else np.where(np.arange(200)[:, None, None] >= 150, 1e3, neg.obs))
+    data = RewardData(pos, jnp.ones(200), jax.tree.map(jnp.asarray, neg), jnp.asarray(w))
+    _, drawn = jax.jit(rm.sample)(jax.random.PRNGKey(5), data)
+    assert float(jnp.max(drawn.obs)) < 100.0  # padding never drawn
+    states = jax.vmap(lambda k: rm.init_state(k, rm.default_hparams(lr=3e-3)))(
+        jax.random.split(jax.random.PRNGKey(0), 2))
+    run = jax.jit(jax.vmap(lambda s: rm.update_n(s, data, 100)))
+    new, metrics, health = run(states)
+    assert new.step.tolist() == [100, 100]
+    assert np.all(np.asarray(health.params_finite)) and np.all(np.asarray(health.first_bad) == 100)
+    assert np.all(np.asarray(metrics["accuracy"]) > 0.95)
+    reward = jax.jit(jax.vmap(rm.step_reward, in_axes=(0, None, None, None)))
+    r_pos = reward(new.params, pos.obs, pos.actions, pos.global_state)
+    r_neg = reward(new.params, neg.obs[:150], neg.actions[:150], neg.global_state[:150])
+    assert np.all(np.asarray(r_pos.mean(1)) > np.asarray(r_neg.mean(1)) + 1.0)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_discounted_score_matches_numpy(jit):
+    """Σ_t γ^t m_t v_t over valid steps, team and per agent: fails on an
+    off-by-one discount (γ^{t+1}), a missing mask, or NaN padding leaking."""
+    rng = np.random.default_rng(0)
+    v = rng.normal(size=(4, 6, N)).astype(np.float32)
+    lengths = np.array([6, 3, 1, 0])
+    mask = np.arange(6)[None] < lengths[:, None]
+    v_pad = np.where(mask[..., None], v, np.nan).astype(np.float32)
+    g = 0.9
+    fn = jax.jit(L.discounted_score) if jit else L.discounted_score
+    want = np.array([[sum(g ** t * float(v[b, t, i]) for t in range(lengths[b]))
+                      for i in range(N)] for b in range(4)])
+    np.testing.assert_allclose(fn(v_pad, mask, g), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(fn(v_pad[..., 0], mask, jnp.float32(g)), want[:, 0], rtol=1e-5,
+                               atol=1e-6)
+    np.testing.assert_allclose(fn(v_pad[..., 0], mask, 1.0), (np.nan_to_num(v_pad[..., 0])).sum(1),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_discounted_score_rejects_bad_shapes():
+    """A mask of another length is refused: fails if shapes broadcast silently."""
+    with pytest.raises(AssertionError):
+        L.discounted_score(jnp.zeros((2, 5)), jnp.ones((2, 4)), 0.9)
+
+
+def _episodes(key, e, t, spec):
+    """Random padded episodes with ragged lengths and random legal actions."""
+    k1, k2, k3, k4 = jax.random.split(key, 4)
+    avail = jax.random.uniform(k2, (e, t + 1, N, A)) < 0.7
+    avail = avail.at[..., 0].set(True)
+    logits = jnp.where(avail[:, :t], 0.0, -jnp.inf)
+    actions = jax.random.categorical(k3, logits).astype(jnp.int32)
+    lengths = jax.random.randint(k4, (e,), 1, t + 1)
+    mask = jnp.arange(t)[None] < lengths[:, None]
+    actions = jnp.where(mask[..., None], actions, 0)
+
+    class Ep:
+        pass
+
+    ep = Ep()
+    ep.obs = jax.random.normal(k1, (e, t + 1, N, O))
+    ep.global_state = jnp.zeros((e, t + 1, S))
+    ep.avail_actions, ep.actions, ep.mask = avail, actions, mask
+    return ep
+
+
+def test_analytic_reward_is_the_brute_force_log_ratio():
+    """r_c(τ) = Σ_t Σ_i log π_SFT − log π_0 over valid steps, against a python
+    loop over episodes, steps and agents of each policy's log_prob: fails if
+    the ratio is inverted, padding steps count, an agent is dropped, or the
+    observations are shifted by one step."""
+    pi = PolicyNet(SPEC, (16,))
+    p_sft, p_0 = pi.init(jax.random.PRNGKey(1)), pi.init(jax.random.PRNGKey(2))
+    ep = _episodes(jax.random.PRNGKey(0), 5, 6, SPEC)
+    got = jax.jit(lambda a, b: analytic_reward(pi.policy(), a, pi.policy(), b, ep))(p_sft, p_0)
+    heads = jax.jit(lambda p: pi.head(p, ep.obs))
+    logits = {"sft": _f64(heads(p_sft)), "init": _f64(heads(p_0))}  # raw network outputs
+    avail, actions, mask = (np.asarray(x) for x in (ep.avail_actions, ep.actions, ep.mask))
+
+    def lp(which, e, t, i):  # masked softmax log-probability, by hand
+        z = np.where(avail[e, t, i], logits[which][e, t, i], -np.inf)
+        return z[actions[e, t, i]] - np.logaddexp.reduce(z)
+
+    want = np.zeros(5)
+    for e in range(5):
+        for t in range(6):
+            if mask[e, t]:
+                for i in range(N):
+                    want[e] += lp("sft", e, t, i) - lp("init", e, t, i)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert np.abs(want).max() > 0.1  # the policies differ, so the test can fail
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_log_ratio_score_matches_numpy(jit):
+    """log_ratio_score: masked sum over time and agents; -inf on padding is
+    ignored. Fails if padding is multiplied (NaN) or the sign is flipped."""
+    rng = np.random.default_rng(1)
+    a, b = rng.normal(size=(3, 4, N)), rng.normal(size=(3, 4, N))
+    mask = np.array([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]], bool)
+    a_pad = np.where(mask[..., None], a, -np.inf).astype(np.float32)
+    fn = jax.jit(L.log_ratio_score) if jit else L.log_ratio_score
+    want = ((a - b) * mask[..., None]).sum((1, 2))
+    np.testing.assert_allclose(fn(a_pad, b.astype(np.float32), mask), want, rtol=1e-5, atol=1e-5)
+
+
+class StepBatchEp(NamedTuple):
+    obs: jax.Array
+    actions: jax.Array
+    global_state: jax.Array
+    mask: jax.Array
+
+
+def test_trajectory_scores_sum_step_rewards():
+    """trajectory_scores = discounted sum of step_reward on obs[:, :T]: fails
+    if the final observation (index T) is scored or the mask is ignored."""
+    rm = RewardModel(SPEC, RewardModelConfig(hidden=(8,), mixer_hidden=4))
+    params = rm.init(jax.random.PRNGKey(0))
+    ep = _episodes(jax.random.PRNGKey(1), 4, 6, SPEC)
+    got = jax.jit(lambda p, o, a, s, m: rm.trajectory_scores(
+        p, StepBatchEp(o, a, s, m), 0.95))(params, ep.obs, ep.actions, ep.global_state, ep.mask)
+    r = _np_reward(params, SPEC, rm.config, ep.obs[:, :6], ep.actions, ep.global_state[:, :6])
+    want = (r * (0.95 ** np.arange(6))[None] * np.asarray(ep.mask)).sum(1)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_input_gets_one_line_errors():
+    """Unknown sources/mixing and wrong shapes are refused with a message:
+    fails if they pass silently."""
+    with pytest.raises(ValueError, match="unknown reward source"):
+        source_roles("demo-demo")
+    assert source_roles("init-sft") == ("init", "sft")
+    with pytest.raises(ValueError, match="mixing"):
+        RewardModelConfig(mixing="qmix")
+    with pytest.raises(ValueError, match="hidden"):
+        RewardModelConfig(hidden=(0,))
+    rm = RewardModel(SPEC, RewardModelConfig(hidden=(8,)))
+    params = rm.init(jax.random.PRNGKey(0))
+    with pytest.raises(AssertionError):
+        rm.step_reward(params, jnp.zeros((2, N, O + 1)), jnp.zeros((2, N), jnp.int32),
+                       jnp.zeros((2, S)))
+    with pytest.raises(ValueError, match="lr"):
+        rm.check_hparams(rm.default_hparams(lr=-1.0))
