@@ -177,3 +177,120 @@ def test_kl_penalty_estimates_the_kl_in_expectation():
     pen = -np.asarray(kl_penalized_reward(jnp.zeros(a.shape[0]), lp, lq, 1.0))
     kl = float(np.sum(p * np.log(p / q)))
     assert abs(pen.mean() - kl) < 0.01
+
+
+# --------------------------------------------------------------------------
+# The reward hook of the teacher trainer
+# --------------------------------------------------------------------------
+import envs  # noqa: E402
+import test_teachers as tt  # noqa: E402  (registers the toy environments)
+from fast_compile import FAST_COMPILE, fast_call  # noqa: E402
+from jaxil.teachers import make_train  # noqa: E402
+from jaxil.teachers.ppo import RewardHook  # noqa: E402
+
+
+@pytest.mark.slow  # ~30 s of compilation on a shared 2-core CPU
+def test_reward_hook_replaces_the_environment_reward():
+    """Two seeds in one vmapped program, one trained on +r_env and one on
+    −r_env through the hook (the sign is the hook's state): the first learns
+    to pick the target, the second to avoid it, while `return_mean` keeps
+    reporting the TRUE return and `learned_reward` the hook's. Fails if the
+    hook's reward is ignored (both learn alike), if its state is not carried
+    per seed, or if the true return is replaced by the learned one."""
+    cfg = tt.TINY.replace(total_timesteps=12 * 2 * 16 * 8, lr=1e-2)
+    hook = RewardHook(reward=lambda sign, actor_params, b: sign * b.env_reward)
+    train = make_train(envs.make("toy:masked"), cfg, hook)
+    keys = jax.random.split(jax.random.PRNGKey(0), 2)
+    signs = jnp.array([1.0, -1.0])
+    runner, m = jax.jit(jax.vmap(train)).lower(keys, signs).compile(FAST_COMPILE)(keys, signs)
+    ret = np.asarray(m["return_mean"])
+    assert ret[0, -2:].mean() > ret[0, :2].mean() + 0.6, ret  # learns the target
+    assert ret[1, -2:].mean() < ret[1, :2].mean() - 0.6, ret  # learns to avoid it
+    np.testing.assert_allclose(np.asarray(m["learned_reward"]),
+                               np.asarray(m["env_reward"]) * np.asarray(signs)[:, None], rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(runner.reward), np.asarray(signs))
+
+
+def test_reward_hook_refuses_bad_settings():
+    """A KL penalty without a reference policy, a negative coefficient, and a
+    reward state without a hook are named."""
+    env = envs.make("toy:masked")
+    r = lambda s, p, b: b.env_reward  # noqa: E731
+    with pytest.raises(ValueError, match="ref_log_prob"):
+        make_train(env, tt.TINY, RewardHook(reward=r, kl_coef=0.1))
+    with pytest.raises(ValueError, match="kl_coef must be a number >= 0"):
+        make_train(env, tt.TINY, RewardHook(reward=r, kl_coef=-1.0))
+    from jaxil.teachers.ppo import make_ppo
+
+    with pytest.raises(ValueError, match="reward_state exactly when"):
+        make_ppo(env, tt.TINY).init(jax.random.PRNGKey(0), 1.0)
+
+
+# --------------------------------------------------------------------------
+# GAIL driver: kill and resume
+# --------------------------------------------------------------------------
+from jaxil.irl.adversarial import (  # noqa: E402
+    AdversarialConfig,
+    demos_from_dataset,
+    stack_demos,
+    train_adversarial,
+)
+from jaxil.rundir import read_jsonl  # noqa: E402
+
+SMALL = tt.TINY.replace(num_envs=8, num_steps=8, update_epochs=1, num_minibatches=1,
+                        updates_per_chunk=1, total_timesteps=3 * 64)
+GAIL = AdversarialConfig(method="gail", hidden=(8,), mixer_hidden=4, disc_batch=32,
+                         disc_lr=1e-3, disc_steps=2, kl_coef=0.05, sft_updates=5,
+                         sft_batch=32, eval_episodes=8)
+
+
+def _target_expert(params, obs, avail, key):
+    return jnp.argmax(obs[:, :4], axis=-1).astype(jnp.int32)
+
+
+@pytest.fixture(scope="module")
+def toy_demos():
+    env = envs.make("toy:masked")
+    ep = fast_call(lambda k: envs.run_episodes(env, _target_expert, None, k, 3),
+                   jax.random.PRNGKey(5))
+    # One demonstration set per seed (2 and 3 trajectories: padding in play).
+    return env, stack_demos([demos_from_dataset(ep, [0, 1]), demos_from_dataset(ep, [0, 1, 2])])
+
+
+def test_gail_resume_reproduces_the_uninterrupted_run(toy_demos, tmp_path):
+    """GAIL (team discriminator, 2 discriminator steps per
+    PPO iteration, KL to π_SFT), 2 seeds vmapped: 3 chunks straight vs 1
+    chunk, a stop, and --resume. Metrics rows and the final state (actor,
+    critic, discriminator, its Adam state, keys) must be identical. Fails if
+    any randomness or state lives outside the checkpoint (a key drawn from
+    the wall clock, the discriminator not saved, the SFT redone on resume
+    over the restored actor), or rows past the checkpoint are kept twice.
+    Also: at the first update the policy IS π_SFT, so the KL estimate is 0."""
+    env, demos = toy_demos
+    kw = dict(seeds=2, progress=False, compiler_options=FAST_COMPILE)
+    full = train_adversarial(env, SMALL, GAIL, demos, out_dir=tmp_path / "full", **kw)
+    part = train_adversarial(env, SMALL, GAIL, demos, out_dir=tmp_path / "part",
+                             stop_after_chunks=1, **kw)
+    assert not part["complete"] and full["complete"]
+    with pytest.raises(FileExistsError, match="--resume"):
+        train_adversarial(env, SMALL, GAIL, demos, out_dir=tmp_path / "part", **kw)
+    with pytest.raises(ValueError, match="differ from the run.*config"):
+        train_adversarial(env, SMALL, GAIL.__class__(**dict(GAIL.to_dict(), hidden=(8,),
+                                                             disc_steps=3)),
+                          demos, out_dir=tmp_path / "part", resume=True, **kw)
+    res = train_adversarial(env, SMALL, GAIL, demos, out_dir=tmp_path / "part", resume=True, **kw)
+    assert res["complete"]
+    strip = lambda rows: [{k: v for k, v in r.items() if "time" not in k} for r in rows]  # noqa: E731
+    rows_full = strip(read_jsonl(tmp_path / "full" / "metrics.jsonl"))
+    rows_res = strip(read_jsonl(tmp_path / "part" / "metrics.jsonl"))
+    assert [r["chunk"] for r in rows_full] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert rows_full == rows_res
+    for a, b in zip(jax.tree.leaves(full["states"]), jax.tree.leaves(res["states"])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    first = [r for r in rows_full if r["chunk"] == 1]
+    assert all(r["kl"] == 0.0 for r in first), first
+    assert all(np.isfinite(r["disc_loss"]) and r["grad_penalty"] == 0 for r in first)
+    # The two seeds have different demonstrations and different discriminators.
+    d = full["states"].reward.disc.params
+    leaf = np.asarray(jax.tree.leaves(d)[0])
+    assert not np.array_equal(leaf[0], leaf[1])

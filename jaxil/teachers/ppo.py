@@ -252,6 +252,8 @@ def make_ppo(env: MultiAgentEnv, config: PPOConfig,
         return critic.apply(params, critic_input(obs, global_state))[..., 0]
 
     def init(key: jax.Array, reward_state: Any = None) -> RunnerState:
+        if (reward_state is None) != (hook is None):
+            raise ValueError("init needs a reward_state exactly when make_ppo has a reward_hook")
         k_actor, k_critic, k_env, key = jax.random.split(key, 4)
         obs0 = jnp.zeros((n, spec.obs_dim), jnp.float32)
         gs0 = jnp.zeros((spec.state_dim,), jnp.float32)
@@ -261,8 +263,6 @@ def make_ppo(env: MultiAgentEnv, config: PPOConfig,
             tx=make_tx(),
         )
         env_state, ts = jax.vmap(env.reset)(jax.random.split(k_env, E))
-        if (reward_state is None) != (hook is None):
-            raise ValueError("init needs a reward_state exactly when make_ppo has a reward_hook")
         return RunnerState(actor_ts, critic_ts, env_state, ts, key, jnp.int32(0), reward_state)
 
     def env_step(carry, _):
