@@ -176,6 +176,7 @@ def test_loss_gradient_penalty_is_the_shared_penalty(mixing):
     np.testing.assert_allclose(loss, m["disc_loss"] + 0.3 * gp, rtol=1e-6)
 
 
+@pytest.mark.slow  # 100 vmapped updates with the gradient penalty: ~30 s on a busy CPU
 def test_update_learns_to_separate_and_is_vmappable():
     """update_n on two separable sources drives the accuracy up and the reward
     of positives above negatives, for two seeds vmapped at once; padded
