@@ -661,3 +661,17 @@ def summarize(rows: list[dict], ids: list[dict]) -> dict:
                          returns=ret.tolist(),
                          win_rate_mean=float(np.mean([r["eval_win_rate"] for r in sel])))
     return out
+
+
+def format_summary(summary: dict) -> str:
+    """Two lines: the initial (π_SFT / BC) and the final evaluation."""
+    lines = []
+    for name, label in (("initial", "chunk 0 (π_SFT: BC)"), ("final", "final")):
+        if name in summary:
+            e = summary[name]
+            lines.append(f"{summary.get('method', '').upper()} {label:<20} chunk {e['chunk']:>4}: "
+                         f"return {e['return_mean']:.3f} ± {e['return_std']:.3f}, "
+                         f"win rate {e['win_rate_mean']:.3f}")
+    lines.append(f"wall time {summary.get('wall_seconds', 0.0):.1f}s"
+                 + ("" if summary.get("complete", True) else " (stopped early; --resume continues)"))
+    return "\n".join(lines)

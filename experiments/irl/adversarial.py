@@ -1,0 +1,210 @@
+"""GAIL and AIRL against BC at the same (small) number of demonstrations.
+
+    python experiments/irl/adversarial.py                 # the committed results (CPU, ~30 min)
+    python experiments/irl/adversarial.py --scale 4       # 4x the PPO budget per run
+    python experiments/irl/adversarial.py --quick         # smoke run, one env, minutes
+    python experiments/irl/adversarial.py --envs smax:3m --demos 5
+
+Per environment (SMAX 3m, LevelBasedForaging, MPE spread) and seed (4), the
+demonstrations are ``--demos`` trajectories of the ε-noised expert of
+experiments/irl/common.py (seed s gets trajectories [s·d, (s+1)·d) of one
+dataset: disjoint sets). Every run starts from π_SFT (BC on its own
+demonstrations); GAIL and AIRL then alternate discriminator steps and PPO
+(jaxil.irl.adversarial, one compiled program per chunk, the 4 seeds
+vmapped). BC's return is the chunk-0 evaluation of the same runs (same
+policy, same 64 start states as every later evaluation), so the BC column is
+the very policy GAIL and AIRL start from.
+
+Writes results/adversarial.json, results/adversarial.md (the table) and
+results/adversarial_curves.png (true return and learned reward over training).
+Run directories go under runs/experiments/irl/adversarial/ (resumable: a
+killed run continues where it stopped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from experiments.irl.common import ENVS, demonstrations  # noqa: E402
+
+OUT = ROOT / "experiments" / "irl" / "results"
+RUNS = ROOT / "runs" / "experiments" / "irl" / "adversarial"
+SEEDS = 4
+
+
+def ppo_config(env_id: str, scale: float, quick: bool):
+    from jaxil.teachers import PPOConfig
+
+    chunks = 4 if quick else max(1, int(round(20 * scale)))
+    num_envs, num_steps, k = 32, 32, 5
+    return PPOConfig(algo="mappo", total_timesteps=chunks * k * num_envs * num_steps,
+                     num_envs=num_envs, num_steps=num_steps, update_epochs=4,
+                     num_minibatches=4, lr=3e-4, anneal_lr=True, gamma=0.99,
+                     ent_coef=0.01, hidden_sizes=(64, 64), activation="relu",
+                     updates_per_chunk=k)
+
+
+# The settings of each method (the stabilisers: see README.md).
+METHODS = {
+    "gail": dict(method="gail", mixing="hyper", reward_form="logit", disc_steps=2,
+                 gp_coef=1.0, kl_coef=0.05),
+    "airl": dict(method="airl", mixing="hyper", reward_form="logit", disc_steps=2,
+                 gp_coef=1.0, kl_coef=0.05),
+}
+
+
+def run_env(env_id: str, args) -> dict:
+    import envs
+    from jaxil.irl.adversarial import AdversarialConfig, demos_from_dataset, stack_demos, \
+        train_adversarial
+
+    # B's 200-trajectory dataset of experiments/irl/common.py (shared with best-of-N)
+    ds, info = demonstrations(env_id, num_demos=200, seed=0)
+    if SEEDS * args.demos > 200:
+        raise ValueError(f"--demos {args.demos} x {SEEDS} seeds exceeds the 200 trajectories")
+    per_seed = [demos_from_dataset(ds, range(s * args.demos, (s + 1) * args.demos))
+                for s in range(SEEDS)]
+    seed_returns = [float(np.mean(np.asarray(ds.episode_return)[s * args.demos:(s + 1) * args.demos]))
+                    for s in range(SEEDS)]
+    demos = stack_demos(per_seed)
+    env = envs.make(env_id)
+    cfg = ppo_config(env_id, args.scale, args.quick)
+    out = dict(env_id=env_id, demos=info, demos_per_seed=args.demos,
+               demo_return_per_seed=seed_returns, ppo=cfg.to_dict(), methods={})
+    for name in args.methods:
+        acfg = AdversarialConfig(hidden=(64, 64), mixer_hidden=32, disc_batch=256,
+                                 disc_lr=3e-4, sft_updates=args.sft_updates, sft_lr=1e-3,
+                                 sft_batch=256, eval_episodes=64, **METHODS[name])
+        rdir = RUNS / f"{env_id.replace(':', '_')}-{name}-{args.demos}d-x{args.scale:g}" \
+            f"{'-quick' if args.quick else ''}"
+        t0 = time.time()
+        resume = (rdir / "run.json").exists()
+        summary = train_adversarial(env, cfg, acfg, demos, seeds=SEEDS, base_seed=0,
+                                    out_dir=rdir, resume=resume, eval_every=5 if not args.quick else 2,
+                                    progress=not args.no_progress,
+                                    run_info=dict(experiment="experiments/irl/adversarial.py"))
+        summary.pop("states")
+        from jaxil.rundir import read_jsonl
+
+        rows = read_jsonl(rdir / "metrics.jsonl")
+        out["methods"][name] = dict(config=acfg.to_dict(), summary=summary,
+                                    wall_seconds=time.time() - t0, run_dir=str(rdir.relative_to(ROOT)),
+                                    curves=_curves(rows))
+        print(f"{env_id} {name}: BC {summary['initial']['return_mean']:.3f} ± "
+              f"{summary['initial']['return_std']:.3f} -> {summary['final']['return_mean']:.3f} ± "
+              f"{summary['final']['return_std']:.3f} ({time.time() - t0:.0f}s)", flush=True)
+    return out
+
+
+def _curves(rows: list[dict]) -> dict:
+    """Per chunk: the mean ± std over seeds of the true eval return and of the
+    per-step learned and environment rewards of the training rollouts."""
+    chunks = sorted({r["chunk"] for r in rows})
+    out = {"chunk": chunks}
+    for key in ("eval_return", "learned_reward", "env_reward", "disc_accuracy", "kl"):
+        m, s = [], []
+        for c in chunks:
+            v = [r.get(key) for r in rows if r["chunk"] == c]
+            v = [x for x in v if x is not None]
+            m.append(float(np.mean(v)) if v else None)
+            s.append(float(np.std(v)) if v else None)
+        out[key] = m
+        out[key + "_std"] = s
+    return out
+
+
+def table(results: list[dict]) -> str:
+    lines = ["| environment | demonstrator (ε-noised expert) | BC (π_SFT) | GAIL | AIRL |",
+             "|---|---|---|---|---|"]
+    for r in results:
+        d = r["demos"]
+        cells = [f"{d['demo_return_mean']:.3f} ± {d['demo_return_std']:.3f} (ε={d['epsilon']})"]
+        first = next(iter(r["methods"].values()))["summary"]["initial"]
+        cells.append(f"{first['return_mean']:.3f} ± {first['return_std']:.3f}")
+        for name in ("gail", "airl"):
+            if name not in r["methods"]:
+                cells.append("—")
+                continue
+            f = r["methods"][name]["summary"]["final"]
+            i = r["methods"][name]["summary"]["initial"]
+            gap = f["return_mean"] - i["return_mean"]
+            mark = " ✓" if gap > max(f["return_std"], i["return_std"]) else ""
+            cells.append(f"{f['return_mean']:.3f} ± {f['return_std']:.3f} ({gap:+.3f}){mark}")
+        lines.append(f"| {r['env_id']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(results), figsize=(4.5 * len(results), 6.5), squeeze=False)
+    for j, r in enumerate(results):
+        for name, m in r["methods"].items():
+            c = m["curves"]
+            x = np.asarray(c["chunk"]) * r["ppo"]["updates_per_chunk"] * r["ppo"]["num_envs"] \
+                * r["ppo"]["num_steps"]
+            y, s = np.asarray(c["eval_return"], float), np.asarray(c["eval_return_std"], float)
+            axes[0, j].plot(x, y, label=name.upper())
+            axes[0, j].fill_between(x, y - s, y + s, alpha=0.2)
+            lr = np.asarray([np.nan if v is None else v for v in c["learned_reward"]], float)
+            axes[1, j].plot(x[1:], lr[1:], label=f"{name.upper()} learned")
+        axes[0, j].axhline(r["demos"]["demo_return_mean"], color="k", ls="--", lw=1,
+                           label="demonstrator")
+        first = next(iter(r["methods"].values()))["summary"]["initial"]
+        axes[0, j].axhline(first["return_mean"], color="gray", ls=":", lw=1, label="BC")
+        axes[0, j].set_title(r["env_id"])
+        axes[0, j].set_ylabel("true return (eval)")
+        axes[1, j].set_ylabel("learned reward per step (training)")
+        axes[1, j].set_xlabel("env steps per seed")
+        axes[0, j].legend(fontsize=7)
+        axes[1, j].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--envs", nargs="+", default=list(ENVS))
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    p.add_argument("--demos", type=int, default=10, help="demonstration trajectories per seed")
+    p.add_argument("--scale", type=float, default=1.0, help="multiplies the PPO budget")
+    p.add_argument("--sft-updates", type=int, default=1000)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--tag", default="adversarial", help="name of the result files")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.envs = args.envs[:1]
+    t0 = time.time()
+    results = [run_env(e, args) for e in args.envs]
+    OUT.mkdir(parents=True, exist_ok=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip()
+    doc = dict(command="python experiments/irl/adversarial.py " + " ".join(argv or sys.argv[1:]),
+               commit=commit, wall_seconds=time.time() - t0, seeds=SEEDS, results=results)
+    (OUT / f"{args.tag}.json").write_text(json.dumps(doc, indent=1))
+    (OUT / f"{args.tag}.md").write_text(
+        f"{table(results)}\n\nReturn after GAIL/AIRL (final − BC); ✓: the gain exceeds one std "
+        f"over seeds of both. {SEEDS} seeds, {args.demos} demonstrations per seed, "
+        f"wall time {doc['wall_seconds']:.0f} s.\n")
+    plot(results, OUT / f"{args.tag}_curves.png")
+    print(table(results))
+    print(f"wall time {doc['wall_seconds']:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
