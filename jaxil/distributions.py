@@ -1,8 +1,9 @@
-"""Policy heads as pure functions: masked categorical and box tanh-Gaussian.
+"""Policy heads as pure functions: masked categorical and three box heads
+(tanh-Gaussian, censored Gaussian, Beta).
 
 Every function works on arrays with arbitrary leading dimensions (batch,
 agents, time, ...); the last axis is the action axis (``A`` choices for the
-categorical, ``d`` dimensions for the tanh-Gaussian).
+categorical, ``d`` dimensions for the box heads).
 
 Masked categorical
     Unavailable actions get a large negative but *finite* logit, so their
@@ -21,6 +22,23 @@ Box tanh-Gaussian
 
     summed over the ``d`` dimensions (change of variables through the tanh and
     the affine map).
+
+Box censored Gaussian ("clipped" Gaussian)
+    ``u ~ N(mean, std^2)`` and ``a = clip(u, low, high)``. Its law has a point
+    mass on each bound, ``P(a = low) = Φ((low − mean)/std)`` and
+    ``P(a = high) = Φ((mean − high)/std)``, and the Gaussian density inside.
+    The log-likelihood of ``a`` (with respect to Lebesgue measure inside plus
+    a unit atom on each bound) is, per dimension, ``log Φ((low − mean)/std)``
+    on the lower bound, ``log Φ((mean − high)/std)`` on the upper one and
+    ``log N(a; mean, std)`` in between (the Tobit likelihood). Data whose
+    actions sit on the bounds (a scripted controller's clipped forces) get a
+    finite likelihood that is maximised by a mean beyond the bound, not by a
+    density that grows without limit as under the tanh-Gaussian.
+
+Box Beta
+    ``y ~ Beta(α, β)`` on ``[0, 1]`` and ``a = low + (high − low)·y``:
+    ``log p(a) = (α−1) log y + (β−1) log(1−y) − log B(α, β) − log(high − low)``.
+    A continuous density: actions on a bound are moved ``eps`` inside first.
 """
 
 from __future__ import annotations
@@ -358,3 +376,225 @@ def tanh_gaussian_mode(mean: jax.Array, low: ArrayLike = -1.0, high: ArrayLike =
       ``[..., d]`` actions in the box.
     """
     return squash(mean, low, high)
+
+
+# --------------------------------------------------------------------------
+# Censored ("clipped") Gaussian on a box.
+# --------------------------------------------------------------------------
+
+
+def clip_to_box(u: jax.Array, low: ArrayLike = -1.0, high: ArrayLike = 1.0) -> jax.Array:
+    """``a = clip(u, low, high)``: a pre-clip draw as a box action.
+
+    Args:
+      u: ``[..., d]`` pre-clip values.
+      low, high: bounds of the box, scalars or ``[d]``.
+
+    Returns:
+      ``[..., d]`` actions in the box.
+    """
+    u = jnp.asarray(u)
+    chex.assert_type(u, float)
+    return jnp.clip(u, jnp.asarray(low, u.dtype), jnp.asarray(high, u.dtype))
+
+
+def censored_gaussian_sample(
+    key: jax.Array,
+    mean: jax.Array,
+    log_std: jax.Array,
+    low: ArrayLike = -1.0,
+    high: ArrayLike = 1.0,
+) -> jax.Array:
+    """A draw ``clip(mean + exp(log_std)·ε, low, high)``, ``ε ~ N(0, I)``.
+
+    Args:
+      key: PRNG key.
+      mean, log_std: ``[..., d]`` of the pre-clip Gaussian.
+      low, high: bounds of the box, scalars or ``[d]``.
+
+    Returns:
+      ``[..., d]`` actions in the box (on a bound with the probabilities of
+      :func:`censored_gaussian_log_prob`).
+    """
+    return clip_to_box(gaussian_sample(key, mean, log_std), low, high)
+
+
+def censored_gaussian_log_prob(
+    mean: jax.Array,
+    log_std: jax.Array,
+    actions: jax.Array,
+    low: ArrayLike = -1.0,
+    high: ArrayLike = 1.0,
+    tol: float = 1e-6,
+) -> jax.Array:
+    """Log-likelihood of box actions under ``clip(N(mean, std²), low, high)``.
+
+    Per dimension, with ``z_lo = (low − mean)/std`` and ``z_hi = (mean − high)/std``:
+
+        log p(a) = log Φ(z_lo)            if a ≤ low + tol·(high − low)
+                 = log Φ(z_hi)            if a ≥ high − tol·(high − low)
+                 = log N(a; mean, std)    otherwise,
+
+    summed over the ``d`` dimensions; ``log Φ`` is ``jax.scipy.special.log_ndtr``
+    (accurate far into the tail, so a mean far inside the box still gives a
+    finite, steep loss for an action on the bound). An action outside the box
+    counts as on the nearer bound, as ``clip`` would have put it there.
+
+    Args:
+      mean: ``[..., d]`` pre-clip mean.
+      log_std: ``[..., d]`` pre-clip log standard deviation.
+      actions: ``[..., d]`` actions.
+      low, high: bounds, scalars or ``[d]``.
+      tol: how close to a bound, as a fraction of the box width, counts as on it.
+
+    Returns:
+      ``[...]`` log-likelihoods (log-probabilities on the bounds, log-densities
+      inside).
+    """
+    mean, log_std, actions = jnp.asarray(mean), jnp.asarray(log_std), jnp.asarray(actions)
+    chex.assert_equal_shape([mean, log_std, actions])
+    chex.assert_type([mean, log_std, actions], float)
+    low = jnp.asarray(low, mean.dtype)
+    high = jnp.asarray(high, mean.dtype)
+    inv_std = jnp.exp(-log_std)
+    width = tol * (high - low)
+    at_low, at_high = actions <= low + width, actions >= high - width
+    inside = _normal_log_prob(jnp.clip(actions, low, high), mean, log_std)
+    lower = jax.scipy.special.log_ndtr((low - mean) * inv_std)
+    upper = jax.scipy.special.log_ndtr((mean - high) * inv_std)
+    return jnp.sum(jnp.where(at_low, lower, jnp.where(at_high, upper, inside)), axis=-1)
+
+
+def censored_gaussian_mode(mean: jax.Array, low: ArrayLike = -1.0, high: ArrayLike = 1.0) -> jax.Array:
+    """Deterministic action ``clip(mean, low, high)`` (the clipped Gaussian's median).
+
+    Args:
+      mean: ``[..., d]`` pre-clip mean.
+      low, high: bounds, scalars or ``[d]``.
+
+    Returns:
+      ``[..., d]`` actions in the box.
+    """
+    return clip_to_box(mean, low, high)
+
+
+# --------------------------------------------------------------------------
+# Beta on a box.
+# --------------------------------------------------------------------------
+
+
+def _beta_checks(alpha, beta, *rest):
+    arrays = [jnp.asarray(x) for x in (alpha, beta) + rest]
+    chex.assert_equal_shape(arrays)
+    chex.assert_type(arrays, float)
+    return arrays
+
+
+def beta_log_prob(
+    alpha: jax.Array,
+    beta: jax.Array,
+    actions: jax.Array,
+    low: ArrayLike = 0.0,
+    high: ArrayLike = 1.0,
+    eps: float = 1e-6,
+) -> jax.Array:
+    """Log-density of box actions under ``low + (high − low)·Beta(α, β)``.
+
+    ``y = clip((a − low)/(high − low), eps, 1 − eps)``;
+
+        log p(a) = Σ_d [(α_d − 1) log y_d + (β_d − 1) log(1 − y_d)
+                        − log B(α_d, β_d) − log(high_d − low_d)].
+
+    The clip keeps actions on a bound finite (the density there is 0 or ∞);
+    it changes the density only within ``eps`` of the bounds.
+
+    Args:
+      alpha, beta: ``[..., d]`` positive concentrations.
+      actions: ``[..., d]`` actions in ``[low, high]``.
+      low, high: bounds, scalars or ``[d]``.
+      eps: distance from 0 and 1 at which ``y`` is clipped.
+
+    Returns:
+      ``[...]`` log-densities.
+    """
+    alpha, beta, actions = _beta_checks(alpha, beta, actions)
+    low = jnp.asarray(low, alpha.dtype)
+    width = jnp.asarray(high, alpha.dtype) - low
+    y = jnp.clip((actions - low) / width, eps, 1.0 - eps)
+    lp = ((alpha - 1.0) * jnp.log(y) + (beta - 1.0) * jnp.log1p(-y)
+          - jax.scipy.special.betaln(alpha, beta) - jnp.log(width))
+    return jnp.sum(lp, axis=-1)
+
+
+def beta_sample(
+    key: jax.Array,
+    alpha: jax.Array,
+    beta: jax.Array,
+    low: ArrayLike = 0.0,
+    high: ArrayLike = 1.0,
+) -> jax.Array:
+    """A draw ``low + (high − low)·y``, ``y ~ Beta(α, β)``, differentiable in
+    ``α`` and ``β`` (JAX's implicit reparameterisation of the gamma draws).
+
+    Args:
+      key: PRNG key.
+      alpha, beta: ``[..., d]`` positive concentrations.
+      low, high: bounds, scalars or ``[d]``.
+
+    Returns:
+      ``[..., d]`` actions in the box.
+    """
+    alpha, beta = _beta_checks(alpha, beta)
+    y = jax.random.beta(key, alpha, beta, dtype=alpha.dtype)
+    low = jnp.asarray(low, alpha.dtype)
+    return low + (jnp.asarray(high, alpha.dtype) - low) * y
+
+
+def beta_mode(alpha: jax.Array, beta: jax.Array, low: ArrayLike = 0.0,
+              high: ArrayLike = 1.0) -> jax.Array:
+    """Deterministic action: the most likely point of the Beta.
+
+    ``(α − 1)/(α + β − 2)`` when both are ≥ 1 (the middle for α = β = 1); the
+    lower bound when α < 1 ≤ β, the upper when β < 1 ≤ α; for a U-shaped
+    Beta (both < 1) the bound with the smaller concentration, which holds
+    more of the mass next to it.
+
+    Args:
+      alpha, beta: ``[..., d]`` positive concentrations.
+      low, high: bounds, scalars or ``[d]``.
+
+    Returns:
+      ``[..., d]`` actions in the box.
+    """
+    alpha, beta = _beta_checks(alpha, beta)
+    denom = alpha + beta - 2.0
+    interior = jnp.where(denom > 0, (alpha - 1.0) / jnp.where(denom > 0, denom, 1.0), 0.5)
+    y = jnp.where(
+        (alpha >= 1.0) & (beta >= 1.0), interior,
+        jnp.where((alpha < 1.0) & (beta < 1.0), (alpha >= beta).astype(alpha.dtype),
+                  (alpha >= 1.0).astype(alpha.dtype)))
+    low = jnp.asarray(low, alpha.dtype)
+    return low + (jnp.asarray(high, alpha.dtype) - low) * y
+
+
+def beta_entropy(alpha: jax.Array, beta: jax.Array, low: ArrayLike = 0.0,
+                 high: ArrayLike = 1.0) -> jax.Array:
+    """Differential entropy of the box Beta, summed over the last axis:
+
+        H = Σ_d [log B(α, β) − (α − 1)ψ(α) − (β − 1)ψ(β) + (α + β − 2)ψ(α + β)
+                 + log(high − low)].
+
+    Args:
+      alpha, beta: ``[..., d]`` positive concentrations.
+      low, high: bounds, scalars or ``[d]``.
+
+    Returns:
+      ``[...]`` entropies in nats.
+    """
+    alpha, beta = _beta_checks(alpha, beta)
+    dg = jax.scipy.special.digamma
+    width = jnp.asarray(high, alpha.dtype) - jnp.asarray(low, alpha.dtype)
+    h = (jax.scipy.special.betaln(alpha, beta) - (alpha - 1.0) * dg(alpha)
+         - (beta - 1.0) * dg(beta) + (alpha + beta - 2.0) * dg(alpha + beta)
+         + jnp.broadcast_to(jnp.log(width), alpha.shape))
+    return jnp.sum(h, axis=-1)

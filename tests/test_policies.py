@@ -3,6 +3,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import envs
 from envs.policies import as_policy, epsilon_mixture, random_policy
@@ -123,3 +124,87 @@ def test_run_episodes_matches_a_step_by_step_reference_and_stops_early():
     # padding after the end: zeros, masked out
     assert not eps.mask[0, length:].any() and not np.asarray(eps.actions[0, length:]).any()
     assert not np.asarray(eps.obs[0, length + 1:]).any()
+
+
+# ------------------------------------------------ box heads of jaxil.policy.PolicyNet
+
+
+def _box_spec(low=0.0, high=1.0, dim=2):
+    from envs.core import ContinuousActions, EnvSpec
+
+    return EnvSpec("test:box", num_agents=3, obs_dim=4, state_dim=4,
+                   action=ContinuousActions(dim=dim, low=low, high=high), max_steps=10)
+
+
+def test_policy_box_head_defaults_and_bad_choices():
+    """Learners' policies (log-std from the network) default to the censored
+    Gaussian; PPO teachers (log-std parameter) keep the tanh-Gaussian their
+    shipped checkpoints were trained with (a default flipped for teachers
+    would make every shipped MPE/MABrax teacher act differently); unknown or
+    impossible heads are refused with the fix named."""
+    from jaxil.learners import make_learner
+    from jaxil.policy import PolicyNet
+    from jaxil.teachers import PPOConfig, make_actor
+
+    spec = _box_spec()
+    assert PolicyNet(spec, (8,)).box == "censored_gaussian"
+    assert PolicyNet(spec, (8,), log_std="param").box == "tanh_gaussian"
+    assert make_actor(spec, PPOConfig(hidden_sizes=(8,))).box == "tanh_gaussian"
+    assert PolicyNet(envs.make("smax:3m").spec, (8,), box="beta").box is None  # discrete: no box head
+    with pytest.raises(ValueError, match="box must be one of"):
+        PolicyNet(spec, (8,), box="gaussian")
+    with pytest.raises(ValueError, match='log_std="state"'):
+        PolicyNet(spec, (8,), box="beta", log_std="param")
+    # BC's student on a box environment acts under the censored head: its
+    # deterministic action is the clipped mean, not the squashed one.
+    learner = make_learner("bc_expert", spec, hidden=(8,))
+    params = jax.tree.map(lambda x: 20.0 * x, learner.init(jax.random.PRNGKey(0)).params)
+    obs = jnp.asarray(np.random.default_rng(0).normal(size=(3, 4)), jnp.float32)
+    a = np.asarray(learner.act(params, obs, None, jax.random.PRNGKey(1), True))
+    assert np.any(a == 0.0) or np.any(a == 1.0), a  # a tanh would never reach a bound exactly
+
+
+@pytest.mark.parametrize("box", ["censored_gaussian", "tanh_gaussian",
+                                 pytest.param("beta", marks=pytest.mark.slow)])  # beta: ~15 s compiling its gamma sampler
+def test_policy_box_heads_score_what_they_sample(box):
+    """For every box head, ``log_prob`` is the law ``act`` samples from (a
+    head sampled one way and scored another, or a density on the wrong
+    interval, fails): a histogram of the sampled actions matches the density
+    integrated over each bin, and the censored head puts probability
+    exp(log_prob(bound)) on each bound; the raw log-probability PPO would use
+    for the censored head is the pre-clip Gaussian's of the draw."""
+    from jaxil import distributions as D
+    from jaxil.policy import PolicyNet
+
+    low, high = -1.0, 2.0
+    spec = _box_spec(low, high, dim=1)
+    obs = jnp.asarray(np.random.default_rng(1).normal(size=(3, 4)), jnp.float32)
+    keys = jax.random.split(jax.random.PRNGKey(2), 10_000)
+    edges = np.linspace(low, high, 16)
+    fine = np.linspace(low + 1e-4, high - 1e-4, 3001)
+    net = PolicyNet(spec, (16,), box=box)
+    params = jax.tree.map(lambda x: 2.0 * x, net.init(jax.random.PRNGKey(3)))
+    acts = np.asarray(jax.jit(jax.vmap(lambda k: net.act(params, obs, None, k)))(keys))[..., 0]
+    assert np.all(acts >= low) and np.all(acts <= high), box
+    grid = jnp.broadcast_to(jnp.asarray(fine, jnp.float32)[:, None, None], (fine.size, 3, 1))
+    dens = np.exp(np.asarray(jax.vmap(lambda a: net.log_prob(params, obs, None, a))(grid), np.float64))
+    for i in range(3):
+        cdf = np.concatenate([[0.0], np.cumsum((dens[1:, i] + dens[:-1, i]) / 2 * np.diff(fine))])
+        p_bins = np.diff(np.interp(edges, fine, cdf))
+        interior = (acts[:, i] > low) & (acts[:, i] < high)
+        freq = np.histogram(acts[interior, i], edges)[0] / len(keys)
+        se = np.sqrt(p_bins * (1 - p_bins) / len(keys))
+        # (the two end bins left out: the Beta's density may be singular at a
+        # bound, beyond what the trapezoid integrates)
+        ok = np.abs(freq - p_bins) < 5 * se + 3e-3
+        assert np.all(ok[1:-1]), (box, i, freq, p_bins)
+    if box == "censored_gaussian":
+        for bound in (low, high):
+            p = np.exp(np.asarray(net.log_prob(params, obs, None, jnp.full((3, 1), bound)), np.float64))
+            freq = (acts == bound).mean(0)
+            assert np.all(np.abs(freq - p) < 5 * np.sqrt(p * (1 - p) / len(keys)) + 2e-3), (bound, freq, p)
+        raw, lp = net.sample_raw(params, obs, None, keys[0])
+        mean, log_std = net.head(params, obs)
+        np.testing.assert_allclose(np.asarray(lp), np.asarray(D.gaussian_log_prob(mean, log_std, raw)),
+                                   rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(net.to_env_action(raw)), np.clip(np.asarray(raw), low, high))
