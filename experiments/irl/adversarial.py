@@ -45,7 +45,7 @@ SEEDS = 4
 def ppo_config(env_id: str, scale: float, quick: bool):
     from jaxil.teachers import PPOConfig
 
-    chunks = 4 if quick else max(1, int(round(20 * scale)))
+    chunks = 2 if quick else max(1, int(round(20 * scale)))
     num_envs, num_steps, k = 32, 32, 5
     return PPOConfig(algo="mappo", total_timesteps=chunks * k * num_envs * num_steps,
                      num_envs=num_envs, num_steps=num_steps, update_epochs=4,
@@ -90,7 +90,7 @@ def run_env(env_id: str, args) -> dict:
         t0 = time.time()
         resume = (rdir / "run.json").exists()
         summary = train_adversarial(env, cfg, acfg, demos, seeds=SEEDS, base_seed=0,
-                                    out_dir=rdir, resume=resume, eval_every=5 if not args.quick else 2,
+                                    out_dir=rdir, resume=resume, eval_every=1,
                                     progress=not args.no_progress,
                                     run_info=dict(experiment="experiments/irl/adversarial.py"))
         summary.pop("states")
@@ -189,8 +189,11 @@ def main(argv=None) -> int:
     if args.quick:
         args.envs = args.envs[:1]
     t0 = time.time()
-    results = [run_env(e, args) for e in args.envs]
     OUT.mkdir(parents=True, exist_ok=True)
+    results = []
+    for e in args.envs:
+        results.append(run_env(e, args))
+        (OUT / f"{args.tag}.partial.json").write_text(json.dumps(results, indent=1))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True).stdout.strip()
     doc = dict(command="python experiments/irl/adversarial.py " + " ".join(argv or sys.argv[1:]),

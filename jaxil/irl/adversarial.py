@@ -530,7 +530,6 @@ def train_adversarial(
         _check_demos(spec, demos, per_run)
 
     keys = jnp.stack([jax.random.PRNGKey(base_seed + s) for s in range(seeds)])
-    init_fn = jax.vmap(prog.init, in_axes=(0, 0 if per_run else None, None))
     chunk_fn = jax.vmap(prog.ppo.update_chunk_checked)
     eval_fn = jax.vmap(prog.evaluate, in_axes=(0, None))
     eval_key = jax.random.PRNGKey(base_seed + 10_000)
@@ -546,8 +545,14 @@ def train_adversarial(
     if out_dir:  # before any compilation: a refused resume costs nothing
         rd = open_run_dir(out_dir, identity, resume=resume, overwrite=overwrite,
                           step_key="chunk", info=dict(run_info or {}))
-    states, sft_losses, sft_health = compiled("init", init_fn, keys, demos, reward_params)(
-        keys, demos, reward_params)
+    # The runs are initialised one at a time (one compiled program) and
+    # stacked: a vmapped init of SMAX 3m with π_SFT stalled XLA:CPU (every
+    # thread waiting, no progress; reproduced twice), the vmapped chunk runs.
+    demos_of = (lambda i: jax.tree.map(lambda x: x[i], demos)) if per_run else (lambda i: demos)
+    init_one = compiled("init", prog.init, keys[0], demos_of(0), reward_params)
+    states, sft_losses, sft_health = jax.tree.map(
+        lambda *xs: jnp.stack(xs), *[init_one(keys[i], demos_of(i), reward_params)
+                                     for i in range(seeds)])
     if rd:
         if rd.latest is not None:
             states = rd.checkpointer.restore(states, rd.latest)
