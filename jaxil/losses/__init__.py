@@ -4,6 +4,13 @@ Each function checks its shapes with chex, states its equation and reference
 in its docstring, and is tested against a float64 numpy reference.
 """
 
+from jaxil.losses.adversarial import (
+    agent_discriminator_loss,
+    airl_logits,
+    airl_shaped_reward,
+    gail_reward,
+    kl_penalized_reward,
+)
 from jaxil.losses.bc import agent_weighted_bc_loss, weighted_bc_loss
 from jaxil.losses.dice import (
     dice_advantage,
@@ -31,8 +38,11 @@ from jaxil.losses.value import gumbel_value_loss, gumbel_weights
 
 __all__ = [
     "SurrogateStats",
+    "agent_discriminator_loss",
     "agent_gradient_penalty",
     "agent_weighted_bc_loss",
+    "airl_logits",
+    "airl_shaped_reward",
     "bounded_reward",
     "clipped_surrogate_loss",
     "clipped_value_loss",
@@ -42,10 +52,12 @@ __all__ = [
     "discounted_score",
     "discriminator_loss",
     "gae",
+    "gail_reward",
     "gradient_penalty",
     "gumbel_value_loss",
     "gumbel_weights",
     "log_ratio_score",
+    "kl_penalized_reward",
     "normalize_advantages",
     "nu_gradient_penalty",
     "nu_penalty_points",
