@@ -24,6 +24,7 @@ import numpy as np
 import envs
 from jaxil.learners import LearnerData, make_learner
 from jaxil.phase1.pairs import dataset_id
+from jaxil.policy import DEFAULT_BOX
 from jaxil.resume import ResultCache
 from jaxil.data.recipes import sidecar_path
 from jaxil.train import dataset_path, expand_grid, expert_labels, load_dataset, train
@@ -60,6 +61,8 @@ def run_env(name: str, args) -> list[dict]:
     settings = dict({k: getattr(args, k) for k in ("seeds", "updates", "evals", "eval_episodes",
                                                    "batch_size", "hidden", "seed", "data_seed")},
                     dataset=dataset_id(ds))
+    if not ds.spec.discrete:  # the box head of the learners' policies (jaxil.policy.DEFAULT_BOX)
+        settings["policy_box"] = DEFAULT_BOX["state"]
     cache = ResultCache(Path(args.out) / f".cache-{name}.json", settings, {"row:": tuple(settings)})
     rows = []
     for algo in args.algos:
