@@ -555,7 +555,7 @@ def train_adversarial(
                                      for i in range(seeds)])
     if rd:
         if rd.latest is not None:
-            states = rd.checkpointer.restore(states, rd.latest)
+            states = _unpack(rd.checkpointer.restore(_pack(states), rd.latest), states)
             start = rd.latest
         rows = rd.rows
     labels = [f"seed {i['seed']}" + (f" ({out_dir})" if out_dir else "") for i in ids]
@@ -584,7 +584,7 @@ def train_adversarial(
         record(0, zero, compiled("eval", eval_fn, states.actor.params, eval_key)(
             states.actor.params, eval_key))
         if rd:
-            rd.save(0, states)
+            rd.save(0, _pack(states))
     exec_chunk = compiled("chunk", chunk_fn, states)
     exec_eval = compiled("eval", eval_fn, states.actor.params, eval_key)
     end = chunks if stop_after_chunks is None else min(chunks, int(stop_after_chunks))
@@ -607,7 +607,7 @@ def train_adversarial(
                 ep = exec_eval(states.actor.params, eval_key)
                 record(chunk, jax.device_get(m), ep)
                 if rd:
-                    rd.save(chunk, states)
+                    rd.save(chunk, _pack(states))
                     last_saved = chunk
                 if bar:
                     post = dict(ret=f"{np.asarray(ep.episode_return).mean():.3f}")
@@ -627,6 +627,19 @@ def train_adversarial(
         rd.close()
     summary["states"] = states
     return summary
+
+
+def _pack(tree: Any) -> Any:
+    """``tree`` with its zero-size leaves (e.g. MPE's ``avail [.., 0]``) as
+    None: orbax refuses to save them."""
+    return jax.tree.map(lambda x: None if np.size(x) == 0 else x, tree)
+
+
+def _unpack(packed: Any, template: Any) -> Any:
+    """Undo :func:`_pack`: the zero-size leaves come from ``template``."""
+    leaves, treedef = jax.tree.flatten(template)
+    it = iter(jax.tree.leaves(packed))
+    return jax.tree.unflatten(treedef, [x if np.size(x) == 0 else next(it) for x in leaves])
 
 
 def _digest(tree: Any) -> str:

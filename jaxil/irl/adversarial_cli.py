@@ -65,15 +65,42 @@ def _ppo_config(args):
                      anneal_lr=not args.no_anneal)
 
 
-def _load_reward_model(path: str, spec):
-    """``(RewardModelConfig, params)`` of a ``jaxil irl reward-model`` run."""
-    from jaxil.irl import reward_model as rm_mod
+def _load_reward_model(path: str, spec, seed_index: int = 0):
+    """``(RewardModelConfig, params)`` of seed ``seed_index`` of a
+    ``jaxil irl reward-model`` run directory (its latest checkpoint)."""
+    import json
+    from pathlib import Path
 
-    loader = getattr(rm_mod, "load_reward_model", None)
-    if loader is None:
-        raise ValueError("this jaxil has no reward-model loader (jaxil.irl.reward_model."
-                         "load_reward_model); train and pass reward_params from Python")
-    return loader(path, spec)
+    import jax
+
+    from jaxil.checkpoint import Checkpointer
+    from jaxil.irl.reward_model import RewardModel, RewardModelConfig
+    from jaxil.irl.sources import init_reward_states
+
+    rdir = Path(path)
+    try:
+        ident = json.loads((rdir / "run.json").read_text()).get("identity") or {}
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--reward-model {rdir} holds no run.json: pass a directory "
+                                "written by `jaxil irl reward-model --out`") from None
+    if ident.get("command") != "irl reward-model":
+        raise ValueError(f"--reward-model {rdir} is not a `jaxil irl reward-model` run")
+    c = dict(ident["config"])
+    c["hidden"] = tuple(c["hidden"])
+    config = RewardModelConfig(**c)
+    seeds = list(ident["seeds"])
+    if not 0 <= seed_index < len(seeds):
+        raise ValueError(f"--reward-seed {seed_index}: {rdir} holds {len(seeds)} seeds")
+    rm = RewardModel(spec, config)
+    like = init_reward_states(rm, seeds, ident["base_seed"])
+    ck = Checkpointer(rdir / "checkpoints")
+    try:
+        if ck.latest_step() is None:
+            raise FileNotFoundError(f"--reward-model {rdir} has no checkpoint yet; train it first")
+        states = ck.restore(like)
+    finally:
+        ck.close()
+    return config, jax.tree.map(lambda x: x[seed_index], states.params)
 
 
 def _run(args) -> int:
@@ -88,10 +115,11 @@ def _run(args) -> int:
               sft_batch=args.sft_batch, kl_coef=args.kl_coef, eval_episodes=args.eval_episodes,
               deterministic_eval=args.deterministic_eval)
     if method == "ppo":
-        rm_config, reward_params = _load_reward_model(args.reward_model, env.spec)
+        rm_config, reward_params = _load_reward_model(args.reward_model, env.spec,
+                                                      args.reward_seed)
         kw.update(mixing=rm_config.mixing, hidden=rm_config.hidden,
                   mixer_hidden=rm_config.mixer_hidden, reward_form=args.reward_form or "logit")
-        rm_info = dict(reward_model=str(args.reward_model))
+        rm_info = dict(reward_model=str(args.reward_model), reward_seed=args.reward_seed)
     else:
         kw.update(mixing=args.mixing, hidden=tuple(args.disc_hidden),
                   mixer_hidden=args.mixer_hidden, disc_steps=args.disc_steps,
@@ -132,6 +160,8 @@ def _add_arguments(p: argparse.ArgumentParser, method: str) -> None:
     if method == "ppo":
         p.add_argument("--reward-model", required=True,
                        help="a `jaxil irl reward-model` run directory (the fixed reward)")
+        p.add_argument("--reward-seed", type=nonneg_int, default=0,
+                       help="which of its seeds' reward model to use")
     p.add_argument("--seeds", type=positive_int, default=1)
     p.add_argument("--seed", type=nonneg_int, default=0, help="base seed")
     g = p.add_argument_group("PPO (the teacher trainer)")
