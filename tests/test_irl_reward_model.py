@@ -340,3 +340,63 @@ def test_bad_input_gets_one_line_errors():
                        jnp.zeros((2, S)))
     with pytest.raises(ValueError, match="lr"):
         rm.check_hparams(rm.default_hparams(lr=-1.0))
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def test_cli_refuses_bad_arguments(tmp_path, capsys):
+    """Out-of-range counts and a directory that is no reward-model run get a
+    one-line error and a non-zero exit: fails if they reach the training."""
+    from jaxil.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["irl", "reward-model", "--dataset", "x.npz", "--out", str(tmp_path / "r"),
+              "--updates", "0"])
+    assert e.value.code == 2
+    assert "must be in [1, inf)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["irl", "reward-model", "--dataset", "x", "--out", "o", "--source", "demo-sft"])
+    assert main(["irl", "bon", "--reward", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "holds no run.json" in err and len(err.strip().splitlines()) == 1
+    assert main(["irl", "reward-model", "--dataset", "x.npz", "--out", str(tmp_path / "r"),
+                 "--updates", "10", "--eval-every", "4"]) == 1
+    assert "multiple of --eval-every" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # builds a dataset, trains π_SFT and two reward models, runs best-of-N
+def test_cli_reward_model_resume_reproduces_and_bon_runs(tmp_path, capsys):
+    """A run stopped after one chunk and resumed with --resume ends with the
+    same checkpoint and metrics as the uninterrupted run; bon reads it. Fails
+    if the resumed run reinitialises the model, redraws the source rollouts,
+    or replays the wrong keys."""
+    import json as _json
+
+    from jaxil.checkpoint import Checkpointer
+    from jaxil.cli import main
+    from jaxil.data import recipes
+
+    data = tmp_path / "demos.npz"
+    recipes.build("mpe-simple_spread/medium", out_path=data, counts={"medium": 6},
+                  measure_episodes=0, progress=False)
+    common = ["irl", "reward-model", "--dataset", str(data), "--seeds", "2", "--eval-every", "3",
+              "--hidden", "16", "--sft-hidden", "16", "--sft-updates", "10", "--rollouts", "4",
+              "--eval-episodes", "4", "--batch-size", "32", "--no-progress"]
+    assert main(common + ["--updates", "6", "--out", str(tmp_path / "full")]) == 0
+    assert main(common + ["--updates", "3", "--out", str(tmp_path / "cut")]) == 0
+    assert main(common + ["--updates", "6", "--out", str(tmp_path / "cut"), "--resume"]) == 0
+    rows = lambda d: (tmp_path / d / "metrics.jsonl").read_text().splitlines()  # noqa: E731
+    assert rows("full") == rows("cut") and len(rows("full")) == 4
+    a = Checkpointer(tmp_path / "full" / "checkpoints")
+    b = Checkpointer(tmp_path / "cut" / "checkpoints")
+    chex.assert_trees_all_equal(a.manager.restore(6), b.manager.restore(6))
+    a.close(), b.close()
+    assert main(common + ["--updates", "6", "--out", str(tmp_path / "cut"), "--resume",
+                          "--source", "sft-demo"]) == 1
+    assert "source" in capsys.readouterr().err
+    assert main(["irl", "bon", "--reward", str(tmp_path / "full"), "--start-states", "2",
+                 "--rollouts", "4"]) == 0
+    doc = _json.loads((tmp_path / "full" / "bon.json").read_text())
+    assert doc["ns"] == [1, 2, 4] and len(doc["per_seed"]) == 2
+    assert set(doc["per_seed"][0]["rewards"]) == {"init-sft", "analytic"}
