@@ -357,6 +357,7 @@ def test_cli_refuses_bad_arguments(tmp_path, capsys):
     assert "must be in [1, inf)" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["irl", "reward-model", "--dataset", "x", "--out", "o", "--source", "demo-sft"])
+    assert "invalid choice" in capsys.readouterr().err
     assert main(["irl", "bon", "--reward", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "holds no run.json" in err and len(err.strip().splitlines()) == 1
