@@ -195,6 +195,7 @@ def main(argv=None) -> int:
     p.add_argument("--rm-hidden", type=int, nargs="+", default=[64, 64])
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--out", default=str(ROOT / "experiments" / "irl" / "results"))
+    p.add_argument("--sft-updates", type=int, default=None, help="override (after --scale)")
     p.add_argument("--fresh", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
@@ -202,8 +203,11 @@ def main(argv=None) -> int:
     if args.quick:
         base = dict(sft_updates=100, rm_updates=40, source_rollouts=8)
         args.seeds, args.start_states, args.k, args.demos = 2, 2, 8, 20
+    sft_override = args.sft_updates
     for k, v in base.items():
         setattr(args, k, max(4, int(round(v * (1 if args.quick else args.scale)))))
+    if sft_override is not None:
+        args.sft_updates = sft_override
     args.rm_updates -= args.rm_updates % 4
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
