@@ -24,6 +24,15 @@ runs are gathered (replicated) to save, restored replicated and re-padded.
 
 N counts ``jax.devices()``: in one process its local devices, after
 :func:`jax.distributed.initialize` the devices of all processes.
+
+Batch sharding (one large run, data-parallel). The mesh is 2-D,
+``("runs", "batch")`` of N × M devices (M = 1 unless asked for): the states
+are split over ``runs`` and copied over ``batch``, and inside each update the
+sampled batch is constrained to ``P("batch")`` on its leading axis
+(:func:`constrain_batch`). Each of the M devices then computes the losses
+of B/M samples, and XLA's partitioner adds the all-reduce that sums the
+gradients (and the batch means and normalisers), so the update is the
+unsharded one up to float round-off. The batch size must divide by M.
 """
 
 from __future__ import annotations
@@ -38,36 +47,51 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 RUNS = "runs"
+BATCH = "batch"
 
 
-def num_devices(requested: Optional[int], num_runs: int) -> int:
-    """The device count a run uses: ``requested`` (checked), or by default all
-    devices, but no more than there are runs. A multi-process run uses all
-    devices of all processes (each process must hold part of the mesh).
+def num_devices(requested: Optional[int], num_runs: int, batch_devices: int = 1) -> int:
+    """The device count the runs axis uses: ``requested`` (checked), or by
+    default all devices (divided by ``batch_devices``, which each run's batch
+    is split over), but no more than there are runs. A multi-process run
+    uses all devices of all processes (each process must hold part of the
+    mesh).
 
     Raises:
-      ValueError: ``requested`` is < 1, more than the devices there are, or
-        more than ``num_runs`` (a device would train only padding); in a
+      ValueError: ``requested`` or ``batch_devices`` is < 1, or they need
+        more devices than there are; ``requested`` is more than
+        ``num_runs`` (a device would train only padding); in a
         multi-process run, anything but all devices, or fewer runs than
         devices.
     """
     avail = jax.device_count()
+    backend = jax.default_backend()
+    if not 1 <= batch_devices <= avail:
+        raise ValueError(f"--batch-devices {batch_devices}: there {'is' if avail == 1 else 'are'} "
+                         f"{avail} {backend} device{'s' if avail != 1 else ''}; pass "
+                         f"--batch-devices between 1 and {avail}")
+    per_run = avail // batch_devices  # runs-axis devices available
     if jax.process_count() > 1:  # every process must hold part of the mesh
         procs = jax.process_count()
-        if requested not in (None, avail):
+        if avail % batch_devices:
+            raise ValueError(f"--batch-devices {batch_devices} does not divide the {avail} devices "
+                             f"of the {procs} processes; pass a divisor of {avail}")
+        if requested not in (None, per_run):
             raise ValueError(f"--devices {requested}: a run of {procs} processes uses all their "
-                             f"{avail} devices; drop --devices or pass --devices {avail}")
-        if num_runs < avail:
-            raise ValueError(f"{num_runs} runs are fewer than the {avail} devices of the {procs} "
-                             "processes; train at least one run per device (--seeds), or start "
-                             "fewer processes")
-        return avail
+                             f"{avail} devices ({per_run} for runs × {batch_devices} for batches); "
+                             f"drop --devices or pass --devices {per_run}")
+        if num_runs < per_run:
+            raise ValueError(f"{num_runs} runs are fewer than the {per_run} runs-axis devices of "
+                             f"the {procs} processes; train at least one run per device "
+                             "(--seeds), or start fewer processes")
+        return per_run
     if requested is None:
-        return max(1, min(avail, num_runs))
-    if not 1 <= requested <= avail:
-        raise ValueError(f"--devices {requested}: there {'is' if avail == 1 else 'are'} {avail} "
-                         f"{jax.default_backend()} device{'s' if avail != 1 else ''}; pass "
-                         f"--devices between 1 and {avail}")
+        return max(1, min(per_run, num_runs))
+    if requested < 1 or requested * batch_devices > avail:
+        extra = f" × --batch-devices {batch_devices}" if batch_devices > 1 else ""
+        raise ValueError(f"--devices {requested}{extra}: there {'is' if avail == 1 else 'are'} "
+                         f"{avail} {backend} device{'s' if avail != 1 else ''}; pass "
+                         f"--devices between 1 and {per_run}")
     if requested > num_runs:
         raise ValueError(f"--devices {requested} is more than the {num_runs} runs (grid points × "
                          f"seeds); each device needs a run of its own: pass --devices <= "
@@ -75,13 +99,42 @@ def num_devices(requested: Optional[int], num_runs: int) -> int:
     return requested
 
 
-def make_mesh(n: int) -> Mesh:
-    """A 1-D mesh ``("runs",)`` over the first ``n`` of ``jax.devices()``."""
+def make_mesh(n: int, batch: int = 1) -> Mesh:
+    """A ``("runs", "batch")`` mesh of ``n`` × ``batch`` of ``jax.devices()``."""
     avail = jax.devices()
-    if not 1 <= n <= len(avail):
-        raise ValueError(f"a mesh of {n} devices was asked for, but there are {len(avail)} "
+    if n < 1 or batch < 1 or n * batch > len(avail):
+        raise ValueError(f"a mesh of {n * batch} devices was asked for, but there are {len(avail)} "
                          f"{jax.default_backend()} devices; use 1 to {len(avail)}")
-    return Mesh(np.array(avail[:n]), (RUNS,))
+    return Mesh(np.array(avail[:n * batch]).reshape(n, batch), (RUNS, BATCH))
+
+
+def check_batch_split(batch_size: int, batch_devices: int) -> None:
+    """Refuse a batch that does not split evenly over ``batch_devices``."""
+    if batch_size % batch_devices:
+        raise ValueError(f"--batch-size {batch_size} does not split over --batch-devices "
+                         f"{batch_devices}; pass a batch size that is a multiple of "
+                         f"{batch_devices}")
+
+
+def constrain_batch(batch: Any, mesh: Mesh, batch_size: int) -> Any:
+    """Inside a jitted update: place every array of a sampled ``batch`` whose
+    leading axis is the batch (length ``batch_size``) on ``P("batch")``.
+
+    Other arrays are left to the partitioner: a PRNG key (``uint32`` raw or a
+    typed key, which is never split) and anything of another leading size.
+    Under ``vmap(..., spmd_axis_name="runs")`` the runs axis goes on top.
+    """
+    if mesh.shape[BATCH] == 1:
+        return batch
+    split = NamedSharding(mesh, P(BATCH))
+
+    def place(x):
+        if (getattr(x, "ndim", 0) == 0 or x.shape[0] != batch_size or x.dtype == jnp.uint32
+                or jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)):
+            return x
+        return jax.lax.with_sharding_constraint(x, split)
+
+    return jax.tree.map(place, batch)
 
 
 def _pad_host(x: np.ndarray, total: int) -> np.ndarray:
@@ -105,7 +158,8 @@ class RunsLayout:
 
     @property
     def size(self) -> int:
-        return self.mesh.devices.size
+        """Devices along the runs axis (each run's batch may span more)."""
+        return self.mesh.shape[RUNS]
 
     @property
     def padded(self) -> int:

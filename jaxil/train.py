@@ -38,7 +38,9 @@ from jaxil.learners import LEARNERS, LearnerData, make_learner, update_n_checked
 from jaxil.learners.base import Learner, check_hparams
 from jaxil.cli_args import nonneg_int, positive_int
 from jaxil.rundir import check_run_dir, metrics_rows, open_run_dir
-from jaxil.sharding import RUNS, RunsLayout, make_mesh, num_devices
+from jaxil.precision import PRECISIONS, matmul_precision
+from jaxil.sharding import (RUNS, RunsLayout, check_batch_split, constrain_batch, make_mesh,
+                            num_devices)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,10 +111,14 @@ def _sharded(mesh: Optional[Mesh]) -> dict:
 def chunk_fn(learner: Learner, k: int, mesh: Optional[Mesh] = None):
     """``(states [R], data) -> (states, last metrics [R], health [R])``: K
     fused updates for every run (data shared), jitted once per (learner, K).
-    With a ``mesh`` each device updates its slice of the runs
-    (:mod:`jaxil.sharding`)."""
-    return jax.jit(jax.vmap(lambda s, d: update_n_checked(learner, s, d, k), in_axes=(0, None)),
-                   **_sharded(mesh))
+    With a ``mesh`` each device updates its slice of the runs, and where the
+    mesh's ``batch`` axis has M > 1 devices each run's batch is split over M
+    of them (:mod:`jaxil.sharding`)."""
+    if mesh is None:
+        return jax.jit(jax.vmap(lambda s, d: update_n_checked(learner, s, d, k), in_axes=(0, None)))
+    place = functools.partial(constrain_batch, mesh=mesh, batch_size=learner.config.batch_size)
+    return jax.jit(jax.vmap(lambda s, d: update_n_checked(learner, s, d, k, place),
+                            in_axes=(0, None), spmd_axis_name=RUNS), **_sharded(mesh))
 
 
 @functools.lru_cache(maxsize=32)
@@ -146,6 +152,8 @@ def train(
     data_identity: Optional[dict] = None,
     tensorboard: Optional[str | Path] = None,
     devices: Optional[int] = None,
+    batch_devices: int = 1,
+    precision: str = "default",
 ) -> dict:
     """Train R runs together; returns the summary written to ``results.json``.
 
@@ -156,8 +164,14 @@ def train(
     ``devices``: split the runs over this many devices (default: all, at
     most one per run; :mod:`jaxil.sharding`). One device is the unsharded
     program; checkpoints and metrics do not depend on the count.
+    ``batch_devices``: split each run's batch over this many devices as
+    well (data-parallel; the batch size must divide by it), on a mesh of
+    ``devices × batch_devices``.
+    ``precision``: the matmul precision of every update and evaluation
+    (``default``, ``fp32``, ``tf32``, ``bf16``; :mod:`jaxil.precision`).
     """
     run_hparams(learner, runs)  # refuse bad settings before the run directory is touched
+    precision_ctx = matmul_precision(precision)
     if num_updates <= 0 or eval_every <= 0:
         raise ValueError(f"--updates and --eval-every must be positive, got {num_updates} "
                          f"and {eval_every}")
@@ -167,7 +181,9 @@ def train(
         )
     if eval_episodes < 1:
         raise ValueError(f"--eval-episodes must be >= 1, got {eval_episodes}")
-    n_dev = num_devices(devices, len(runs))
+    if batch_devices > 1:
+        check_batch_split(learner.config.batch_size, batch_devices)
+    n_dev = num_devices(devices, len(runs), batch_devices)
     n_chunks = num_updates // eval_every
     # In a multi-process run (jaxil.distributed) process 0 alone writes the run
     # directory; the others only take part in orbax's collective checkpoints.
@@ -180,6 +196,8 @@ def train(
                         runs=[dataclasses.asdict(r) for r in runs], eval_every=eval_every, eval_episodes=eval_episodes, base_seed=base_seed,
                         deterministic_eval=deterministic_eval, env_id=env.spec.env_id,
                         spec=env.spec.to_dict(), data=data_identity or {})
+        if precision != "default":  # runs from before --precision keep their identity
+            identity["precision"] = precision
         if writer:
             rd = open_run_dir(out_dir, identity, resume=resume, overwrite=overwrite,
                               info=dict(run_info or {}, num_updates=num_updates))
@@ -192,7 +210,8 @@ def train(
             raise ValueError(f"--updates {num_updates} is less than the {latest} updates "
                              f"already trained in {out_dir}; pass --updates >= {latest}")
     states = init_runs(learner, runs, base_seed)
-    lay = RunsLayout(make_mesh(n_dev), len(runs)) if n_dev > 1 else None
+    lay = (RunsLayout(make_mesh(n_dev, batch_devices), len(runs))
+           if n_dev > 1 or batch_devices > 1 else None)
     if latest is not None:
         if lay:
             states = lay.from_checkpoint(ckpt.restore(states, latest,
@@ -224,40 +243,41 @@ def train(
                    desc=f"{learner.name} ×{len(runs)}")
     t_start = time.perf_counter()
     try:
-        for c in range(start, n_chunks):
-            t0 = time.perf_counter()
-            if profile_dir and c == start + 1:  # after compilation
-                with jax.profiler.trace(profile_dir):
-                    states, metrics, health = jax.block_until_ready(chunk(states, data))
-            else:
-                states, metrics, health = chunk(states, data)
-            kept = (f"the last good checkpoint (update {c * eval_every}) is kept in {Path(out_dir)}"
-                    if out_dir and c > 0 else "no checkpoint was written")
-            guard.check(fetch(health), learner=learner.name, run_labels=labels,
-                        first_step=c * eval_every + 1, chunk_len=eval_every, kept=kept)
-            eval_key = jax.random.fold_in(jax.random.PRNGKey(base_seed + 10_000), c)
-            if lay:
-                eval_key = lay.replicate(eval_key)
-            ep = evaluate(states.params, eval_key)
-            ret, won = fetch((ep.episode_return, ep.won))
-            ret, won = np.asarray(ret), np.asarray(won)
-            metrics = jax.tree.map(np.asarray, fetch(metrics))
-            dt = time.perf_counter() - t0
-            update = (c + 1) * eval_every
-            new = metrics_rows(dict(update=update),
-                               [dict(run=r.index, seed=r.seed, grid=dict(r.grid)) for r in runs],
-                               ret, won, metrics)
-            rows.extend(new)
-            if rd:
-                rd.append(new)
-            if ckpt:
-                ckpt.save(update, lay.checkpoint_view(states) if lay else states)
-            if tb:
-                tb.write(new)
-            if bar:
-                bar.update(eval_every)
-                bar.set_postfix(ret=f"{ret.mean():.3f}", win=f"{won.mean():.2f}",
-                                ups=f"{eval_every * len(runs) / dt:.0f}")
+        with precision_ctx:
+            for c in range(start, n_chunks):
+                t0 = time.perf_counter()
+                if profile_dir and c == start + 1:  # after compilation
+                    with jax.profiler.trace(profile_dir):
+                        states, metrics, health = jax.block_until_ready(chunk(states, data))
+                else:
+                    states, metrics, health = chunk(states, data)
+                kept = (f"the last good checkpoint (update {c * eval_every}) is kept in {Path(out_dir)}"
+                        if out_dir and c > 0 else "no checkpoint was written")
+                guard.check(fetch(health), learner=learner.name, run_labels=labels,
+                            first_step=c * eval_every + 1, chunk_len=eval_every, kept=kept)
+                eval_key = jax.random.fold_in(jax.random.PRNGKey(base_seed + 10_000), c)
+                if lay:
+                    eval_key = lay.replicate(eval_key)
+                ep = evaluate(states.params, eval_key)
+                ret, won = fetch((ep.episode_return, ep.won))
+                ret, won = np.asarray(ret), np.asarray(won)
+                metrics = jax.tree.map(np.asarray, fetch(metrics))
+                dt = time.perf_counter() - t0
+                update = (c + 1) * eval_every
+                new = metrics_rows(dict(update=update),
+                                   [dict(run=r.index, seed=r.seed, grid=dict(r.grid)) for r in runs],
+                                   ret, won, metrics)
+                rows.extend(new)
+                if rd:
+                    rd.append(new)
+                if ckpt:
+                    ckpt.save(update, lay.checkpoint_view(states) if lay else states)
+                if tb:
+                    tb.write(new)
+                if bar:
+                    bar.update(eval_every)
+                    bar.set_postfix(ret=f"{ret.mean():.3f}", win=f"{won.mean():.2f}",
+                                    ups=f"{eval_every * len(runs) / dt:.0f}")
     finally:
         if tb:
             tb.close()
@@ -460,7 +480,8 @@ def _run(args, sweep: bool) -> int:
         overwrite=args.overwrite, base_seed=args.seed, progress=not args.no_progress,
         profile_dir=args.profile, run_info=dict(dataset=args.dataset, labels=args.labels),
         data_identity=dict(dataset_id=dataset_id(ds), labels=labels_digest(labels)),
-        tensorboard=args.tensorboard, devices=args.devices,
+        tensorboard=args.tensorboard, devices=args.devices, batch_devices=args.batch_devices,
+        precision=args.precision,
     )
     if not writer:
         return 0
@@ -536,6 +557,12 @@ def _common(p: argparse.ArgumentParser, sweep: bool) -> None:
     p.add_argument("--devices", type=positive_int, default=None, metavar="N",
                    help="split the runs over N devices (default: all, at most one per run); "
                         "results agree with one device's to float32 round-off")
+    p.add_argument("--batch-devices", type=positive_int, default=1, metavar="M",
+                   help="also split each run's batch over M devices (data-parallel, for one "
+                        "large run; --batch-size must divide by M; default: 1)")
+    p.add_argument("--precision", choices=tuple(PRECISIONS), default="default",
+                   help="matmul precision: default (XLA's: fp32 on CPU, TF32 on recent NVIDIA "
+                        "GPUs), fp32, tf32 or bf16 operands (jaxil.precision)")
     p.add_argument("--no-progress", action="store_true")
     if sweep:
         for name in ("alpha", "gamma", "beta", "lr", "lr-actor", "lr-critic", "lr-disc", "gp-coef"):

@@ -148,6 +148,54 @@ def test_the_sharded_programs_need_no_communication(worked):
     assert rep["shard_rows"] == [2] * 4
 
 
+def test_a_batch_split_over_four_devices_trains_as_on_one(worked):
+    """2 runs × 4 batch devices (each run's batch of 16 split 4 ways on a
+    2 × 4 mesh) give the one-device run's metrics rows and checkpoint; the
+    state is split one run per runs-device (copied over the batch axis),
+    and the compiled chunk holds the all-reduce that sums the gradients.
+    Catches a batch that is silently not split (no collective), padding
+    computed from all 8 devices instead of the 2 along the runs axis (4
+    rows per shard), and a split that changes the update (rows differ)."""
+    out, rep = worked
+    _assert_same_rows(_rows(out / "r2_d2_b4"), _rows(out / "r2_d1"))
+    _assert_same_checkpoint(out / "r2_d2_b4", out / "r2_d1")
+    assert rep["batch_shard_rows"] == [1] * 8
+    assert "all-reduce" in rep["batch_collectives"]
+
+
+def test_omapl_fit_with_its_pairs_over_four_devices_matches_one(worked):
+    """Phase 1's O-MAPL fit with each batch of 8 pairs split over 4 devices
+    records the one-device fit's losses and scores every trajectory alike,
+    to float32 round-off. Catches the sharded states not gathered back
+    (scores from padding or one device) and a changed update."""
+    _, rep = worked
+    one, four = rep["omapl"]["1"], rep["omapl"]["4"]
+    assert [h["update"] for h in four["history"]] == [5, 10]
+    for a, b in zip(four["history"], one["history"]):
+        for k, v in b.items():
+            assert a[k] == pytest.approx(v, rel=RTOL, abs=ATOL), (k, a, b)
+    # a score sums ~20 step values: near-cancelling sums get an absolute
+    # tolerance on the scale of the scores, not of each one
+    scale = np.abs(np.asarray(one["scores"])).max()
+    np.testing.assert_allclose(four["scores"], one["scores"], rtol=RTOL, atol=RTOL * scale)
+
+
+def test_a_batch_that_does_not_split_is_refused():
+    """--batch-size 10 over --batch-devices 4 is refused naming both and the
+    fix, before anything trains; --batch-devices above the device count names
+    the count."""
+    import jax
+
+    from jaxil.sharding import check_batch_split, num_devices
+
+    with pytest.raises(ValueError, match="--batch-size 10 does not split over --batch-devices 4"):
+        check_batch_split(10, 4)
+    check_batch_split(12, 4)
+    n = jax.device_count()
+    with pytest.raises(ValueError, match=f"--batch-devices {n + 1}: there (is|are) {n}"):
+        num_devices(None, 4, n + 1)
+
+
 def test_device_counts_out_of_range_are_refused():
     """--devices 0 or more than there are devices (here: 1) names the
     available count; more devices than runs is refused, not padded."""
@@ -306,6 +354,30 @@ def _worker(out: Path) -> None:
                evaluate=evaluate.lower(states.params, key).compile().as_text())
     report["collectives"] = {k: sorted(set(re.findall("|".join(COLLECTIVES), v)))
                              for k, v in hlo.items()}
+
+    # batch (data-parallel) sharding: 2 runs × 4 batch devices against 2 runs on one
+    for name, n, m in (("r2_d1", 1, 1), ("r2_d2_b4", 2, 4)):
+        record(name, 2, go(name, 2, n, batch_devices=m))
+    blay = RunsLayout(make_mesh(2, 4), 2)
+    bstates = blay.place(init_runs(learner, expand_grid({}, 2), 0))
+    report["batch_shard_rows"] = [s.data.shape[0]
+                                  for s in jax.tree.leaves(bstates)[0].addressable_shards]
+    bchunk, _ = _compiled(learner, env, 5, 2, False, blay.mesh)
+    bhlo = bchunk.lower(bstates, blay.replicate(data)).compile().as_text()
+    report["batch_collectives"] = sorted(set(re.findall("|".join(COLLECTIVES), bhlo)))
+
+    # O-MAPL (Phase 1's fit) with its batch of pairs over 4 devices
+    from jaxil.phase1.label import fit_preferences
+    from jaxil.phase1.pairs import sample_query_pairs
+
+    pairs = sample_query_pairs(ds, 24, None, seed=0)
+    ret = np.asarray(ds.episode_return)
+    prefs = (ret[pairs.traj_x] > ret[pairs.traj_y]).astype(np.float32)
+    fits = {m: fit_preferences(ds, pairs, prefs, seeds=2, updates=10, chunk=5, hidden=(8,),
+                               mixer_hidden=4, batch_size=8, progress=False, batch_devices=m)
+            for m in (1, 4)}
+    report["omapl"] = {str(m): dict(history=f.history, scores=f.scores.tolist())
+                       for m, f in fits.items()}
     (out / "report.json").write_text(json.dumps(report, indent=1))
 
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 import functools
 
 from envs.core import EnvSpec
-from jaxil.learners.base import Learner, LearnerData, LearnerState, update_n, update_n_checked
+from jaxil.learners.base import (Learner, LearnerData, LearnerState, jit_update_n, unalias, update_n,
+                                 update_n_checked)
 from jaxil.learners.bc import BCConfig, BCHParams, make_bc
 from jaxil.learners.dice import DiceConfig, DiceHParams, make_dice
 from jaxil.learners.omapl import OMAPLConfig, OMAPLHParams, PreferenceData, make_omapl
@@ -44,7 +45,17 @@ def make_learner(name: str, spec: EnvSpec, **config) -> Learner:
 
 @functools.lru_cache(maxsize=64)
 def _make_learner(name: str, spec: EnvSpec, config_items: tuple) -> Learner:
-    config = dict(config_items)
+    learner = _build(name, spec, dict(config_items))
+    init = learner.init
+
+    @functools.wraps(init)
+    def owned_init(*args, **kwargs):  # a fresh state can be donated (see unalias)
+        return unalias(init(*args, **kwargs))
+
+    return learner._replace(init=owned_init)
+
+
+def _build(name: str, spec: EnvSpec, config: dict) -> Learner:
     if name in _BC_BETA:
         return make_bc(spec, BCConfig(**config), beta=_BC_BETA[name])._replace(name=name)
     if name in _DICE_MIXING:
@@ -57,5 +68,5 @@ def _make_learner(name: str, spec: EnvSpec, config_items: tuple) -> Learner:
 __all__ = [
     "BCConfig", "BCHParams", "DiceConfig", "DiceHParams", "Learner", "LearnerData",
     "LearnerState", "LEARNERS", "OMAPLConfig", "OMAPLHParams", "PREFERENCE_LEARNERS",
-    "PreferenceData", "make_learner", "update_n", "update_n_checked",
+    "PreferenceData", "jit_update_n", "make_learner", "unalias", "update_n", "update_n_checked",
 ]

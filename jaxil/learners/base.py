@@ -7,6 +7,7 @@ shape)::
     batch = learner.sample(key, data)           # on-device gather
     state, metrics = learner.update(state, batch)
     state, metrics = update_n(learner, state, data, k)   # K fused updates
+    step = jit_update_n(learner, k)             # the same, compiled, state donated
     actions = learner.act(state.params, obs, avail, key, deterministic)
     policy = learner.policy(deterministic)      # an envs.policies.Policy
 
@@ -150,12 +151,17 @@ def expert_and_union(key: jax.Array, data: LearnerData, batch_size: int):
     )
 
 
-def _scan_updates(learner: Learner, state: LearnerState, data: LearnerData, k: int):
-    """K updates in one ``lax.scan``: the new state and every update's metrics ``[K]``."""
+def _scan_updates(learner: Learner, state: LearnerState, data: LearnerData, k: int,
+                  place_batch: Optional[Callable] = None):
+    """K updates in one ``lax.scan``: the new state and every update's metrics
+    ``[K]``. ``place_batch`` (e.g. :func:`jaxil.sharding.constrain_batch`)
+    lays out each sampled batch before the update."""
 
     def body(state, _):
         key, sk = jax.random.split(state.key)
         batch = learner.sample(sk, data)
+        if place_batch is not None:
+            batch = place_batch(batch)
         state, metrics = learner.update(state.replace(key=key), batch)
         return state, metrics
 
@@ -173,9 +179,59 @@ def update_n(learner: Learner, state: LearnerState, data: LearnerData, k: int):
     return state, jax.tree.map(lambda m: m[-1], metrics)
 
 
-def update_n_checked(learner: Learner, state: LearnerState, data: LearnerData, k: int):
+def unalias(tree: Any) -> Any:
+    """``tree`` with every array that appears more than once replaced, after
+    its first use, by a copy of its own.
+
+    A learner's ``init`` puts the same array in two places (the target
+    networks start as the online ones; a learning rate sits in the
+    hyper-parameters and in the optimiser state). A jitted call that donates
+    such a state fails ("Attempt to donate the same buffer twice"); after
+    :func:`unalias` each leaf owns its buffer.
+    """
+    seen: set[int] = set()
+
+    def own(x):
+        if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer) or x.is_deleted():
+            return x  # under a trace, XLA gives each output its own buffer anyway
+        if id(x) in seen:
+            return jnp.array(x, copy=True)
+        seen.add(id(x))
+        return x
+
+    return jax.tree.map(own, tree)
+
+
+def jit_update_n(learner: Learner, k: int = 1, *, donate: bool = True) -> Callable:
+    """``step(state, data) -> (state, metrics)``: :func:`update_n` with K
+    updates per call, compiled once, for a loop of your own.
+
+    ``donate`` (default): the input state's buffers are donated, so XLA
+    writes the new state in place instead of allocating a second one per
+    call; the state passed in is deleted (use the returned one). The state
+    is passed through :func:`unalias` first, so a freshly initialised state
+    can be donated. On the CPU backend, also call :func:`jaxil.hostmem.retain`
+    before the first computation: every call otherwise maps and zeroes its
+    temporary buffer anew, the larger part of what one update per call
+    costs over fused updates (``benchmarks/single_update.py``).
+    """
+    if k < 1:
+        raise ValueError(f"k (updates per call) must be >= 1, got {k}")
+    fn = jax.jit(lambda s, d: update_n(learner, s, d, k), donate_argnums=(0,) if donate else ())
+    if not donate:
+        return fn
+
+    def step(state: LearnerState, data: LearnerData):
+        return fn(unalias(state), data)
+
+    step.lower = lambda state, data: fn.lower(state, data)  # for cost analysis and AOT
+    return step
+
+
+def update_n_checked(learner: Learner, state: LearnerState, data: LearnerData, k: int,
+                     place_batch: Optional[Callable] = None):
     """:func:`update_n` plus the chunk's :class:`jaxil.guard.Health` (the first
     update with a non-finite metric, and whether the parameters stay finite):
-    ``(state, last metrics, health)``."""
-    state, metrics = _scan_updates(learner, state, data, k)
+    ``(state, last metrics, health)``. ``place_batch``: see ``_scan_updates``."""
+    state, metrics = _scan_updates(learner, state, data, k, place_batch)
     return state, jax.tree.map(lambda m: m[-1], metrics), health(metrics, state.params)

@@ -55,6 +55,7 @@ def fit_preferences(
     seed: int = 0,
     hparams: Optional[dict[str, float]] = None,
     progress: bool = True,
+    batch_devices: int = 1,
     **config,
 ) -> PreferenceFit:
     """Train O-MAPL on the answered queries (NaN answers dropped), ``seeds``
@@ -62,7 +63,11 @@ def fit_preferences(
 
     ``config`` goes to :class:`OMAPLConfig` (``hidden``, ``batch_size``, ...);
     ``hparams`` overrides :class:`OMAPLHParams` fields (``beta``, ``lr_q`` ...).
+    ``batch_devices``: split each update's batch of pairs over this many
+    devices (data-parallel, :mod:`jaxil.sharding`; ``batch_size`` must
+    divide by it); the fit agrees with one device's to float32 round-off.
     """
+    from jaxil.sharding import RunsLayout, check_batch_split, make_mesh, num_devices
     from jaxil.train import chunk_fn, expand_grid, init_runs
 
     if updates <= 0 or chunk <= 0:
@@ -75,7 +80,13 @@ def fit_preferences(
     data = PreferenceData.from_pairs(dataset, pairs, prefs)
     runs = expand_grid({k: [v] for k, v in (hparams or {}).items()}, seeds)
     states = init_runs(learner, runs, seed)
-    step = chunk_fn(learner, chunk)
+    lay = None
+    if batch_devices > 1:
+        check_batch_split(learner.config.batch_size, batch_devices)
+        num_devices(1, len(runs), batch_devices)  # enough devices?
+        lay = RunsLayout(make_mesh(1, batch_devices), len(runs))
+        states, data = lay.place(states), lay.replicate(data)
+    step = chunk_fn(learner, chunk, lay.mesh) if lay else chunk_fn(learner, chunk)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -96,6 +107,8 @@ def fit_preferences(
             bar.set_postfix(acc=f"{m['pair_accuracy']:.2f}", pref=f"{m['preference_loss']:.3f}")
     if bar:
         bar.close()
+    if lay:  # back to one device, as an unsharded fit returns it
+        states = jax.tree.map(jnp.asarray, lay.gather(states))
     scores = score_trajectories(learner.config, spec, states.params, states.hparams.gamma, dataset)
     return PreferenceFit(learner, states, scores, history, data.num_pairs,
                          time.perf_counter() - t0)
