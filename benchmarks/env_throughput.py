@@ -79,7 +79,7 @@ def random_actions(key: jax.Array, num_agents: int, mask=None, box=None) -> jax.
     """
     keys = jax.random.split(key, num_agents)
     if mask is not None:
-        return jax.vmap(_masked_sample)(keys, mask)
+        return jax.vmap(uniform_available)(keys, mask)
     shape, low, high = box
     return jax.vmap(lambda k: jax.random.uniform(k, shape, minval=low, maxval=high))(keys)
 

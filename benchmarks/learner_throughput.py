@@ -302,7 +302,10 @@ class DataCache:
 
 
 def run_sweeps(args, flops: FlopCounter, shapes: Shapes) -> tuple[list[dict], list[dict]]:
-    axes = AXES_QUICK if args.quick else (AXES_FULL if args.full else AXES_DEFAULT)
+    axes = dict(AXES_QUICK if args.quick else (AXES_FULL if args.full else AXES_DEFAULT))
+    for axis in ("batch", "seeds"):  # --batch-values / --seeds-values replace an axis
+        if getattr(args, f"{axis}_values", None):
+            axes[axis] = tuple(args.__dict__[f"{axis}_values"])
     base = QUICK_BASE if args.quick else BASE
     chosen = [a for a in args.axes.split(",") if a]
     for a in chosen:
@@ -642,6 +645,8 @@ def parse_args(argv=None):
     p.add_argument("--profile", action="store_true", help="also MisoDICE without the gradient penalty")
     p.add_argument("--no-op-profile", action="store_true", help="skip the jax.profiler op breakdown")
     p.add_argument("--no-peak-subprocess", action="store_true", help="skip the 1-thread/all-thread matmul children")
+    p.add_argument("--batch-values", default=None, help="comma-separated batch sizes for the batch axis")
+    p.add_argument("--seeds-values", default=None, help="comma-separated seed counts for the seeds axis")
     p.add_argument("--trajectories", type=int, default=120, help="sweep dataset size in 70-step trajectories")
     p.add_argument("--budget-s", type=float, default=None, help="seconds for the sweeps (0: no limit)")
     p.add_argument("--repeats", type=int, default=7, help="most timed calls per sweep point")
@@ -655,6 +660,16 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     args.learners = [x for x in args.learners.split(",") if x]
     args.paper_learners = [x for x in args.paper_learners.split(",") if x]
+    for axis in ("batch", "seeds"):
+        raw = getattr(args, f"{axis}_values")
+        if raw:
+            try:
+                vals = [int(v) for v in raw.split(",") if v]
+            except ValueError:
+                p.error(f"--{axis}-values {raw!r}: give comma-separated integers")
+            if not vals or min(vals) < 1:
+                p.error(f"--{axis}-values {raw!r}: every value must be >= 1")
+            setattr(args, f"{axis}_values", vals)
     for x in args.learners:
         if x not in LEARNERS:
             p.error(f"unknown learner {x!r}; choose from {', '.join(LEARNERS)}")

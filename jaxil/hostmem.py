@@ -20,16 +20,16 @@ after each call.
 
 Call it before JAX's first computation. A thread that has already
 allocated keeps its own arena, so a later call cannot reach XLA's running
-worker threads. ``jaxil`` (the command line) calls it at start-up; the
-environment variable ``JAXIL_RETAIN_HOST_MEMORY=0`` turns that off.
-Elsewhere than on glibc (macOS, musl) it does nothing and returns False.
+worker threads. It is opt-in: a library should not change a process's
+allocator behind its back, and fused updates (what ``jaxil train`` runs)
+need none of it. Elsewhere than on glibc (macOS, musl) it does nothing and
+returns False.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 import warnings
 
 # mallopt parameters (glibc malloc.h)
@@ -37,8 +37,6 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
 _M_ARENA_MAX = -8
 _INT_MAX = 2**31 - 1
-
-ENV = "JAXIL_RETAIN_HOST_MEMORY"
 
 _done = False
 
@@ -77,10 +75,3 @@ def retain() -> bool:
                                                (_M_TRIM_THRESHOLD, _INT_MAX)))
     _done = ok
     return ok
-
-
-def retain_unless_disabled() -> bool:
-    """:func:`retain`, unless ``JAXIL_RETAIN_HOST_MEMORY=0`` is set."""
-    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
-        return False
-    return retain()

@@ -1,0 +1,333 @@
+"""The accelerator suite: one command, one JSON, at most 8 minutes on one GPU.
+
+Parts, each under its own time budget (what does not fit is listed under
+``skipped`` with the reason, never silently dropped):
+
+1. ``env``: env-steps/s of every adapter and of its raw upstream env at
+   1 … 65,536 parallel environments (:mod:`benchmarks.env_throughput`).
+2. ``learners``: updates/s and transitions/s of every learner over batch
+   256 … 65,536 and 1 … 256 vmapped seeds (:mod:`benchmarks.learner_throughput`).
+3. ``paper``: the MisoDICE and O-MAPL updates at the paper shapes, one
+   update per call and 16 fused.
+4. ``precision``: achieved TFLOP/s of a square matmul probe and of the fused
+   MisoDICE update at the paper shapes (BC at small shapes with ``--quick``) with fp32, TF32 and bf16 operands
+   (:mod:`jaxil.precision`), and how much one update's losses move from
+   fp32's at each.
+5. ``collect``: dataset-collection throughput (:mod:`benchmarks.collect_throughput`).
+6. ``peer``: where ``JAXIL_OMAPL_PEER`` points at a copy of the O-MAPL
+   authors' code (github.com/vietbt/OMAPL) and PyTorch is importable, their
+   ``TrainerDiscrete.update`` timed at the same shapes, their code imported
+   at run time (none of it is copied here); skipped otherwise.
+
+``summary`` holds the headlines: env-steps/s at the largest size, the
+paper-shape update time against the peer's, and the speedup of 256 vmapped
+seeds over 256 sequential ones (256 × one seed's call time over the
+256-seed call's).
+
+    bash benchmarks/gpu_suite.sh                # the full suite (GPU)
+    bash benchmarks/gpu_suite.sh --quick        # tiny sizes, about 2 minutes on a CPU (smoke test)
+    python benchmarks/gpu_suite.py --parts env,paper --out-dir /tmp/suite
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from benchmarks import common  # noqa: E402
+
+PARTS = ("env", "learners", "paper", "precision", "collect", "peer")
+PRECISIONS = ("fp32", "tf32", "bf16")
+
+#: per-part budgets in seconds on a GPU; they sum to 7.5 minutes. ``--quick``
+#: (a smoke test of every code path) has none: each part runs all of its points.
+BUDGETS = {"env": 150, "learners": 120, "paper": 60, "precision": 45, "collect": 45, "peer": 30}
+NO_BUDGET = 1e9
+
+
+def _quiet(fn: Callable, *args, **kwargs):
+    """Run a benchmark's ``main`` with its tables kept out of the log; returns
+    its payload and the last lines it printed."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        out = fn(*args, **kwargs)
+    return out, buf.getvalue().strip().splitlines()[-3:]
+
+
+# -- parts ---------------------------------------------------------------------
+
+
+def part_env(args, budget: float, tmp: Path) -> dict[str, Any]:
+    import envs
+    from benchmarks import env_throughput
+
+    ids = ["mpe:simple_spread"] if args.quick else envs.list()
+    sizes = [1, 8] if args.quick else [1, 256, 4096, 65536]
+    steps, repeats = (10, 2) if args.quick else (100, 3)
+    rows, skipped, t0 = [], [], time.perf_counter()
+    for i, eid in enumerate(ids):
+        if time.perf_counter() - t0 > budget:
+            skipped += [{"env": e, "reason": f"budget ({budget:.0f} s)"} for e in ids[i:]]
+            break
+        out, _ = _quiet(env_throughput.main, ["--envs", eid, "--num-envs", *map(str, sizes),
+                                              "--steps", str(steps), "--repeats", str(repeats),
+                                              "--out", str(tmp / f"env-{i}.json")])
+        rows += out["rows"]
+        skipped += [{"env": e, "reason": r} for e, r in out["skipped"].items()]
+        print(f"  env {eid}: {len(out['rows'])} rows ({time.perf_counter() - t0:.0f} s)", flush=True)
+    return {"sizes": sizes, "steps": steps, "rows": rows, "skipped": skipped}
+
+
+def part_learners(args, budget: float, tmp: Path) -> dict[str, Any]:
+    from benchmarks import learner_throughput as lt
+
+    if args.quick:
+        argv = ["--quick", "--learners", "bc_union,misodice", "--batch-values", "64,128",
+                "--seeds-values", "1,2", "--trajectories", "8"]
+    else:
+        argv = ["--learners", ",".join(lt.LEARNERS), "--batch-values", "256,1024,4096,16384,65536",
+                "--seeds-values", "1,4,16,64,256", "--trajectories", "1000", "--repeats", "5",
+                "--target-s", "1"]
+    out, _ = _quiet(lt.main, argv + ["--axes", "batch,seeds", "--no-paper", "--no-peak-subprocess",
+                                     "--budget-s", str(budget), "--out-dir", str(tmp)])
+    return {"rows": out["rows"], "skipped": out["skipped"], "config": out["config"]}
+
+
+def part_paper(args, budget: float, tmp: Path) -> dict[str, Any]:
+    from benchmarks import learner_throughput as lt
+
+    argv = ["--no-sweep", "--paper-learners", "misodice,omapl", "--no-op-profile",
+            "--no-peak-subprocess", "--out-dir", str(tmp)]
+    if args.quick:  # the paper shapes at 3 repeats and 120 trajectories, single updates only
+        argv += ["--quick", "--paper-trajectories", "120", "--paper-repeats", "2"]
+    else:
+        argv += ["--paper-repeats", "7", "--paper-fused-repeats", "3"]
+    out, _ = _quiet(lt.main, argv)
+    return {"paper": out.get("paper"), "summary": out.get("summary")}
+
+
+def _matmul_tflops(n: int, dtype, repeats: int) -> float:
+    key = jax.random.PRNGKey(0)
+    a = jax.random.normal(key, (n, n), dtype)
+    b = jax.random.normal(jax.random.fold_in(key, 1), (n, n), dtype)
+    f = jax.jit(lambda x, y: x @ y)
+    t = common.time_call(f, a, b, warmup=2, repeats=repeats)
+    return 2 * n ** 3 / t.median_s / 1e12
+
+
+def part_precision(args, budget: float, tmp: Path) -> dict[str, Any]:
+    """Matmul probe and the fused MisoDICE update at each precision, and the
+    losses of one update from the same state and batch against fp32's."""
+    from benchmarks.learner_throughput import PAPER, Shapes, _learner, synthetic_data, synthetic_spec
+    from jaxil.learners import update_n
+    from jaxil.precision import matmul_precision
+
+    if args.quick:
+        shapes, batch, trajs, n_mm, k = Shapes(obs_dim=32, state_per_agent=16, hidden=(64, 64),
+                                               mixer_hidden=16, episode_len=20), 128, 20, 256, 4
+    else:
+        shapes, batch, trajs, n_mm, k = Shapes(), PAPER.batch, 1200, 8192, 16
+    spec = synthetic_spec(5, shapes)
+    data = synthetic_data(jax.random.PRNGKey(0), spec, trajs, shapes.episode_len)
+    # --quick: BC, which compiles in a fraction of MisoDICE's time (6 programs here)
+    name = "bc_union" if args.quick else "misodice"
+    learner = _learner(name, spec, batch, shapes)
+    state = learner.init(jax.random.PRNGKey(0))
+    one = jax.jit(lambda s, d: update_n(learner, s, d, 1)[1])
+    rows, ref, t0 = {}, None, time.perf_counter()
+    for prec in PRECISIONS:
+        if time.perf_counter() - t0 > budget:
+            rows[prec] = {"skipped": f"budget ({budget:.0f} s)"}
+            continue
+        with matmul_precision(prec):
+            probe = _matmul_tflops(n_mm, jnp.float32, 5)
+            fused = jax.jit(lambda s, d: update_n(learner, s, d, k))
+            compiled = fused.lower(state, data).compile()
+            flops = common.xla_cost(compiled).get("flops")
+            t = common.time_call(compiled, state, data, warmup=1, repeats=3)
+            losses = {m: float(v) for m, v in jax.device_get(one(state, data)).items()}
+        if ref is None:
+            ref = losses
+        rows[prec] = {
+            "matmul_n": n_mm, "matmul_tflops": probe, "update_ms": 1e3 * t.median_s / k,
+            "update_tflops": (flops / t.median_s / 1e12) if flops else None,
+            "losses": losses,
+            "loss_rel_change_vs_fp32": {m: abs(v - ref[m]) / max(abs(ref[m]), 1e-12)
+                                        for m, v in losses.items()},
+        }
+        print(f"  precision {prec}: matmul {probe:.2f} TFLOP/s, update {rows[prec]['update_ms']:.2f} ms",
+              flush=True)
+    bf = _matmul_tflops(n_mm, jnp.bfloat16, 5)
+    return {"learner": name, "rows": rows, "bf16_inputs_matmul_tflops": bf,
+            "note": "fp32 parameters and element-wise maths throughout; only the operands of the "
+                    "products are rounded (jax.default_matmul_precision). losses: the metrics of "
+                    "one update from the same state and batch"}
+
+
+def part_collect(args, budget: float, tmp: Path) -> dict[str, Any]:
+    from benchmarks import collect_throughput
+
+    argv = (["--envs", "mpe:simple_spread", "--num-envs", "4", "--repeats", "2"] if args.quick
+            else ["--num-envs", "64", "1024", "16384", "--repeats", "3"])
+    out, _ = _quiet(collect_throughput.main, argv + ["--out-dir", str(tmp)])
+    return {"rows": out["rows"]}
+
+
+def part_peer(args, budget: float, tmp: Path) -> dict[str, Any]:
+    """The O-MAPL authors' PyTorch update at the paper shapes (8 pairs × 70
+    steps, N = 5, obs 124, state 780, 12 actions, their 256-unit networks)."""
+    root = os.environ.get("JAXIL_OMAPL_PEER")
+    if not root:
+        return {"skipped": "JAXIL_OMAPL_PEER is not set (point it at a copy of github.com/vietbt/OMAPL)"}
+    if not (Path(root) / "trainers" / "omarl.py").exists():
+        return {"skipped": f"JAXIL_OMAPL_PEER={root} holds no trainers/omarl.py"}
+    try:
+        import torch
+    except ImportError:
+        return {"skipped": "PyTorch is not installed"}
+    sys.path.insert(0, root)
+    try:
+        from algos.omarl import PolicyDiscrete
+        from config import Args
+        from tensordict import TensorDict
+        from trainers.omarl import TrainerDiscrete
+    except ImportError as e:
+        return {"skipped": f"the peer's code did not import: {e}"}
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    B, T, N, O, S, A = (2, 10, 5, 32, 80, 12) if args.quick else (8, 70, 5, 124, 780, 12)
+    g = torch.Generator().manual_seed(0)
+
+    def side():
+        actions = torch.randint(0, A, (B, T, N), generator=g)
+        avails = torch.ones(B, T + 1, N, A)
+        return dict(states=torch.randn(B, T + 1, S, generator=g), obs=torch.randn(B, T + 1, N, O, generator=g),
+                    avails=avails, actions=actions, dones=torch.zeros(B, T, dtype=torch.bool))
+
+    x, y = side(), side()
+    batch = {f"{k}_{s}": v for s, d in (("x", x), ("y", y)) for k, v in d.items()}
+    batch["labels"] = torch.randint(0, 2, (B,), generator=g)
+    data = TensorDict(batch, batch_size=[B]).to(device)
+    errors = []
+    for ob_dim in (O, O + N):  # their networks may count the agent id in ob_dim or add it
+        try:
+            with tempfile.TemporaryDirectory() as logdir:
+                trainer = TrainerDiscrete(PolicyDiscrete(S, ob_dim, A, N).to(device), logdir, [], N,
+                                          Args(device=device))
+                trainer.update(data)  # warm-up
+                times = []
+                for _ in range(3 if args.quick else 10):
+                    if device == "cuda":
+                        torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    trainer.update(data)
+                    if device == "cuda":
+                        torch.cuda.synchronize()
+                    times.append(time.perf_counter() - t0)
+            return {"device": device, "torch": torch.__version__, "ob_dim_arg": ob_dim,
+                    "shapes": dict(pairs=B, steps=T, agents=N, obs=O, state=S, actions=A),
+                    "update_ms": 1e3 * common._median(times), "times_s": times}
+        except RuntimeError as e:
+            errors.append(f"ob_dim={ob_dim}: {str(e)[:300]}")
+    return {"error": "; ".join(errors)}
+
+
+RUNNERS = {"env": part_env, "learners": part_learners, "paper": part_paper,
+           "precision": part_precision, "collect": part_collect, "peer": part_peer}
+
+
+# -- summary -------------------------------------------------------------------
+
+
+def summarize(parts: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    env = parts.get("env", {})
+    if env.get("rows"):
+        biggest = max(r["num_envs"] for r in env["rows"])
+        out["env_steps_per_s_at"] = biggest
+        out["env_steps_per_s"] = {r["env"]: {k: r.get(k) for k in r if "steps_per_s" in k}
+                                  for r in env["rows"] if r["num_envs"] == biggest}
+    paper = (parts.get("paper") or {}).get("summary") or {}
+    out["paper_update_ms"] = {k: v["update_ms"] for k, v in paper.items() if "update_ms" in v}
+    peer = parts.get("peer") or {}
+    if "update_ms" in peer:
+        out["peer_omapl_update_ms"] = peer["update_ms"]
+        for label in ("single", "fused"):
+            ours = out["paper_update_ms"].get(f"omapl_{label}")
+            if ours:
+                out[f"peer_over_jaxil_omapl_{label}"] = peer["update_ms"] / ours
+    rows = (parts.get("learners") or {}).get("rows") or []
+    speed = {}
+    for r in rows:
+        if r.get("axis") != "seeds":
+            continue
+        speed.setdefault(r["learner"], {})[r["seeds"]] = r["updates_per_s"]
+    for name, by in speed.items():
+        if 1 in by and len(by) > 1:
+            top = max(by)
+            # updates/s is summed over seeds: top seeds vmapped vs top sequential one-seed calls
+            out.setdefault("vmapped_seeds_speedup", {})[name] = {"seeds": top,
+                                                                 "speedup": by[top] / by[1]}
+    prec = (parts.get("precision") or {}).get("rows") or {}
+    out["precision"] = {p: {k: r.get(k) for k in ("matmul_tflops", "update_ms", "update_tflops")}
+                        for p, r in prec.items() if "skipped" not in r}
+    return out
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny sizes (CPU smoke test)")
+    p.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset of " + ",".join(PARTS))
+    p.add_argument("--out-dir", type=Path, default=None, help="where the JSON goes (default benchmarks/results)")
+    p.add_argument("--name", default="gpu_suite", help="JSON file name prefix")
+    args = p.parse_args(argv)
+    args.parts = [x for x in args.parts.split(",") if x]
+    bad = [x for x in args.parts if x not in PARTS]
+    if bad:
+        p.error(f"--parts: unknown {', '.join(bad)}; choose from {', '.join(PARTS)}")
+    return args
+
+
+def main(argv=None) -> dict[str, Any]:
+    args = parse_args(argv)
+    t0 = time.perf_counter()
+    payload: dict[str, Any] = {"machine": common.machine_info(), "versions": common.library_versions(),
+                               "config": {"quick": args.quick, "parts": args.parts}, "parts": {},
+                               "errors": {}}
+    m = payload["machine"]
+    print(f"jaxil accelerator suite on {m['device_kind']} ({m['backend']}), jax {payload['versions']['jax']}",
+          flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for part in args.parts:
+            budget = NO_BUDGET if args.quick else BUDGETS[part]
+            t = time.perf_counter()
+            print(f"[{part}]" + ("" if args.quick else f" budget {budget} s"), flush=True)
+            try:
+                payload["parts"][part] = RUNNERS[part](args, budget, Path(tmp))
+            except Exception as e:  # one broken part must not lose the others' numbers
+                payload["errors"][part] = f"{type(e).__name__}: {e}"
+                payload["parts"][part] = {"error": traceback.format_exc()[-3000:]}
+                print(f"  {part} failed: {type(e).__name__}: {e}", flush=True)
+            payload["parts"][part] = dict(payload["parts"][part], seconds=time.perf_counter() - t)
+    payload["summary"] = summarize(payload["parts"])
+    payload["wall_s"] = time.perf_counter() - t0
+    path = common.write_json(args.name + ("_quick" if args.quick else ""), payload, args.out_dir)
+    print(f"wrote {path} ({payload['wall_s']:.0f} s)")
+    return payload
+
+
+if __name__ == "__main__":
+    main()
