@@ -47,7 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from jaxil import distributed
+    from jaxil import distributed, hostmem
+
+    hostmem.retain_at_startup()  # before JAX starts its threads (jaxil.hostmem)
 
     try:  # before build_parser: importing the environments starts JAX
         argv = distributed.initialize_from_argv(sys.argv[1:] if argv is None else list(argv))

@@ -20,16 +20,18 @@ after each call.
 
 Call it before JAX's first computation. A thread that has already
 allocated keeps its own arena, so a later call cannot reach XLA's running
-worker threads. It is opt-in: a library should not change a process's
-allocator behind its back, and fused updates (what ``jaxil train`` runs)
-need none of it. Elsewhere than on glibc (macOS, musl) it does nothing and
-returns False.
+worker threads. Importing jaxil does not call it (a library should not
+change its host process's allocator behind its back); the ``jaxil``
+command calls it at start-up (:func:`retain_at_startup`), which
+``JAXIL_RETAIN_HOST_MEMORY=0`` turns off. Elsewhere than on glibc (macOS,
+musl) it does nothing and returns False.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import warnings
 
 # mallopt parameters (glibc malloc.h)
@@ -37,6 +39,8 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
 _M_ARENA_MAX = -8
 _INT_MAX = 2**31 - 1
+
+ENV = "JAXIL_RETAIN_HOST_MEMORY"
 
 _done = False
 
@@ -75,3 +79,15 @@ def retain() -> bool:
                                                (_M_TRIM_THRESHOLD, _INT_MAX)))
     _done = ok
     return ok
+
+
+def retain_at_startup() -> bool:
+    """:func:`retain` for a program's entry point: skipped (False) where
+    ``JAXIL_RETAIN_HOST_MEMORY=0`` or JAX has already started (then it
+    could not reach XLA's threads; e.g. ``jaxil.cli.main`` called from
+    Python), without a warning."""
+    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    if _backends_started():
+        return False
+    return retain()

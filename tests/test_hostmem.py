@@ -58,3 +58,18 @@ def test_retain_is_idempotent_and_warns_once_jax_runs():
                        timeout=300, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.split() == ["True", "True", "1", "True"]
+
+
+def test_the_command_line_retains_unless_turned_off():
+    """``jaxil`` at start-up retains (a fresh process); JAXIL_RETAIN_HOST_MEMORY=0
+    turns it off; called after JAX started (cli.main from Python) it does
+    nothing and says nothing (a warning would break one-line errors)."""
+    code = ("import sys; from jaxil import hostmem; a = hostmem.retain_at_startup()\n"
+            "import jax.numpy as jnp; jnp.ones(2).block_until_ready()\n"
+            "hostmem._done = False; b = hostmem.retain_at_startup(); print(a, b)")
+    for env, want in (({}, "True False"), ({"JAXIL_RETAIN_HOST_MEMORY": "0"}, "False False")):
+        p = subprocess.run([sys.executable, "-W", "error", "-c", code], cwd=ROOT, capture_output=True,
+                           text=True, timeout=300,
+                           env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin", **env})
+        assert p.returncode == 0, p.stderr[-2000:]
+        assert p.stdout.strip() == want, (env, p.stdout)
