@@ -1,9 +1,10 @@
-"""The runs axis on a device mesh: ``jaxil train``/``sweep`` over N devices.
+"""Runs and batches on a device mesh: ``jaxil train``/``sweep`` over N × M devices.
 
 A training run stacks R = grid points × seeds learner states on a leading
 runs axis ``[R, ...]`` (:mod:`jaxil.train`). Runs never talk to each other,
-so splitting that axis over N devices needs no communication: with a 1-D
-``Mesh`` named ``"runs"``, the states are placed with
+so splitting that axis over N devices needs no communication: on a
+``Mesh`` of axes ``("runs", "batch")`` (N × 1 unless batches are split
+too), the states are placed with
 ``NamedSharding(mesh, P("runs"))``, the dataset is replicated (``P()``), and
 the chunk and evaluation are jitted with those in/out shardings, so each
 device trains and evaluates its own R/N runs.
