@@ -72,6 +72,23 @@ def action_stats(learner, states, ds) -> dict:
                 mode_abs_err=float(np.abs(mode - acts[None]).mean()))
 
 
+def spread_outcome(global_state, length, n_agents: int, n_landmarks: int) -> dict:
+    """Where the agents end (MPE spread's global state: agent positions, then
+    landmark positions): the mean distance from each landmark to its nearest
+    agent at the final step (what the coverage reward scores), and the share
+    of episodes whose agents end nearest to pairwise different landmarks
+    (none left uncovered by two agents sharing one)."""
+    g = np.asarray(global_state)
+    g = g.reshape((-1,) + g.shape[-2:])
+    last = np.take_along_axis(g, np.asarray(length).reshape(-1)[:, None, None], axis=1)[:, 0]
+    agents = last[:, :2 * n_agents].reshape(-1, n_agents, 2)
+    marks = last[:, 2 * n_agents:2 * (n_agents + n_landmarks)].reshape(-1, n_landmarks, 2)
+    dist = np.linalg.norm(agents[:, :, None] - marks[:, None], axis=-1)  # [E, N, L]
+    nearest = dist.argmin(-1)
+    distinct = np.mean([len(set(row)) == min(n_agents, n_landmarks) for row in nearest])
+    return dict(final_landmark_dist=float(dist.min(1).mean()), distinct_share=float(distinct))
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--boxes", default=",".join(policy_mod.BOX_HEADS))
@@ -88,6 +105,15 @@ def main(argv=None) -> None:
     env = envs.make(ds.spec.env_id)
     data = LearnerData.from_dataset(ds, expert_labels(ds, "ground_truth"))
     norm = lambda r: (np.asarray(r) - ref["random"]) / (ref["expert"] - ref["random"])  # noqa: E731
+    raw = env.raw
+    n_agents, n_landmarks = int(raw.num_agents), int(raw.num_landmarks)
+    from envs.mpe import spread_expert
+    from envs.policies import as_policy
+
+    ep = jax.jit(lambda k: envs.run_episodes(env, as_policy(spread_expert(env)), None, k,
+                                             args.eval_episodes))(jax.random.PRNGKey(10_000))
+    expert_outcome = spread_outcome(ep.global_state, ep.length, n_agents, n_landmarks)
+    print("scripted expert", expert_outcome, flush=True)
     rows = []
     for updates in args.updates:
         for box in args.boxes.split(","):
@@ -103,28 +129,36 @@ def main(argv=None) -> None:
                 env, learner.policy(True), prm, k, args.eval_episodes), in_axes=(0, None)))(
                 states.params, jax.random.PRNGKey(10_000))
             det_ret = np.asarray(det.episode_return).mean(-1)
+            outcome = spread_outcome(det.global_state, det.length, n_agents, n_landmarks)
             pt = out["points"][0]
             r = dict(box=box, updates=updates, seconds=out["wall_seconds"], returns=pt["returns"],
                      norm_mean=float(norm(pt["returns"]).mean()), norm_std=float(norm(pt["returns"]).std()),
                      det_returns=det_ret.tolist(), det_norm_mean=float(norm(det_ret).mean()),
-                     det_norm_std=float(norm(det_ret).std()), **action_stats(learner, states, ds))
+                     det_norm_std=float(norm(det_ret).std()), **outcome,
+                     **action_stats(learner, states, ds))
             rows.append(r)
             print(f"{box:<18}{updates:>6}  sampled {r['norm_mean']:.3f} ± {r['norm_std']:.3f}  "
                   f"deterministic {r['det_norm_mean']:.3f} ± {r['det_norm_std']:.3f}  "
                   f"on bound {r['sampled_on_bound']:.2f} (expert {r['expert_on_bound']:.2f})  "
-                  f"|mode − a| {r['mode_abs_err']:.3f}  ({r['seconds']:.0f}s)", flush=True)
+                  f"|mode − a| {r['mode_abs_err']:.3f}  landmark dist {r['final_landmark_dist']:.3f} "
+                  f"distinct {r['distinct_share']:.2f}  ({r['seconds']:.0f}s)", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cmd = "python " + " ".join([sys.argv[0]] + (sys.argv[1:] if argv is None else argv))
     (out / "results.json").write_text(json.dumps(dict(command=cmd, tiers=ref, seeds=args.seeds,
-                                                      hidden=args.hidden, rows=rows), indent=2))
+                                                      hidden=args.hidden, expert=expert_outcome,
+                                                      rows=rows), indent=2))
     lines = ["| head | updates | normalised return (sampled) | normalised return (deterministic) "
-             "| action components on a bound, sampled (expert) | mean abs. error of the mode |",
-             "|---|---|---|---|---|---|"]
+             "| action components on a bound, sampled (expert) | mean abs. error of the mode "
+             "| final landmark–agent distance, deterministic (expert) "
+             "| episodes ending on distinct landmarks (expert) |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['box']} | {r['updates']} | {r['norm_mean']:.2f} ± {r['norm_std']:.2f} | "
                      f"{r['det_norm_mean']:.2f} ± {r['det_norm_std']:.2f} | "
-                     f"{r['sampled_on_bound']:.2f} ({r['expert_on_bound']:.2f}) | {r['mode_abs_err']:.3f} |")
+                     f"{r['sampled_on_bound']:.2f} ({r['expert_on_bound']:.2f}) | {r['mode_abs_err']:.3f} | "
+                     f"{r['final_landmark_dist']:.3f} ({expert_outcome['final_landmark_dist']:.3f}) | "
+                     f"{r['distinct_share']:.2f} ({expert_outcome['distinct_share']:.2f}) |")
     (out / "table.md").write_text(
         f"BC(D_E) on `{RECIPE}`, {args.seeds} seeds, hidden {args.hidden}, batch {args.batch_size}, "
         f"{args.eval_episodes} evaluation episodes per seed; mean ± std over seeds. Normalised: "
