@@ -118,8 +118,8 @@ def write_outputs(rows: list[dict], out: Path, meta: dict) -> None:
         "returns measured on the dataset's own tiers (`.tiers.json`): 0 = random, 1 = the expert "
         "that made the data.\n\n" + "\n".join(norm_lines)
         + f"\n\nCommand: `{meta['command']}`  \n"
-        + (f"Rows of {', '.join(meta['kept']['envs'])} kept from the earlier run "
-           f"(`{meta['kept']['command']}`), same settings.  \n" if meta.get("kept") else "")
+        + "".join(f"Rows of {', '.join(envs_)} kept from an earlier run (`{cmd}`), same "
+                  "settings.  \n" for cmd, envs_ in kept_by_command(meta).items())
         + "Training time (sum over rows, each timed when it ran): "
         f"{sum(r['seconds'] for r in rows):.0f}s; this invocation {meta['wall_seconds']:.0f}s; {meta['seeds']} seeds, {meta['updates']} updates, mean ± std over seeds of the final "
         f"evaluation return ({meta['eval_episodes']} episodes per seed).\n")
@@ -183,10 +183,29 @@ def merge_rows(path: Path, rows: list[dict], meta: dict) -> tuple[list[dict], di
     order = list(dict.fromkeys([r["env"] for r in old["rows"]] + [r["env"] for r in rows]))
     merged = sorted(kept + rows, key=lambda r: order.index(r["env"]))
     kept_envs = list(dict.fromkeys(r["env"] for r in kept))
-    if kept_envs:
-        meta = dict(meta, kept=dict(envs=kept_envs, command=old.get("kept", {}).get("command")
-                                    or old["command"]))
+    made_by = old_sources(old)
+    meta = dict(meta, sources={e: made_by[e] if e in kept_envs else meta["command"]
+                               for e in dict.fromkeys(r["env"] for r in merged)})
     return merged, meta
+
+
+def old_sources(old: dict) -> dict:
+    """``{env: the command that made its row}`` of an earlier ``results.json``
+    (``sources``; files written before it record one ``kept`` group)."""
+    if "sources" in old:
+        return dict(old["sources"])
+    kept = old.get("kept") or {}
+    return {r["env"]: kept["command"] if r["env"] in kept.get("envs", ()) else old["command"]
+            for r in old["rows"]}
+
+
+def kept_by_command(meta: dict) -> dict:
+    """``{command: [env, ...]}`` of the rows not made by this invocation."""
+    out: dict = {}
+    for env, cmd in meta.get("sources", {}).items():
+        if cmd != meta["command"]:
+            out.setdefault(cmd, []).append(env)
+    return out
 
 
 def main(argv=None) -> None:
