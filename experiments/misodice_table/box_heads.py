@@ -21,7 +21,6 @@ import argparse
 import contextlib
 import json
 import sys
-import time
 from pathlib import Path
 
 import jax
