@@ -512,35 +512,16 @@ def test_cli_run_killed_with_sigkill_resumes_exactly(tmp_path):
     checkpoint exists, then ``--resume``, gives the metrics of an
     uninterrupted run line for line (a resume that restarts the round count,
     redraws keys, or keeps rows of an uncommitted round fails)."""
-    import os
-    import signal
-    import subprocess
     import sys
-    import time
+
+    from cli_kill import kill_then_resume
 
     args = [sys.executable, "-m", "jaxil.cli", "interactive", "dagger", "--env", "mpe:simple_spread",
             "--expert", "scripted", "--budget", "1200", "--sft-labels", "150", "--rounds", "6",
             "--envs-per-round", "8", "--updates-per-round", "200", "--sft-updates", "20",
             "--eval-episodes", "8", "--hidden", "32", "--seeds", "2", "--no-progress",
             "--no-diagnostics"]
-    env = dict(os.environ, PYTHONPATH=os.getcwd())
-    subprocess.run(args + ["--out", str(tmp_path / "full")], check=True, env=env,
-                   capture_output=True)
-    p = subprocess.Popen(args + ["--out", str(tmp_path / "killed")], env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    ckpt = tmp_path / "killed" / "checkpoints"
-    deadline = time.time() + 300
-    while time.time() < deadline and p.poll() is None:
-        if ckpt.exists() and any(c.name.isdigit() for c in ckpt.iterdir()):
-            break
-        time.sleep(0.05)
-    assert p.poll() is None, "the run finished before it could be killed; give it more rounds"
-    os.kill(p.pid, signal.SIGKILL)
-    p.wait()
-    done = [c for c in ckpt.iterdir() if c.name.isdigit()]
-    assert done and max(int(c.name) for c in done) < 6
-    subprocess.run(args + ["--out", str(tmp_path / "killed"), "--resume"], check=True, env=env,
-                   capture_output=True)
+    kill_then_resume(args, tmp_path, min_step=0, max_step=6, timeout_s=300)
     a = (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()
     b = (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x) for x in a] == [json.loads(x) for x in b]

@@ -371,32 +371,14 @@ def test_cli_gail_killed_with_sigkill_resumes_exactly(spread_demos, tmp_path):
     then ``--resume``: the metrics equal an uninterrupted run's line for line
     (keys redrawn on resume, the SFT redone over the restored actor, or rows
     of an uncommitted chunk kept would differ)."""
-    import signal
-    import subprocess
     import sys
-    import time
+
+    from cli_kill import kill_then_resume
 
     args = [sys.executable, "-m", "jaxil.cli", "gail", "--env", "mpe:simple_spread",
             "--demos", str(spread_demos), "--num-demos", "3", "--demos-per-seed",
             "--gp-coef", "0.1", "--kl-coef", "0.05"] + CLI_SMALL
-    env = dict(os.environ, PYTHONPATH=os.getcwd())
-    subprocess.run(args + ["--out", str(tmp_path / "full")], check=True, env=env,
-                   capture_output=True)
-    p = subprocess.Popen(args + ["--out", str(tmp_path / "killed")], env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    ckpt = tmp_path / "killed" / "checkpoints"
-    deadline = time.time() + 600
-    while time.time() < deadline and p.poll() is None:
-        if ckpt.exists() and any(c.name.isdigit() and int(c.name) >= 1 for c in ckpt.iterdir()):
-            break
-        time.sleep(0.05)
-    assert p.poll() is None, "the run finished before it could be killed; give it more chunks"
-    os.kill(p.pid, signal.SIGKILL)
-    p.wait()
-    done = [int(c.name) for c in ckpt.iterdir() if c.name.isdigit()]
-    assert done and max(done) < 3
-    subprocess.run(args + ["--out", str(tmp_path / "killed"), "--resume"], check=True, env=env,
-                   capture_output=True)
+    kill_then_resume(args, tmp_path, min_step=1, max_step=3)
     a = (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()
     b = (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()
     assert len(a) == 2 * 4 and [json.loads(x) for x in a] == [json.loads(x) for x in b]

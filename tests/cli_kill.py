@@ -1,0 +1,36 @@
+"""Kill a ``jaxil`` CLI run with SIGKILL after a checkpoint, then resume it:
+the shared body of the CLI kill-and-resume tests."""
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+
+def kill_then_resume(args: list[str], tmp_path: Path, *, min_step: int, max_step: int,
+                     timeout_s: float = 600) -> tuple[Path, Path]:
+    """Run ``args`` to the end in ``tmp_path/full``; run it again in
+    ``tmp_path/killed``, SIGKILL it once a checkpoint of step >= ``min_step``
+    exists (asserting it had not finished and stopped before ``max_step``),
+    then ``--resume`` it there. Returns the two run directories."""
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    subprocess.run(args + ["--out", str(full)], check=True, env=env, capture_output=True)
+    p = subprocess.Popen(args + ["--out", str(killed)], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpt = killed / "checkpoints"
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and p.poll() is None:
+        if ckpt.exists() and any(c.name.isdigit() and int(c.name) >= min_step
+                                 for c in ckpt.iterdir()):
+            break
+        time.sleep(0.05)
+    assert p.poll() is None, "the run finished before it could be killed; give it more steps"
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    done = [int(c.name) for c in ckpt.iterdir() if c.name.isdigit()]
+    assert done and max(done) < max_step, done
+    subprocess.run(args + ["--out", str(killed), "--resume"], check=True, env=env,
+                   capture_output=True)
+    return full, killed
