@@ -140,3 +140,31 @@ def test_misodice_beats_bc_on_union_smax_3m():
         results[algo] = np.asarray(ep.episode_return.mean(1))
     bc, miso = results["bc_union"], results["misodice"]
     assert miso.mean() - bc.mean() > max(miso.std(), bc.std()), results
+
+
+def test_jit_update_n_donates_a_fresh_state_and_matches_update_n():
+    """``jit_update_n`` (state donated) takes a freshly initialised BC state,
+    whose learning rate used to be one buffer in the hyper-parameters and in
+    the optimiser state (MisoDICE's: three; "Attempt to donate the same
+    buffer twice"), returns what ``update_n`` returns, and consumes its input
+    (donated). Fails without ``unalias`` in ``init``/``jit_update_n``, with
+    the donation dropped, or with K ignored."""
+    from jaxil.learners import jit_update_n
+
+    data, _ = _synthetic(jax.random.PRNGKey(0), 256)
+    learner = make_learner("bc_union", SPEC, hidden=(8,), batch_size=32)
+    fresh = learner.init(jax.random.PRNGKey(1))
+    ids = [id(x) for x in jax.tree.leaves(fresh)]
+    assert len(ids) == len(set(ids)), "init returned one buffer in two leaves"
+    want_state, want = fast_call(lambda s, d: update_n(learner, s, d, 2), fresh, data)
+    state = learner.init(jax.random.PRNGKey(1))
+    got_state, got = jit_update_n(learner, 2)(state, data)
+    assert int(got_state.step) == 2
+    assert all(x.is_deleted() for x in jax.tree.leaves(state.params))
+    for k in want:
+        np.testing.assert_allclose(np.asarray(got[k]), np.asarray(want[k]), rtol=1e-5, atol=1e-6,
+                                   err_msg=k)
+    for a, b in zip(jax.tree.leaves(got_state.params), jax.tree.leaves(want_state.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="k \\(updates per call\\) must be >= 1"):
+        jit_update_n(learner, 0)
