@@ -47,9 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from jaxil import distributed, hostmem
+    from jaxil import hostmem
 
-    hostmem.retain_at_startup()  # before JAX starts its threads (jaxil.hostmem)
+    hostmem.retain_at_startup()  # before jax is imported (jaxil.hostmem)
+    from jaxil import distributed
 
     try:  # before build_parser: importing the environments starts JAX
         argv = distributed.initialize_from_argv(sys.argv[1:] if argv is None else list(argv))

@@ -32,6 +32,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import sys
 import warnings
 
 # mallopt parameters (glibc malloc.h)
@@ -46,6 +47,8 @@ _done = False
 
 
 def _backends_started() -> bool:
+    if "jax" not in sys.modules:  # importing jax here would start jaxlib's threads first
+        return False
     try:
         from jax._src import xla_bridge
     except ImportError:  # jax not installed, or moved: nothing to warn about
@@ -64,20 +67,26 @@ def retain() -> bool:
     global _done
     if _done:
         return True
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "")
+        except OSError:
+            return False
+    mallopt = getattr(libc, "mallopt", None)
+    if mallopt is None:
         return False
+    # Before anything else, jax's import included: a thread that allocates
+    # before M_ARENA_MAX is set gets an arena of its own, and XLA may run on it.
+    # One arena first, so new threads share the main heap.
+    ok = all(mallopt(p, v) == 1 for p, v in ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0),
+                                               (_M_TRIM_THRESHOLD, _INT_MAX)))
+    _done = ok
     if _backends_started():
         warnings.warn("jaxil.hostmem.retain() was called after JAX started: XLA's worker "
                       "threads keep their own arenas; call it before the first computation",
                       stacklevel=2)
-    # one arena before the mmap settings, so new threads share the main heap
-    ok = all(mallopt(p, v) == 1 for p, v in ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0),
-                                               (_M_TRIM_THRESHOLD, _INT_MAX)))
-    _done = ok
     return ok
 
 

@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 # A program whose temporary buffer (a 128 MB product, fed to a second one) is far
-# above glibc's mmap threshold; prints the minor page faults of its 4th call.
+# above glibc's mmap threshold; prints the fewest minor page faults of calls 4-6.
 PROBE = r"""
 import json, resource, sys
 if sys.argv[1] == "retain":
@@ -22,9 +22,12 @@ x = jnp.ones((8192, 64)); w = jnp.ones((64, 4096))
 f = jax.jit(lambda x, w: jnp.tanh(x @ w) @ w.T)
 for _ in range(3):
     f(x, w).block_until_ready()
-r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-f(x, w).block_until_ready()
-print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0))
+counts = []
+for _ in range(3):
+    r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    f(x, w).block_until_ready()
+    counts.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0)
+print(json.dumps(min(counts)))
 """
 
 
@@ -35,7 +38,11 @@ def test_retained_host_memory_is_reused_across_calls():
     pages of the last call are reused (a few hundred at most). Catches a
     retain() that sets only the mmap threshold (capped at 32 MB by glibc)
     or leaves XLA's worker threads on their own arenas (both measured: the
-    faults stay)."""
+    faults stay, on every call). The fewest faults of three calls are
+    compared: about one run in six here, one call of a retaining process
+    faults the buffer in again (32,768 pages; this VM runs DAMON's
+    reclaim, kdamond, which may take idle pages back), and the next calls
+    reuse it again."""
     faults = {}
     for mode in ("default", "retain"):
         p = subprocess.run([sys.executable, "-c", PROBE, mode], cwd=ROOT, capture_output=True,
