@@ -92,11 +92,11 @@ def retain() -> bool:
 
 def retain_at_startup() -> bool:
     """:func:`retain` for a program's entry point: skipped (False) where
-    ``JAXIL_RETAIN_HOST_MEMORY=0`` or JAX has already started (then it
-    could not reach XLA's threads; e.g. ``jaxil.cli.main`` called from
-    Python), without a warning."""
+    ``JAXIL_RETAIN_HOST_MEMORY=0`` or jax is already imported (a host
+    program, e.g. ``jaxil.cli.main`` called from Python or a test runner,
+    keeps its allocator as it is), without a warning."""
     if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
         return False
-    if _backends_started():
+    if "jax" in sys.modules:
         return False
     return retain()
