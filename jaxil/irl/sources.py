@@ -46,10 +46,12 @@ class SFT:
 
 def fit_sft(dataset: Dataset, *, seeds: int, base_seed: int = 0, hidden: Sequence[int] = (256, 256),
             batch_size: int = 512, updates: int = 2000, eval_every: int = 500,
+            lr: Optional[float] = None,
             eval_episodes: int = 32, out_dir: Optional[str | Path] = None, resume: bool = False,
             overwrite: bool = False, progress: bool = True, data_identity: Optional[dict] = None
             ) -> SFT:
-    """BC on every trajectory of ``dataset`` for ``seeds`` seeds (one program)."""
+    """BC on every trajectory of ``dataset`` for ``seeds`` seeds (one program);
+    ``lr``: Adam's learning rate (None: the BC learner's default)."""
     from jaxil.train import expand_grid, init_runs, train
 
     spec = dataset.spec
@@ -57,7 +59,7 @@ def fit_sft(dataset: Dataset, *, seeds: int, base_seed: int = 0, hidden: Sequenc
     if env.spec != spec:
         raise ValueError(f"dataset spec {spec} does not match environment {env.spec}")
     learner = make_learner("bc_union", spec, hidden=tuple(hidden), batch_size=batch_size)
-    runs = expand_grid({}, seeds)
+    runs = expand_grid({} if lr is None else {"lr": [float(lr)]}, seeds)
     data = LearnerData.from_dataset(dataset, None)
     summary = train(learner, env, data, runs=runs, num_updates=updates, eval_every=eval_every,
                     eval_episodes=eval_episodes, out_dir=out_dir, resume=resume,
