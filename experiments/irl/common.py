@@ -12,11 +12,17 @@ environment                    expert                               ε
 smax:3m                        the shipped MAPPO teacher            0.4
 jumanji:LevelBasedForaging-v0  scripted BFS (``lbf-bfs-coop``)      0.7
 mpe:simple_spread              scripted assignment (``spread-...``)  0.6
+smax:2s3z                      the shipped MAPPO teacher            0.4
 =============================  ===================================  ====
+
+smax:2s3z joined after the diagnosis of ``diagnose_sft.py`` (README.md):
+its expert, like 3m's, is an MLP policy of each agent's own observation,
+the function class BC fits, where BC cannot recover the scripted experts of
+LevelBasedForaging and MPE from their noised demonstrations.
 
 (ε as the zoo's medium tier of each environment: ``jaxil.data.zoo``
 ``EPSILON`` / ``EPSILON_OVERRIDES``, calibrated in data_report.md.) The
-expert of smax:3m is whatever the zoo finds (a local teacher under
+expert of smax:3m (2s3z) is whatever the zoo finds (a local teacher under
 ``runs/teachers/smax_3m`` overrides the shipped one, with a warning).
 
 Usage::
@@ -44,6 +50,7 @@ ENVS: dict[str, tuple[str, float]] = {
     "smax:3m": ("smax-3m", 0.4),
     "jumanji:LevelBasedForaging-v0": ("jumanji-LevelBasedForaging-v0", 0.7),
     "mpe:simple_spread": ("mpe-simple_spread", 0.6),
+    "smax:2s3z": ("smax-2s3z", 0.4),
 }
 
 
