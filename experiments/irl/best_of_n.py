@@ -41,7 +41,6 @@ SOURCE_LABELS = {"init-sft": "Init–SFT", "init-demo": "Init–Demo", "sft-demo
 
 def run_env(env_id: str, args) -> dict:
     import jax
-    import jax.numpy as jnp
 
     import envs
     from experiments.irl.common import demonstrations
@@ -66,13 +65,21 @@ def run_env(env_id: str, args) -> dict:
     t_sources = time.perf_counter()
     # Best-of-N rollouts: the same M start states for every seed.
     reset_keys = jax.random.split(jax.random.fold_in(key, 3), args.start_states)
-    bon_fn = jax.jit(jax.vmap(lambda p, k: bon.same_start_episodes(
-        env, policy, p, reset_keys, k, args.k)))
-    rkeys = jax.vmap(lambda i: jax.random.fold_in(jax.random.fold_in(key, 4), i))(
-        jnp.arange(len(sft.seeds)))
-    ep = bon_fn(sft.sft_params, rkeys)  # [R, M, K, ...]
-    true = np.asarray(ep.episode_return, np.float64)  # [R, M, K]
-    flat = jax.tree.map(lambda x: x.reshape((x.shape[0], -1) + x.shape[3:]), ep)  # [R, M*K]
+    # One seed at a time (the same keys as a vmap over seeds; a vmap holds all
+    # R·M·K episodes at once, which SMAX 2s3z's 5 × 127 observations do not
+    # fit in 23 GB), kept on the host.
+    bon_fn = jax.jit(lambda p, k: bon.same_start_episodes(env, policy, p, reset_keys, k, args.k))
+    nseeds = len(sft.seeds)
+    per_seed_params = lambda tree, r: jax.tree.map(lambda x: x[r], tree)  # noqa: E731
+    flat = []  # per seed: Episodes [M*K, ...] (numpy)
+    true = []
+    for r in range(nseeds):
+        ep = jax.device_get(bon_fn(per_seed_params(sft.sft_params, r),
+                                   jax.random.fold_in(jax.random.fold_in(key, 4), r)))
+        true.append(np.asarray(ep.episode_return, np.float64))  # [M, K]
+        flat.append(jax.tree.map(lambda x: np.asarray(x).reshape((-1,) + x.shape[2:]), ep))
+        del ep
+    true = np.stack(true)  # [R, M, K]
     t_bon = time.perf_counter()
 
     rm = RewardModel(spec, RewardModelConfig(mixing=args.mixing, hidden=tuple(args.rm_hidden),
@@ -84,18 +91,20 @@ def run_env(env_id: str, args) -> dict:
                                         updates=args.rm_updates,
                                         eval_every=args.rm_updates // 4,
                                         progress=not args.no_progress, label=source)
-        s = jax.jit(jax.vmap(lambda p, e: rm.trajectory_scores(p, e, args.gamma)))(
-            states.params, flat)
-        s = np.asarray(s, np.float64)
+        score_fn = jax.jit(lambda p, e: rm.trajectory_scores(p, e, args.gamma))
+        s = np.stack([np.asarray(score_fn(per_seed_params(states.params, r), flat[r]), np.float64)
+                      for r in range(nseeds)])
         if s.ndim == 3:  # per-agent rewards: the team's score is the sum
             s = s.sum(-1)
         scores[source] = s.reshape(true.shape)
         last = [r for r in rows if r["update"] == args.rm_updates]
         fits[source] = dict(accuracy=[r["accuracy"] for r in last],
                             loss=[r["loss"] for r in last])
-    rc = jax.jit(jax.vmap(lambda ps, p0, e: analytic_reward(policy, ps, policy, p0, e)))(
-        sft.sft_params, sft.init_params, flat)
-    scores["analytic"] = np.asarray(rc, np.float64).reshape(true.shape)
+    rc_fn = jax.jit(lambda ps, p0, e: analytic_reward(policy, ps, policy, p0, e))
+    rc = np.stack([np.asarray(rc_fn(per_seed_params(sft.sft_params, r),
+                                    per_seed_params(sft.init_params, r), flat[r]), np.float64)
+                   for r in range(nseeds)])
+    scores["analytic"] = rc.reshape(true.shape)
     t_rm = time.perf_counter()
 
     ns = bon.powers_of_two(args.k)
