@@ -1,10 +1,29 @@
 import os
 import re
+import shutil
+import tempfile
 
 import pytest
 
 # Tests run on 2 CPU cores; keep XLA from oversubscribing them.
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+
+# XLA's persistent compilation cache, one folder per test session, shared by
+# the xdist workers and the `jaxil` subprocesses the CLI tests start (they
+# inherit the environment). Many tests compile a program another test (or the
+# same test's resumed run, whose environment object is new) compiled already;
+# on 2 cores compiling is most of the suite's time. Starts empty on every
+# session, so no result of an earlier checkout is reused. A folder set in
+# JAX_COMPILATION_CACHE_DIR by the caller is used as it is.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxil-tests-xla-")
+    os.environ["JAXIL_TESTS_OWN_XLA_CACHE"] = str(os.getpid())
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.3")
+
+
+def pytest_unconfigure(config):
+    if os.environ.get("JAXIL_TESTS_OWN_XLA_CACHE") == str(os.getpid()):
+        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 # The default run uses two pytest-xdist workers (pyproject addopts): XLA
 # compiles on one thread, so two processes compile about twice as fast on 2
