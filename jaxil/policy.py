@@ -29,7 +29,9 @@ and a head from :mod:`jaxil.distributions`:
   Under the tanh-Gaussian the likelihood of such an action grows without
   bound as the pre-squash mean goes to ±∞, so behaviour cloning chases
   saturation; the censored Gaussian gives it a probability Φ(·) ≤ 1 instead
-  (experiments/misodice_table/README.md measures the three heads).
+  (experiments/misodice_table/README.md measures the three heads). A learner
+  names its head in its config (``box``, default the censored Gaussian), so
+  its run identity records it.
 
 :meth:`PolicyNet.policy` gives the :class:`envs.policies.Policy` that rollouts,
 the dataset zoo and everything else that takes a policy accept, with

@@ -38,6 +38,7 @@ from jaxil.learners import LEARNERS, LearnerData, make_learner, update_n_checked
 from jaxil.learners.base import Learner, check_hparams
 from jaxil.cli_args import nonneg_int, positive_int
 from jaxil.rundir import check_run_dir, metrics_rows, open_run_dir
+from jaxil.policy import BOX_HEADS
 from jaxil.precision import PRECISIONS, matmul_precision
 from jaxil.sharding import (RUNS, RunsLayout, check_batch_split, constrain_batch, make_mesh,
                             num_devices)
@@ -82,6 +83,17 @@ def run_hparams(learner: Learner, runs: list[RunSpec]) -> list[Any]:
     for r, h in zip(runs, hps):
         check_hparams(learner.name, h, f" (grid point {r.grid_label})" if r.grid else "")
     return hps
+
+
+def config_identity(learner: Learner, spec: EnvSpec) -> dict:
+    """The learner's config as its run identity records it. The box head is
+    left out on discrete actions, where it does nothing: runs on discrete
+    environments keep the identity they had before the config named a head,
+    and still resume."""
+    config = dataclasses.asdict(learner.config)
+    if spec.discrete:
+        config.pop("box", None)
+    return config
 
 
 def init_runs(learner: Learner, runs: list[RunSpec], base_seed: int):
@@ -192,7 +204,7 @@ def train(
     if out_dir:
         # --updates is not part of the identity: a finished run may be resumed
         # with more updates to train on (the first N do not depend on it).
-        identity = dict(learner=learner.name, config=dataclasses.asdict(learner.config),
+        identity = dict(learner=learner.name, config=config_identity(learner, env.spec),
                         runs=[dataclasses.asdict(r) for r in runs], eval_every=eval_every, eval_episodes=eval_episodes, base_seed=base_seed,
                         deterministic_eval=deterministic_eval, env_id=env.spec.env_id,
                         spec=env.spec.to_dict(), data=data_identity or {})
@@ -464,7 +476,14 @@ def _run(args, sweep: bool) -> int:
     env = envs.make(spec.env_id)
     if env.spec != spec:
         raise ValueError(f"dataset spec {spec} does not match environment {env.spec}")
-    learner = make_learner(args.algo, spec, hidden=tuple(args.hidden), batch_size=args.batch_size)
+    box = {}
+    if args.box is not None:
+        if spec.discrete:
+            raise ValueError(f"--box chooses the head of box actions; {spec.env_id} has discrete "
+                             "actions: leave --box out")
+        box = dict(box=args.box)
+    learner = make_learner(args.algo, spec, hidden=tuple(args.hidden), batch_size=args.batch_size,
+                           **box)
     needs_labels = args.algo != "bc_union"
     labels = expert_labels(ds, args.labels if needs_labels else "none")
     if needs_labels and not labels.any():
@@ -515,6 +534,11 @@ def _eval(args) -> int:
                          "the jaxil/environment version that trained it, or retrain")
     cfg = dict(info["config"])
     cfg.pop("mixing", None)
+    if not spec.discrete and "box" not in cfg:
+        raise ValueError(
+            f"{out / 'run.json'} names no box head (written before jaxil recorded it), so its "
+            "checkpoint cannot be scored under the right one; add \"box\": \"tanh_gaussian\" "
+            "(runs before the censored default) or \"censored_gaussian\" to identity.config")
     cfg["hidden"] = tuple(cfg["hidden"])
     learner = make_learner(info["learner"], spec, **cfg)
     runs = [RunSpec(r["index"], r["seed"], tuple(map(tuple, r["grid"]))) for r in info["runs"]]
@@ -563,6 +587,9 @@ def _common(p: argparse.ArgumentParser, sweep: bool) -> None:
     p.add_argument("--precision", choices=tuple(PRECISIONS), default="default",
                    help="matmul precision: default (XLA's: fp32 on CPU, TF32 on recent NVIDIA "
                         "GPUs), fp32, tf32 or bf16 operands (jaxil.precision)")
+    p.add_argument("--box", choices=BOX_HEADS, default=None,
+                   help="the policy's head on box actions (default: censored_gaussian; "
+                        "jaxil.policy): censored_gaussian, tanh_gaussian or beta")
     p.add_argument("--no-progress", action="store_true")
     if sweep:
         for name in ("alpha", "gamma", "beta", "lr", "lr-actor", "lr-critic", "lr-disc", "gp-coef"):

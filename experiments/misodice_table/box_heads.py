@@ -18,7 +18,6 @@ error of the mode. Normalised return as the table: (R − R_random) /
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 from pathlib import Path
@@ -30,27 +29,13 @@ import numpy as np
 import envs
 from jaxil import policy as policy_mod
 from jaxil.cli_args import positive_int
-from jaxil.learners import BCConfig, LearnerData, make_bc
+from jaxil.learners import LearnerData, make_learner
 from jaxil.train import expand_grid, expert_labels, load_dataset, train
 
 sys.path.insert(0, str(Path(__file__).parent))
 from run import tier_returns  # noqa: E402
 
 RECIPE = "mpe-simple_spread_continuous/misodice-200e-1000p"
-
-
-@contextlib.contextmanager
-def learner_box(box: str):
-    """Learners built inside take ``box`` as their policies' head (they build
-    :class:`PolicyNet` with ``box=None``, which reads :data:`DEFAULT_BOX`).
-    The learner configs have no field for the head yet, and ``make_learner``
-    caches by config, so build with ``make_bc`` inside this context."""
-    old = policy_mod.DEFAULT_BOX["state"]
-    policy_mod.DEFAULT_BOX["state"] = box
-    try:
-        yield
-    finally:
-        policy_mod.DEFAULT_BOX["state"] = old
 
 
 def action_stats(learner, states, ds) -> dict:
@@ -116,10 +101,8 @@ def main(argv=None) -> None:
     rows = []
     for updates in args.updates:
         for box in args.boxes.split(","):
-            with learner_box(box):  # make_bc, not the cached make_learner: a fresh PolicyNet
-                learner = make_bc(ds.spec, BCConfig(hidden=tuple(args.hidden),
-                                                    batch_size=args.batch_size),
-                                  beta=1.0)._replace(name="bc_expert")
+            learner = make_learner("bc_expert", ds.spec, hidden=tuple(args.hidden),
+                                   batch_size=args.batch_size, box=box)
             out = train(learner, env, data, runs=expand_grid({}, args.seeds), num_updates=updates,
                         eval_every=updates // args.evals, eval_episodes=args.eval_episodes,
                         progress=False)

@@ -27,7 +27,7 @@ from jaxil.learners.base import (
     expert_and_union,
     init_opt,
 )
-from jaxil.policy import PolicyNet
+from jaxil.policy import BOX_HEADS, DEFAULT_BOX, PolicyNet
 from jaxil.losses import weighted_bc_loss
 
 
@@ -37,6 +37,7 @@ class BCConfig:
     shared: bool = True
     batch_size: int = 512
     max_grad_norm: float = 1.0
+    box: str = DEFAULT_BOX["state"]  # the policy's head on box actions (jaxil.policy)
 
     def __post_init__(self):
         _check_common(self)
@@ -58,11 +59,13 @@ def _check_common(cfg) -> None:
         raise ValueError(f"batch_size must be positive, got {cfg.batch_size}")
     if cfg.max_grad_norm <= 0:
         raise ValueError(f"max_grad_norm must be positive, got {cfg.max_grad_norm}")
+    if cfg.box not in BOX_HEADS:
+        raise ValueError(f"box must be one of {BOX_HEADS}, got {cfg.box!r}")
 
 
 def make_bc(spec: EnvSpec, config: BCConfig = BCConfig(), beta: float = 0.0) -> Learner:
     """BC learner; ``beta`` is the default D_E fraction of its hparams."""
-    pi = PolicyNet(spec, config.hidden, config.shared)
+    pi = PolicyNet(spec, config.hidden, config.shared, box=config.box)
     tx = adam(config.max_grad_norm)
 
     def default_hparams():

@@ -72,7 +72,7 @@ from jaxil.learners.base import (
     init_opt,
 )
 from jaxil.learners.bc import _check_common
-from jaxil.policy import PolicyNet, encode_actions
+from jaxil.policy import DEFAULT_BOX, PolicyNet, encode_actions
 from jaxil.losses import (
     agent_gradient_penalty,
     agent_weighted_bc_loss,
@@ -111,6 +111,7 @@ class DiceConfig:
     init_sampling: str = "trajectory"
     reward: str = "logit"
     nu_grad_penalty: bool = False
+    box: str = DEFAULT_BOX["state"]  # the policy's head on box actions (jaxil.policy)
 
     def __post_init__(self):
         if self.mixing not in MIXING:
@@ -153,7 +154,7 @@ def _Mixed(spec: EnvSpec, config: DiceConfig) -> MixedNet:
 
 def make_dice(spec: EnvSpec, config: DiceConfig = DiceConfig(), alpha: float = 0.05) -> Learner:
     n = spec.num_agents
-    pi = PolicyNet(spec, config.hidden, config.shared)
+    pi = PolicyNet(spec, config.hidden, config.shared, box=config.box)
     disc = _Mixed(spec, config)
     nu = _Mixed(spec, config)
     tx = adam(config.max_grad_norm)

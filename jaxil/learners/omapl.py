@@ -38,7 +38,7 @@ from jaxil.data.sampling import Segments
 from jaxil.learners.base import (DISCOUNT, NONNEGATIVE, POSITIVE, Learner, LearnerState, Range,
                                  adam, apply_grads, init_opt)
 from jaxil.learners.bc import _check_common
-from jaxil.policy import PolicyNet, encode_actions
+from jaxil.policy import DEFAULT_BOX, PolicyNet, encode_actions
 from jaxil.losses import agent_weighted_bc_loss, gumbel_value_loss, gumbel_weights, preference_loss
 from jaxil.mixing import mix
 from jaxil.nets import HyperMixer, LocalMLP
@@ -58,6 +58,7 @@ class OMAPLConfig:
     max_grad_norm: float = 1.0
     value_clip: float = 10.0
     value_clip_mode: str = "authors"  # or "flat" (XQL's form; jaxil before)
+    box: str = DEFAULT_BOX["state"]  # the policy's head on box actions (jaxil.policy)
 
     def __post_init__(self):
         if self.mixer_hidden <= 0:
@@ -160,7 +161,7 @@ class _Nets:
 
 def make_omapl(spec: EnvSpec, config: OMAPLConfig = OMAPLConfig()) -> Learner:
     n = spec.num_agents
-    pi = PolicyNet(spec, config.hidden, config.shared)
+    pi = PolicyNet(spec, config.hidden, config.shared, box=config.box)
     nets = _Nets(spec, config)
     q_net, v_net, mixer = nets.q, nets.v, nets.mixer
     local_q, implicit_rewards = nets.local_q, nets.implicit_rewards
