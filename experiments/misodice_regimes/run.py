@@ -430,9 +430,10 @@ def plan(args) -> list[tuple]:
        (``--long-cell``) BC(D_U), VDN and INDD; the ``--long-cell`` rows of
        BC(D_E) and MisoDICE train to ``--long-points`` (``labels`` then
        ends in ``+long``), the others to ``--points``;
-    B. Phase-1 labels on ``--p1-cells``: BC(D_E) and MisoDICE, then VDN and INDD;
+    B. Phase-1 labels on ``--p1-cells``: BC(D_E) and MisoDICE;
     C. the rest of the heatmap (MisoDICE, BC(D_E)): scarce counts first;
-    D. BC(D_U), VDN and INDD on every cell that lacks them.
+    D. VDN and INDD on the Phase-1 cells, then BC(D_U), VDN and INDD on
+       every cell that lacks them.
     """
     scarce = [n for n in args.expert_counts if n <= 25]
     cells = [(s, n) for n in args.expert_counts for s in args.sources]
@@ -449,13 +450,15 @@ def plan(args) -> list[tuple]:
                           ("bc_union", "misodice_vdn", "indd")]
             else:
                 tasks += [("A", env, s, n, "ground_truth", a) for a in ("bc_expert", "misodice")]
-    for algos in (("bc_expert", "misodice"), ("misodice_vdn", "indd")):
-        for env in args.envs:
-            for s, n in args.p1_cells:
-                tasks += [("B", env, s, n, "phase1", a) for a in algos]
+    for env in args.envs:
+        for s, n in args.p1_cells:
+            tasks += [("B", env, s, n, "phase1", a) for a in ("bc_expert", "misodice")]
     for s, n in rest:
         for env in args.envs:
             tasks += [("C", env, s, n, "ground_truth", a) for a in ("bc_expert", "misodice")]
+    for env in args.envs:
+        for s, n in args.p1_cells:
+            tasks += [("D", env, s, n, "phase1", a) for a in ("misodice_vdn", "indd")]
     for s, n in a_cells + rest:
         for env in args.envs:
             tasks += [("D", env, s, n, "ground_truth", a) for a in
