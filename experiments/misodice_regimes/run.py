@@ -886,7 +886,7 @@ def main(argv=None) -> None:
                    help="start no row after this many minutes (rows left out are listed)")
     p.add_argument("--pools-only", action="store_true", help="build the pools (and teachers) and stop")
     args = p.parse_args(argv)
-    preset = dict(DEFAULTS, **SCALES[args.scale], **(QUICK if args.quick else {}))
+    preset = {**DEFAULTS, **SCALES[args.scale], **(QUICK if args.quick else {})}
     for k, v in preset.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
