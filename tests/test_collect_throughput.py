@@ -5,6 +5,8 @@ import math
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # make `benchmarks` importable
 
 from benchmarks.collect_throughput import main  # noqa: E402
@@ -12,6 +14,7 @@ from benchmarks.collect_throughput import main  # noqa: E402
 ENV = "mpe:simple_spread_continuous"  # short episodes (26 steps), among the fastest to compile
 
 
+@pytest.mark.slow  # default-suite time (about 16 s of compile); run with -m slow
 def test_collect_throughput_writes_rows(tmp_path):
     # Neural policy only: each collector takes ~15 s to compile on the 2-core CI
     # machine; the random policy runs through the same code (see the script).

@@ -17,9 +17,17 @@ FAST_SMAX = {"smax:3m"}  # 2s3z and smacv2_5_units share the adapter; -m slow ru
 # MABrax (1000-step episodes of rigid-body physics) is an optional extra: slow too.
 
 
+# The Jumanji tasks share one adapter too: LevelBasedForaging, the benchmark
+# task, runs by default; RobotWarehouse, Connector and Cleaner with -m slow
+# (they were a minute of the default suite's compile time).
+FAST_JUMANJI = {"jumanji:LevelBasedForaging-v0"}
+
+
 def _is_fast(eid):
     if eid.startswith("smax:"):
         return eid in FAST_SMAX
+    if eid.startswith("jumanji:"):
+        return eid in FAST_JUMANJI
     return not eid.startswith("mabrax:")
 
 

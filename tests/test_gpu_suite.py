@@ -17,6 +17,7 @@ from benchmarks import gpu_suite  # noqa: E402
 pytestmark = pytest.mark.xdist_group("gpu_suite")
 
 
+@pytest.mark.slow  # default-suite time (about 40 s of compile); run with -m slow
 def test_quick_parts_write_one_json_with_numbers(tmp_path, monkeypatch):
     """``--quick`` env, precision and peer parts run on the CPU and write one
     JSON: env rows for the adapter and the raw env at each size, a loss and

@@ -376,6 +376,7 @@ def _regimes(env, budget=900):
         ("warm", regime("dagger", budget, **kw, lr=1e-9))]
 
 
+@pytest.mark.slow  # default-suite time (about 80 s of compile); run with -m slow
 def test_rounds_respect_the_budget_and_resume_reproduces(spread, tmp_path, monkeypatch):
     """One program runs BC, DAgger, OEC and rejection sampling × 2 seeds:
     - no regime spends more expert labels than its budget, and the interactive

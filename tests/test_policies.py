@@ -29,6 +29,7 @@ def _episodes(kind: str, seed: int = 0):
         jax.random.PRNGKey(seed))
 
 
+@pytest.mark.slow  # default-suite time (about 29 s of compile); run with -m slow
 def test_smax_heuristic_beats_random_on_3m():
     heur, rand = _episodes("heuristic"), _episodes("random")
     h_ret, r_ret = float(heur.episode_return.mean()), float(rand.episode_return.mean())
@@ -86,6 +87,7 @@ def test_as_policy_rejects_non_callables():
         as_policy(3)
 
 
+@pytest.mark.slow  # default-suite time (about 25 s of compile); run with -m slow
 def test_quickstart_cli_flags(capsys):
     """`jaxil quickstart` accepts its own flags (the policy table only here)."""
     from jaxil.cli import main

@@ -58,6 +58,10 @@ def _env(devices: int = 8) -> dict:
     return env
 
 
+# The 8-device worker (about 75 s of compile on 2 cores) runs with -m slow.
+_WORKER = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def worked(tmp_path_factory):
     """The worker's run directories and report (one subprocess for all tests)."""
@@ -94,6 +98,7 @@ def _assert_same_checkpoint(got: Path, want: Path) -> None:
             np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
+@_WORKER
 def test_eight_runs_on_eight_devices_match_one_device(worked):
     """8 runs, one per device, give the one-device run's metrics rows and
     checkpoint. Catches runs permuted across devices (a row or a checkpoint
@@ -104,6 +109,7 @@ def test_eight_runs_on_eight_devices_match_one_device(worked):
     assert rep["r8_d8"]["steps"] == rep["r8_d1"]["steps"] == [5, 10]
 
 
+@_WORKER
 def test_six_runs_on_four_devices_pad_without_leaking(worked):
     """6 runs on 4 devices are padded to 8; the padding never shows: exactly
     runs 0-5 in every metrics row, results.json and the returned states, and
@@ -122,6 +128,7 @@ def test_six_runs_on_four_devices_pad_without_leaking(worked):
     assert rep["r6_d4"]["stored_runs"] == [6]
 
 
+@_WORKER
 def test_a_killed_sharded_run_resumes_to_the_same_rows_and_checkpoint(worked):
     """Killed between the update-10 metrics and their checkpoint, the sharded
     run of 6 runs on 4 devices resumes from update 5 and ends as the
@@ -139,6 +146,7 @@ def test_a_killed_sharded_run_resumes_to_the_same_rows_and_checkpoint(worked):
     _assert_same_checkpoint(killed, ref)
 
 
+@_WORKER
 def test_the_sharded_programs_need_no_communication(worked):
     """Each device trains and evaluates its own runs: the compiled sharded
     chunk and evaluation hold no collective, and the state is split 2 runs
@@ -149,6 +157,7 @@ def test_the_sharded_programs_need_no_communication(worked):
     assert rep["shard_rows"] == [2] * 4
 
 
+@_WORKER
 def test_a_batch_split_over_four_devices_trains_as_on_one(worked):
     """2 runs × 4 batch devices (each run's batch of 16 split 4 ways on a
     2 × 4 mesh) give the one-device run's metrics rows and checkpoint; the
@@ -164,6 +173,7 @@ def test_a_batch_split_over_four_devices_trains_as_on_one(worked):
     assert "all-reduce" in rep["batch_collectives"]
 
 
+@_WORKER
 def test_omapl_fit_with_its_pairs_over_four_devices_matches_one(worked):
     """Phase 1's O-MAPL fit with each batch of 8 pairs split over 4 devices
     records the one-device fit's losses and scores every trajectory alike,

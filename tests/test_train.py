@@ -31,6 +31,7 @@ def _train(env, ds, algo, out, updates, resume=False, grid=None, seeds=2):
                  eval_every=5, eval_episodes=4, out_dir=out, resume=resume, progress=False)
 
 
+@pytest.mark.slow  # about 55 s; test_run_integrity's kill-before-checkpoint test resumes exactly by default
 def test_resume_reproduces_uninterrupted_run(spread, tmp_path):
     env, ds = spread
     full = _train(env, ds, "misodice", tmp_path / "full", 20)
