@@ -89,10 +89,15 @@ def config_identity(learner: Learner, spec: EnvSpec) -> dict:
     """The learner's config as its run identity records it. The box head is
     left out on discrete actions, where it does nothing: runs on discrete
     environments keep the identity they had before the config named a head,
-    and still resume."""
+    and still resume. So is a field added later while it holds the value its
+    config class names in ``IDENTITY_DEFAULTS`` (the behaviour runs made
+    before it had)."""
     config = dataclasses.asdict(learner.config)
     if spec.discrete:
         config.pop("box", None)
+    for name, value in getattr(type(learner.config), "IDENTITY_DEFAULTS", {}).items():
+        if config.get(name) == value:
+            config.pop(name)
     return config
 
 

@@ -199,3 +199,51 @@ def test_whole_trajectory_pairs():
     np.testing.assert_array_equal(np.asarray(x.mask).sum(1), ds.length[m])
     with pytest.raises(ValueError, match="segment_len"):
         sample_segment_pairs(jax.random.PRNGKey(1), trajectory_arrays(ds), 6, T + 1)
+
+
+def test_stratified_log_ratio_matches_numpy_and_reweights_to_the_union():
+    """``stratified_log_ratio`` equals the float64 formula
+    ρ = 1 / (λ·1[E]·K/K_E + 1 − λ), with and without jit, and it turns a
+    stratified batch (λB draws from D_E, the rest from D_U) back into D_U:
+    the self-normalised mean of f over many such batches equals f's mean over
+    all transitions, while the unweighted mean is pulled towards the experts.
+    Kills K/K_E inverted, λ and 1 − λ swapped, the ratio applied to the D_U
+    half only, or experts in the D_U half given the non-expert ratio (each
+    moves the reweighted mean off the union mean by more than the
+    tolerance)."""
+    from jaxil.data.sampling import sample_transitions_indexed, stratified_log_ratio
+
+    ds = make_dataset(num=40, seed=3)
+    flags = np.arange(40) % 8 == 0
+    trans = flatten_transitions(ds, flags)
+    k, k_e = trans.reward.shape[0], int(np.sum(trans.expert))
+    rng = np.random.default_rng(0)
+    is_e = rng.random(64) < 0.3
+    for lam in (0.5, 0.25):
+        want = -np.log(lam * is_e.astype(np.float64) * k / k_e + 1 - lam)
+        for fn in (stratified_log_ratio, jax.jit(stratified_log_ratio, static_argnums=(1, 3))):
+            got = fn(jnp.asarray(is_e), lam, jnp.asarray(k_e), k)
+            np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+    with pytest.raises(ValueError, match="expert_share"):
+        stratified_log_ratio(jnp.asarray(is_e), 1.0, k_e, k)
+
+    f = np.asarray(trans.obs[:, 0, 0], np.float64) * np.where(np.asarray(trans.expert), 3.0, 1.0)
+    half, b = 32, 64
+
+    @jax.jit
+    def one(key):
+        ke, ku = jax.random.split(key)
+        e = sample_where(ke, trans, half, trans.expert)
+        u, idx = sample_transitions_indexed(ku, trans, b - half)
+        fe = e.obs[:, 0, 0] * 3.0
+        fu = u.obs[:, 0, 0] * jnp.where(trans.expert[idx], 3.0, 1.0)
+        lr = stratified_log_ratio(jnp.concatenate([jnp.ones(half, bool), trans.expert[idx]]),
+                                  half / b, jnp.sum(trans.expert), k)
+        return jnp.concatenate([fe, fu]), jnp.exp(lr)
+
+    vals, rho = map(np.asarray, jax.vmap(one)(jax.random.split(jax.random.PRNGKey(0), 4000)))
+    vals, rho = vals.astype(np.float64).ravel(), rho.astype(np.float64).ravel()
+    union_mean = f.mean()
+    reweighted = np.sum(rho * vals) / np.sum(rho)
+    assert abs(np.mean(vals) - union_mean) > 0.1  # the raw stratified batch is biased
+    assert abs(reweighted - union_mean) < 0.01, (reweighted, union_mean)

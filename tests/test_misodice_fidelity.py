@@ -69,7 +69,7 @@ def test_dice_s0_batch_is_uniform_over_trajectories():
     as often. ``init_sampling="transition"`` keeps the old, length-weighted
     draw (the union batch's own ``init_obs``)."""
     learner = make_learner("misodice", SPEC, hidden=(8,), mixer_hidden=4, batch_size=2048)
-    _, u, s0, _ = jax.jit(learner.sample)(jax.random.PRNGKey(0), DATA)
+    _, u, s0, _, _ = jax.jit(learner.sample)(jax.random.PRNGKey(0), DATA)
     s0 = jax.tree.map(np.asarray, s0)
     assert (s0.step == 0).all()
     np.testing.assert_array_equal(s0.init_obs, DS.obs[s0.traj_index, 0])
@@ -94,7 +94,7 @@ def test_dice_s0_batch_is_uniform_over_trajectories():
 def _np_reference(spec, cfg, params, hp, batch, mutation=None):
     """The DICE losses of one update in float64 numpy from each network's raw
     output; ``mutation`` recomputes them as a mutated learner would."""
-    e, u, s0, _ = batch
+    e, u, s0, _, _ = batch
     f64 = lambda x: np.asarray(x, np.float64)  # noqa: E731
     disc, nu = _Mixed(spec, cfg), _Mixed(spec, cfg)
     per_agent = cfg.mixing == "none"
@@ -113,11 +113,13 @@ def _np_reference(spec, cfg, params, hp, batch, mutation=None):
     l_e = team(disc, params["disc"], x_in(e), e.global_state)
     l_u = team(disc, params["disc"], x_in(u), u.global_state)
     d_loss = np.sum(np.mean(softplus(-l_e), 0) + np.mean(softplus(l_u), 0))
-    if cfg.reward == "bounded":
-        sig = 1 / (1 + np.exp(-l_u))
-        reward = -np.log(1 / (sig + 1e-3) - 1 + 1e-3)
-    else:
-        reward = l_u
+    def to_reward(logit):
+        if cfg.reward == "bounded":
+            sig = 1 / (1 + np.exp(-logit))
+            return -np.log(1 / (sig + 1e-3) - 1 + 1e-3)
+        return logit
+
+    reward = to_reward(l_u)
     if mutation == "reward_sign":
         reward = -reward
     gamma, alpha = float(hp.gamma), float(hp.alpha)
@@ -127,26 +129,52 @@ def _np_reference(spec, cfg, params, hp, batch, mutation=None):
     init_obs, init_gs = init.init_obs, init.init_global_state
     if mutation == "s0_is_obs":
         init_obs, init_gs = u.obs, u.global_state
-    nu_s = team(nu, params["nu"], u.obs, u.global_state)
-    nu_next = team(nu, params["nu"], u.next_obs, u.next_global_state)
+    def advantage(b, r):
+        done = f64(b.done)
+        if mutation == "no_done":
+            done = np.zeros_like(done)
+        if mutation == "done_inverted":
+            done = 1 - done
+        if per_agent:
+            done = done[:, None]
+        return (r + gamma * (1 - done) * team(nu, params["nu"], b.next_obs, b.next_global_state)
+                - team(nu, params["nu"], b.obs, b.global_state))
+
     nu_0 = team(nu, params["nu"], init_obs, init_gs)
-    done = f64(u.done)
-    if mutation == "no_done":
-        done = np.zeros_like(done)
-    if mutation == "done_inverted":
-        done = 1 - done
-    if per_agent:
-        done = done[:, None]
-    adv = reward + gamma * (1 - done) * nu_next - nu_s
+    adv = advantage(u, reward)
     x = adv / (1 + alpha)
     mx = x.max(0)
     lme = mx + np.log(np.mean(np.exp(x - mx), 0))
     nu_loss = np.sum((1 - gamma) * nu_0.mean(0) + (1 + alpha) * lme)
-    w = np.exp(x - mx) / np.mean(np.exp(x - mx), 0)
+    pb, rho = u, np.ones(x.shape[:1] + (1,) * (x.ndim - 1))
+    if cfg.policy_sampling == "stratified":
+        # B//2 D_E samples then D_U samples; ρ = d_U/q for q = ½ D_E + ½ D_U
+        bsz = len(x)
+        h = bsz // 2
+        e_h, u_r = (jax.tree.map(lambda a, sl=sl: np.asarray(a)[sl], b)
+                    for b, sl in ((e, slice(0, h)), (u, slice(0, bsz - h))))
+        pb = jax.tree.map(lambda a, b: np.concatenate([a, b]), e_h, u_r)
+        x = np.concatenate([advantage(e_h, to_reward(l_e[:h])), adv[:bsz - h]]) / (1 + alpha)
+        k_all, k_e = DATA.union.reward.shape[0], float(np.sum(DATA.expert))
+        flag = np.concatenate([np.ones(h), DS.expert[np.asarray(u_r.traj_index)]])
+        lam = h / bsz
+        rho = 1 / (lam * flag * k_all / k_e + 1 - lam)
+        if mutation == "ratio_ignored":
+            rho = np.ones_like(rho)
+        if mutation == "ratio_inverted":
+            rho = 1 / rho
+        rho = rho.reshape(x.shape[:1] + (1,) * (x.ndim - 1))
+        mx = x.max(0)
+    w = rho * np.exp(x - mx) / np.mean(rho * np.exp(x - mx), 0)
     pi = PolicyNet(spec, cfg.hidden, cfg.shared)
-    logp = f64(pi.log_prob(params["policy"], u.obs, u.avail, u.actions))  # [B, N]
+    logp = f64(pi.log_prob(params["policy"], pb.obs, pb.avail, pb.actions))  # [B, N]
     pi_loss = -np.mean((w * logp).sum(-1)) if per_agent else -np.mean(w * logp.sum(-1))
-    return dict(disc_loss=d_loss, nu_loss=nu_loss, policy_loss=pi_loss, weight_max=w.max(),
+    out = {}
+    if cfg.policy_sampling == "stratified":
+        out["weight_expert_half"] = np.mean(w[:len(w) // 2].sum(0) / w.sum(0))
+    ess = np.mean(w.sum(0) ** 2 / (len(w) * (w ** 2).sum(0)))
+    return dict(out, disc_loss=d_loss, nu_loss=nu_loss, policy_loss=pi_loss, weight_max=w.max(),
+                weight_ess=ess,
                 reward_union=reward.mean())
 
 
@@ -156,7 +184,9 @@ MUTATIONS = ("reward_sign", "no_done", "done_inverted", "s0_from_union", "s0_is_
 @pytest.mark.parametrize("algo,cfg", [
     ("misodice", {}),
     ("indd", dict(reward="bounded", nu_grad_penalty=True)),
-], ids=["misodice", "indd-bounded-nugp"])
+    ("misodice", dict(policy_sampling="stratified")),
+    ("indd", dict(policy_sampling="stratified", reward="bounded", nu_grad_penalty=True)),
+], ids=["misodice", "indd-bounded-nugp", "misodice-stratified", "indd-stratified-bounded"])
 def test_dice_update_matches_numpy_reference(algo, cfg):
     """One update's discriminator, ν and policy losses and weights equal a
     float64 numpy recomputation from the networks' raw outputs, with the
@@ -173,7 +203,14 @@ def test_dice_update_matches_numpy_reference(algo, cfg):
     Also INDD's penalties: the discriminator's is the within-agent
     :func:`agent_gradient_penalty` (kills 'INDD's interpolates mix agents',
     the flattened B·N form jaxil had, which gives another value), and the ν
-    penalty is :func:`nu_gradient_penalty` on the learner's inputs."""
+    penalty is :func:`nu_gradient_penalty` on the learner's inputs.
+
+    With ``policy_sampling="stratified"`` the policy batch is the first half
+    of the D_E batch and then the D_U batch, its weights importance-corrected
+    by ρ = d_U/q: kills the ratio left out (plain weights on the mixed
+    batch), inverted, or applied to the wrong half, the D_E half's
+    advantage read off the D_U batch, and the policy trained on the D_U
+    batch alone."""
     learner = make_learner(algo, SPEC, hidden=(16,), mixer_hidden=8, batch_size=64, **cfg)
     config = learner.config
     hp = learner.default_hparams().replace(gamma=jnp.float32(0.5), lr_disc=jnp.float32(3e-3),
@@ -184,16 +221,20 @@ def test_dice_update_matches_numpy_reference(algo, cfg):
     update = fast_compile(learner.update, state, batch)
     for i in range(15):  # away from the initialisation: rewards and values of size
         state, _ = update(state, sample(jax.random.PRNGKey(10 + i), DATA))
-    e, u, s0, key = sample(jax.random.PRNGKey(99), DATA)
+    e, u, s0, key, log_ratio = sample(jax.random.PRNGKey(99), DATA)
     u = u.replace(done=jnp.asarray(np.random.default_rng(0).random(64) < 0.5))
-    batch = (e, u, s0, key)
+    e = e.replace(done=jnp.asarray(np.random.default_rng(1).random(64) < 0.5))
+    batch = (e, u, s0, key, log_ratio)
     _, m = update(state, batch)
     params = state.params
     want = _np_reference(SPEC, config, params, state.hparams, batch)
     tol = dict(rtol=2e-4, atol=2e-5)
     for k, v in want.items():
         np.testing.assert_allclose(float(m[k]), v, err_msg=k, **tol)
-    for mut in MUTATIONS + (("reward_logit",) if config.reward == "bounded" else ()):
+    strat = config.policy_sampling == "stratified"
+    assert (log_ratio is not None) == strat
+    for mut in (MUTATIONS + (("reward_logit",) if config.reward == "bounded" else ())
+                + (("ratio_ignored", "ratio_inverted") if strat else ())):
         if mut == "reward_logit":
             bad = _np_reference(SPEC, DiceConfig(**dict(vars(config), reward="logit")), params,
                                 state.hparams, batch)
@@ -256,3 +297,23 @@ def test_indd_defaults_to_independent_networks_and_new_switches_validate():
     assert float(hp.nu_gp_coef) == pytest.approx(1e-4)
     with pytest.raises(ValueError, match="nu_gp_coef"):
         check_hparams("misodice", hp.replace(nu_gp_coef=jnp.float32(-1.0)))
+
+
+def test_policy_sampling_validates_and_keeps_old_run_identities():
+    """``policy_sampling`` is validated, defaults to the paper's D_U batch,
+    and enters the run identity only when it is not the default: runs made
+    before the switch keep their identity (and resume), a stratified run
+    cannot resume as a D_U one or the other way round. Kills the field left
+    out of the identity, or always written into it."""
+    from jaxil.train import config_identity
+
+    assert DiceConfig().policy_sampling == "union"
+    with pytest.raises(ValueError, match="policy_sampling"):
+        DiceConfig(policy_sampling="expert")
+    with pytest.raises(ValueError, match="batch_size"):
+        DiceConfig(policy_sampling="stratified", batch_size=1)
+    plain = config_identity(make_learner("misodice", SPEC, hidden=(8,)), SPEC)
+    strat = config_identity(make_learner("misodice", SPEC, hidden=(8,),
+                                         policy_sampling="stratified"), SPEC)
+    assert "policy_sampling" not in plain
+    assert strat.pop("policy_sampling") == "stratified" and strat == plain

@@ -17,7 +17,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments.misodice_regimes.run import (DICE, auc, cell_indices, dice_weight_fn,  # noqa: E402
+from experiments.misodice_regimes.run import (DICE, VARIANTS, auc, cell_indices, dice_weight_fn,  # noqa: E402
                                               make_cell_learner, weight_stats)
 from jaxil.learners import make_learner  # noqa: E402
 
@@ -51,7 +51,7 @@ def test_cell_holds_exactly_its_experts_and_one_source(source):
     assert experts == set(cell_indices(GROUPS, 200, "random", 0).tolist()) & set(GROUPS["expert"])
 
 
-@pytest.mark.parametrize("algo", ["bc_union", "bc_expert", *DICE])
+@pytest.mark.parametrize("algo", ["bc_union", "bc_expert", *(a for a in DICE if a not in VARIANTS)])
 def test_cell_learners_are_the_library_defaults(algo):
     """Kills the study overriding a default it claims to run: the s0 source
     (``init_sampling="transition"``, the length-weighted draw), the reward,
@@ -101,3 +101,16 @@ def test_diagnostic_weights_are_the_updates_weights(algo):
     np.testing.assert_allclose(np.max(w), metrics["weight_max"], rtol=1e-5)
     np.testing.assert_allclose(np.mean(logit), metrics["reward_union"], rtol=1e-5, atol=1e-6)
     assert np.asarray(w).shape == ((1, 64, SPEC.num_agents) if algo == "indd" else (1, 64))
+
+
+@pytest.mark.parametrize("algo", sorted(VARIANTS))
+def test_intervention_variants_change_one_setting(algo):
+    """Kills an intervention row that changes more than it says (or
+    nothing): a variant's config is its base learner's study config with
+    only the named setting changed."""
+    args = type("Args", (), dict(hidden=[16], batch_size=32))()
+    base, changed, _ = VARIANTS[algo]
+    got = make_cell_learner(algo, SPEC, args).config
+    want = make_cell_learner(base, SPEC, args).config
+    assert got != want
+    assert got == dataclasses.replace(want, **changed)

@@ -82,7 +82,19 @@ from experiments.misodice_table.run import ALGOS, LABELS  # noqa: E402
 ENVS = ("smax-3m", "smax-2s3z", "jumanji-LevelBasedForaging-v0")
 SOURCES = ("noisy", "teacher", "random")
 EXPERT_COUNTS = (10, 25, 50, 100, 200)
-DICE = ("indd", "misodice_vdn", "misodice")
+DICE = ("indd", "misodice_vdn", "misodice", "misodice_strat")
+#: ``--intervention`` rows: a learner of the study with one setting changed,
+#: to test the sample-starvation reading of the diagnostics (README).
+VARIANTS = {
+    "misodice_strat": ("misodice", dict(policy_sampling="stratified"),
+                       "MisoDICE, stratified π batch"),
+    "bc_expert_b4": ("bc_expert", dict(batch_size=4), "BC(D_E), batch 4"),
+}
+INTERVENTION = ("bc_expert", "bc_expert_b4", "misodice", "misodice_strat")
+
+
+def label(algo: str) -> str:
+    return VARIANTS[algo][2] if algo in VARIANTS else LABELS[algo]
 RUNS = Path("runs/experiments/misodice_regimes")
 _SUBSAMPLE_SALT = 0x72656769  # "regi"
 _TEACHER_SEED_SALT = 0x74636872  # "tchr"
@@ -256,8 +268,11 @@ def cell_indices(groups: dict, n_expert: int, source: str, data_seed: int) -> np
 
 def make_cell_learner(algo: str, spec, args):
     """The learner of a row: the library's defaults (``init_sampling``,
-    ``reward``, ``lr_critic``, box head) with only size settings given."""
-    return make_learner(algo, spec, hidden=tuple(args.hidden), batch_size=args.batch_size)
+    ``reward``, ``lr_critic``, box head) with only size settings given, and
+    for a :data:`VARIANTS` row its one changed setting."""
+    base, changed, _ = VARIANTS.get(algo, (algo, {}, None))
+    kw = dict(dict(hidden=tuple(args.hidden), batch_size=args.batch_size), **changed)
+    return make_learner(base, spec, **kw)
 
 
 def evaluator(learner, env, episodes: int):
@@ -436,6 +451,9 @@ def plan(args) -> list[tuple]:
        every cell that lacks them.
     """
     scarce = [n for n in args.expert_counts if n <= 25]
+    if args.intervention:  # E. only the intervention rows, on the scarce teacher cells
+        return [("E", env, "teacher", n, "ground_truth", a) for env in args.envs
+                for n in scarce for a in INTERVENTION]
     cells = [(s, n) for n in args.expert_counts for s in args.sources]
     a_cells = [("teacher", n) for n in scarce if "teacher" in args.sources]
     rest = [c for c in cells if c not in a_cells]
@@ -572,7 +590,7 @@ def run_all(args) -> tuple[dict, list]:
         rows[env].append(row)
         fin = np.asarray(row["curve"][-1]["returns"])
         print(f"[{tier} {time.perf_counter() - t0:6.0f}s] {env:<30}{source:<8}{n:>4}e {labels:<13}"
-              f"{LABELS[algo]:<13}{fin.mean():7.3f} ± {fin.std():.3f}  ({row['seconds']:.0f}s)",
+              f"{label(algo):<13}{fin.mean():7.3f} ± {fin.std():.3f}  ({row['seconds']:.0f}s)",
               flush=True)
     results = {}
     for env, c in ctx.items():
@@ -713,7 +731,7 @@ def write_outputs(results: dict, out: Path, meta: dict) -> None:
                 mean = lambda k: float(np.mean([x[k] for x in d]))  # noqa: E731
                 ret = norm(pt["returns"], ref)
                 lines.append(f"| {r['source']} | {r['experts']} | {r['labels']} | "
-                             f"{LABELS[r['algo']]} | {pt['update']} | {ret.mean():.2f} ± "
+                             f"{label(r['algo'])} | {pt['update']} | {ret.mean():.2f} ± "
                              f"{ret.std():.2f} | {mean('weight_max'):.1f} | {mean('ess'):.3f} | "
                              f"{mean('expert_share'):.2f} ({mean('expert_fraction'):.3f}) | "
                              f"{mean('disc_auc'):.3f} |")
@@ -725,11 +743,45 @@ def write_outputs(results: dict, out: Path, meta: dict) -> None:
                 lines.append(f"- {r['source']} {r['experts']}e: precision {mm['precision']:.2f}, "
                              f"recall {mm['recall']:.2f}, AUC {mm['auc']:.3f}, "
                              f"fit {r['phase1']['seconds']:.0f}s")
+        lines += intervention_lines(res)
     lines.append(f"\nCommand: `{meta['command']}`; wall time {meta['wall_seconds']:.0f}s.\n")
     (out / "table.md").write_text("\n".join(lines) + "\n")
     plot_heatmaps(results, out)
     for env, res in results.items():
         plot_curves(res, out / f"curves-{env}.png")
+
+
+def intervention_lines(res: dict) -> list[str]:
+    """The ``--intervention`` rows of one environment: normalised return at
+    each point, and the learner's own policy-weight statistics (largest ω,
+    ESS, and for the stratified batch the weight on its D_E half) after the
+    last update before the comparison point."""
+    ref, rows = res["tiers"], res["rows"]
+    rows = [r for r in rows if r["algo"] in VARIANTS]
+    if not rows:
+        return []
+    out = ["\nIntervention rows (normalised return, mean ± std over seeds, at each update; the "
+           "policy weights' largest ω, ESS and weight on the D_E half are the learner's own "
+           "metrics of its last update before the comparison point):\n"]
+    pts = sorted({p["update"] for r in res["rows"] for p in r["curve"]})
+    head = ["experts", "learner"] + [str(u) for u in pts] + ["max ω", "ESS", "ω on D_E half"]
+    out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for n in sorted({r["experts"] for r in rows}):
+        for a in INTERVENTION:
+            r = lookup(res["rows"], "teacher", n, "ground_truth", a)
+            if r is None:
+                continue
+            cells = [str(n), label(a)]
+            for u in pts:
+                pt = at_update(r, u)
+                f = norm(pt["returns"], ref) if pt else None
+                cells.append(f"{f.mean():.2f} ± {f.std():.2f}" if pt else "-")
+            m = (at_update(r, COMPARE_AT[0]) or r["curve"][-1])["metrics"]
+            for k, fmt in (("weight_max", "{:.1f}"), ("weight_ess", "{:.3f}"),
+                           ("weight_expert_half", "{:.2f}")):
+                cells.append(fmt.format(float(np.mean(m[k]))) if k in m else "-")
+            out.append("| " + " | ".join(cells) + " |")
+    return out
 
 
 def plot_heatmaps(results: dict, out: Path) -> None:
@@ -885,6 +937,10 @@ def main(argv=None) -> None:
     p.add_argument("--budget-min", type=float, default=None,
                    help="start no row after this many minutes (rows left out are listed)")
     p.add_argument("--pools-only", action="store_true", help="build the pools (and teachers) and stop")
+    p.add_argument("--intervention", action="store_true",
+                   help="run only the intervention rows (BC(D_E) at batch 4, MisoDICE with a "
+                        "stratified policy batch, beside BC(D_E) and MisoDICE) on the scarce "
+                        "teacher cells, to --points")
     args = p.parse_args(argv)
     preset = {**DEFAULTS, **SCALES[args.scale], **(QUICK if args.quick else {})}
     for k, v in preset.items():
@@ -894,6 +950,8 @@ def main(argv=None) -> None:
     args.sources = [s.strip() for s in args.sources.split(",") if s.strip()]
     args.p1_cells = parse_cells(args.p1_cells) if not args.quick else [("teacher", 2)]
     args.long_cell = parse_cells(args.long_cell)[0] if not args.quick else ("teacher", 2)
+    if args.intervention:
+        args.long_cell, args.p1_cells = (None, None), []
     args.points = sorted(set(args.points))
     args.long_points = sorted(set(args.long_points) | set(args.points))
     COMPARE_AT[0] = args.points[-1]

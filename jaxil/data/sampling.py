@@ -124,9 +124,46 @@ def flatten_transitions(
 def sample_transitions(key: jax.Array, transitions: Transitions, batch_size: int) -> Transitions:
     """``batch_size`` transitions uniformly, with replacement. Jittable
     (``batch_size`` static)."""
+    return sample_transitions_indexed(key, transitions, batch_size)[0]
+
+
+def sample_transitions_indexed(
+    key: jax.Array, transitions: Transitions, batch_size: int
+) -> tuple[Transitions, jax.Array]:
+    """:func:`sample_transitions` (the same draw for the same key) and the
+    ``[batch_size]`` indices it drew."""
     k = transitions.reward.shape[0]
     idx = jax.random.randint(key, (batch_size,), 0, k)
-    return jax.tree.map(lambda x: x[idx], transitions)
+    return jax.tree.map(lambda x: x[idx], transitions), idx
+
+
+def stratified_log_ratio(
+    is_expert: jax.Array, expert_share: float, num_expert: jax.Array, num_total: int
+) -> jax.Array:
+    """``log d_U(x)/q(x)`` per sample, for a batch drawn from the mixture
+    ``q = λ·Uniform(D_E) + (1−λ)·Uniform(D_U)`` (λ = ``expert_share``, D_E ⊂
+    D_U, ``num_expert`` = |D_E| > 0 and ``num_total`` = |D_U| transitions):
+
+        ρ(x) = (1/K) / (λ·1[x∈D_E]/K_E + (1−λ)/K) = 1 / (λ·1[x∈D_E]·K/K_E + 1 − λ)
+
+    An expert transition is over-drawn, so its ratio is below 1; any other
+    transition has ``1/(1−λ)``. A batch of λB draws from D_E and (1−λ)B from
+    D_U is the stratified form of a draw from q.
+
+    Args:
+      is_expert: ``[B]`` bool, whether each sample lies in D_E.
+      expert_share: λ ∈ [0, 1), a Python float.
+      num_expert: K_E (traced OK).
+      num_total: K.
+
+    Returns:
+      ``[B]`` float32 log ratios.
+    """
+    if not 0.0 <= expert_share < 1.0:
+        raise ValueError(f"expert_share must be in [0, 1), got {expert_share}")
+    is_expert = jnp.asarray(is_expert).astype(jnp.float32)
+    over = expert_share * jnp.float32(num_total) / jnp.asarray(num_expert, jnp.float32)
+    return -jnp.log(is_expert * over + (1.0 - expert_share))
 
 
 def sample_where(

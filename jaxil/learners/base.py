@@ -30,7 +30,7 @@ from flax import struct
 
 from envs.policies import Policy
 
-from jaxil.data.sampling import Transitions, sample_transitions, sample_where
+from jaxil.data.sampling import Transitions, sample_transitions_indexed, sample_where
 from jaxil.guard import health
 
 
@@ -137,18 +137,20 @@ def apply_grads(tx, params: dict, grads: dict, opt_state: dict) -> tuple[dict, d
     return new_params, new_opt
 
 
-def expert_and_union(key: jax.Array, data: LearnerData, batch_size: int):
-    """A D_E batch (needs labels) and an independent D_U batch."""
+def expert_and_union(key: jax.Array, data: LearnerData, batch_size: int,
+                     with_index: bool = False):
+    """A D_E batch (needs labels) and an independent D_U batch; with
+    ``with_index`` also the D_U batch's indices into ``data.union`` (the
+    batches are the same for the same key either way)."""
     if data.expert is None:
         raise ValueError(
             "this learner needs expert labels: build LearnerData with expert_flags "
             "(ground-truth `dataset.expert` or Phase-1 labels)"
         )
     ke, ku = jax.random.split(key)
-    return (
-        sample_where(ke, data.union, batch_size, data.expert),
-        sample_transitions(ku, data.union, batch_size),
-    )
+    u, idx = sample_transitions_indexed(ku, data.union, batch_size)
+    e = sample_where(ke, data.union, batch_size, data.expert)
+    return (e, u, idx) if with_index else (e, u)
 
 
 def _scan_updates(learner: Learner, state: LearnerState, data: LearnerData, k: int,

@@ -58,7 +58,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from envs.core import EnvSpec
-from jaxil.data.sampling import sample_initial_states
+from jaxil.data.sampling import sample_initial_states, stratified_log_ratio
 from jaxil.learners.base import (
     DISCOUNT,
     NONNEGATIVE,
@@ -90,6 +90,7 @@ from jaxil.mixed_net import MixedNet
 MIXING = ("hyper", "sum", "none")
 INIT_SAMPLING = ("trajectory", "transition")
 REWARDS = ("logit", "bounded")
+POLICY_SAMPLING = ("union", "stratified")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +113,11 @@ class DiceConfig:
     reward: str = "logit"
     nu_grad_penalty: bool = False
     box: str = DEFAULT_BOX["state"]  # the policy's head on box actions (jaxil.policy)
+    policy_sampling: str = "union"
+
+    #: Fields left out of the run identity while they hold these values (they
+    #: were added later; runs made before them keep their identity and resume).
+    IDENTITY_DEFAULTS: ClassVar[dict] = {"policy_sampling": "union"}
 
     def __post_init__(self):
         if self.mixing not in MIXING:
@@ -121,6 +127,12 @@ class DiceConfig:
                              f"{self.init_sampling!r}")
         if self.reward not in REWARDS:
             raise ValueError(f"reward must be one of {REWARDS}, got {self.reward!r}")
+        if self.policy_sampling not in POLICY_SAMPLING:
+            raise ValueError(f"policy_sampling must be one of {POLICY_SAMPLING}, got "
+                             f"{self.policy_sampling!r}")
+        if self.policy_sampling == "stratified" and self.batch_size < 2:
+            raise ValueError(f"policy_sampling='stratified' splits the batch in two halves; "
+                             f"batch_size must be at least 2, got {self.batch_size}")
         if self.mixer_hidden <= 0:
             raise ValueError(f"mixer_hidden must be positive, got {self.mixer_hidden}")
         if self.shared is None:
@@ -195,24 +207,54 @@ def make_dice(spec: EnvSpec, config: DiceConfig = DiceConfig(), alpha: float = 0
         opt = {k: init_opt(tx, params[k], lrs[k]) for k in params}
         return LearnerState(params, opt, hparams, jnp.int32(0), k_state)
 
+    half = config.batch_size // 2  # D_E samples of a stratified policy batch
+
     def sample(key, data: LearnerData):
-        """``(expert, union, s0, key)``: the D_E and D_U batches, the
-        initial-state batch (``None`` with ``init_sampling="transition"``:
-        the union batch's own ``init_*`` fields are used) and a key for the
-        penalties."""
+        """``(expert, union, s0, key, log_ratio)``: the D_E and D_U batches,
+        the initial-state batch (``None`` with ``init_sampling="transition"``:
+        the union batch's own ``init_*`` fields are used), a key for the
+        penalties, and with ``policy_sampling="stratified"`` the ``[B]`` log
+        importance ratios of the policy batch (the first ``B//2`` of the D_E
+        batch, then the first ``B − B//2`` of the D_U batch), else ``None``."""
         k, kg = jax.random.split(key)
-        e, u = expert_and_union(k, data, config.batch_size)
+        log_ratio = None
+        if config.policy_sampling == "stratified":
+            e, u, idx = expert_and_union(k, data, config.batch_size, with_index=True)
+            share = half / config.batch_size
+            num_expert = jnp.sum(data.expert)
+            is_expert = jnp.concatenate([jnp.ones((half,), bool),
+                                         data.expert[idx[:config.batch_size - half]]])
+            log_ratio = stratified_log_ratio(is_expert, share, num_expert,
+                                             data.expert.shape[0])
+        else:
+            e, u = expert_and_union(k, data, config.batch_size)
         s0 = None
         if config.init_sampling == "trajectory":
             kg, k0 = jax.random.split(kg)
             s0 = sample_initial_states(k0, data.union, config.batch_size)
-        return e, u, s0, kg
+        return e, u, s0, kg, log_ratio
 
     def disc_input(b):
         return jnp.concatenate([b.obs, encode_actions(spec, b.actions)], -1)
 
+    def advantages(nu_params, b, reward, gamma):
+        """``(ν(s), e)`` of batch ``b`` (``[B]``, or ``[B, N]`` per agent)."""
+        nu_s = nu(nu_params, b.obs, b.global_state)
+        nu_next = nu(nu_params, b.next_obs, b.next_global_state)
+        if per_agent:
+            done = jnp.broadcast_to(b.done[:, None], reward.shape)
+            return nu_s, jax.vmap(dice_advantage, in_axes=(1, 1, 1, 1, None), out_axes=1)(
+                reward, nu_s, nu_next, done, gamma)
+        return nu_s, dice_advantage(reward, nu_s, nu_next, b.done, gamma)
+
+    def weights(adv, alpha, log_ratio=None):
+        if per_agent:
+            return jax.vmap(lambda a: dice_weights(a, alpha, log_ratio=log_ratio),
+                            in_axes=1, out_axes=1)(adv)
+        return dice_weights(adv, alpha, log_ratio=log_ratio)
+
     def loss_fn(params, hp: DiceHParams, batch):
-        e, u, s0, gp_key = batch
+        e, u, s0, gp_key, log_ratio = batch
         if config.nu_grad_penalty:
             gp_key, nu_gp_key = jax.random.split(gp_key)
         # 1. discriminator
@@ -240,23 +282,27 @@ def make_dice(spec: EnvSpec, config: DiceConfig = DiceConfig(), alpha: float = 0
         to_reward = bounded_reward if config.reward == "bounded" else (lambda logit: logit)
         reward = jax.lax.stop_gradient(to_reward(l_u))
         # 2. value
-        nu_s = nu(params["nu"], u.obs, u.global_state)
-        nu_next = nu(params["nu"], u.next_obs, u.next_global_state)
+        _, adv = advantages(params["nu"], u, reward, hp.gamma)
         init = u if s0 is None else s0
         nu_0 = nu(params["nu"], init.init_obs, init.init_global_state)
         if per_agent:
-            done = jnp.broadcast_to(u.done[:, None], reward.shape)
-            adv = jax.vmap(dice_advantage, in_axes=(1, 1, 1, 1, None), out_axes=1)(
-                reward, nu_s, nu_next, done, hp.gamma
-            )
             nu_loss = jnp.sum(
                 jax.vmap(dice_nu_loss, in_axes=(1, 1, None, None))(nu_0, adv, hp.alpha, hp.gamma)
             )
-            w = jax.vmap(dice_weights, in_axes=(1, None), out_axes=1)(adv, hp.alpha)
         else:
-            adv = dice_advantage(reward, nu_s, nu_next, u.done, hp.gamma)
             nu_loss = dice_nu_loss(nu_0, adv, hp.alpha, hp.gamma)
-            w = dice_weights(adv, hp.alpha)
+        if log_ratio is None:
+            p_batch, w = u, weights(adv, hp.alpha)
+        else:
+            # Stratified policy batch: B//2 D_E samples, the rest from D_U,
+            # importance-weighted back to D_U (the weights stop gradients, so
+            # ν learns from the D_U batch alone, as without stratification).
+            rest = config.batch_size - half
+            e_h = jax.tree.map(lambda x: x[:half], e)
+            reward_e = jax.lax.stop_gradient(to_reward(l_e[:half]))
+            _, adv_e = advantages(params["nu"], e_h, reward_e, hp.gamma)
+            p_batch = jax.tree.map(lambda a, b: jnp.concatenate([a, b[:rest]]), e_h, u)
+            w = weights(jnp.concatenate([adv_e, adv[:rest]]), hp.alpha, log_ratio)
         nu_gp = jnp.float32(0.0)
         if config.nu_grad_penalty:
             if per_agent:
@@ -270,7 +316,7 @@ def make_dice(spec: EnvSpec, config: DiceConfig = DiceConfig(), alpha: float = 0
                     (u.next_obs, u.next_global_state), (e.next_obs, e.next_global_state),
                     nu_gp_key)
         # 3. policy: weighted BC with the (stop-gradient) DICE weights
-        logp = pi.log_prob(params["policy"], u.obs, u.avail, u.actions)
+        logp = pi.log_prob(params["policy"], p_batch.obs, p_batch.avail, p_batch.actions)
         pi_loss = agent_weighted_bc_loss(logp, w) if per_agent else weighted_bc_loss(logp, w)
         total = d_loss + hp.gp_coef * gp + nu_loss + hp.nu_gp_coef * nu_gp + pi_loss
         metrics = {
@@ -281,7 +327,11 @@ def make_dice(spec: EnvSpec, config: DiceConfig = DiceConfig(), alpha: float = 0
             "reward_expert": jnp.mean(to_reward(l_e)),
             "reward_union": jnp.mean(reward),
             "weight_max": jnp.max(w),
+            # (Σω)²/(B·Σω²): 1 for uniform weights, 1/B when one sample has them all
+            "weight_ess": jnp.mean(jnp.sum(w, 0) ** 2 / (w.shape[0] * jnp.sum(w * w, 0))),
         }
+        if log_ratio is not None:  # the share of the policy weight on the D_E half
+            metrics["weight_expert_half"] = jnp.mean(jnp.sum(w[:half], 0) / jnp.sum(w, 0))
         if config.nu_grad_penalty:
             metrics["nu_grad_penalty"] = nu_gp
         return total, metrics

@@ -111,6 +111,7 @@ def dice_weights(
     adv: jax.Array,
     alpha: Scalar,
     mask: Optional[jax.Array] = None,
+    log_ratio: Optional[jax.Array] = None,
 ) -> jax.Array:
     """Policy weights ``ω_b = exp(e_b/(1+α))`` normalised to mean 1.
 
@@ -121,10 +122,17 @@ def dice_weights(
     same as DemoDICE's ``exp((e − max e)/(1+α)) / mean(·)``, under
     ``stop_gradient``. All zeros for an all-invalid batch.
 
+    With ``log_ratio`` (``log ρ_b = log d_U(x_b)/q(x_b)`` for a batch drawn
+    from a proposal q instead of D_U), the weights are the self-normalised
+    importance weights ``ρ_b·exp(e_b/(1+α)) / mean_{b'}(ρ_{b'}·exp(e_{b'}/(1+α)))``:
+    ``mean_b ω_b·f_b`` then estimates the same ``E_U[exp(e/(1+α))·f] /
+    E_U[exp(e/(1+α))]`` as the plain weights on a D_U batch.
+
     Args:
       adv: ``[B]`` advantages.
       alpha: α (traced OK).
       mask: optional ``[B]`` validity mask.
+      log_ratio: optional ``[B]`` log importance ratios (finite).
 
     Returns:
       ``[B]`` non-negative weights, constant for autodiff.
@@ -133,6 +141,10 @@ def dice_weights(
     chex.assert_rank(adv, 1)
     chex.assert_type(adv, float)
     x, m, count = _masked_scaled(jax.lax.stop_gradient(adv), alpha, mask)
+    if log_ratio is not None:
+        log_ratio = jnp.asarray(log_ratio)
+        chex.assert_equal_shape([adv, log_ratio])
+        x = x + jax.lax.stop_gradient(log_ratio).astype(x.dtype)
     if m is None:
         weights = count * jax.nn.softmax(x)
     else:
