@@ -83,9 +83,12 @@ def main(argv=None) -> None:
     p.add_argument("--batch-size", type=positive_int, default=256)
     p.add_argument("--hidden", type=positive_int, nargs="+", default=[64, 64])
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "box_heads"))
+    p.add_argument("--recipe", default=RECIPE,
+                   help="the MPE-spread dataset (e.g. mpe-simple_spread_continuous/mix-2000e-1000p "
+                        "for ten times the expert trajectories)")
     args = p.parse_args(argv)
-    ds = load_dataset(RECIPE, 0)
-    ref = tier_returns(RECIPE, 0)
+    ds = load_dataset(args.recipe, 0)
+    ref = tier_returns(args.recipe, 0)
     env = envs.make(ds.spec.env_id)
     data = LearnerData.from_dataset(ds, expert_labels(ds, "ground_truth"))
     norm = lambda r: (np.asarray(r) - ref["random"]) / (ref["expert"] - ref["random"])  # noqa: E731
@@ -142,7 +145,7 @@ def main(argv=None) -> None:
                      f"{r['final_landmark_dist']:.3f} ({expert_outcome['final_landmark_dist']:.3f}) | "
                      f"{r['distinct_share']:.2f} ({expert_outcome['distinct_share']:.2f}) |")
     (out / "table.md").write_text(
-        f"BC(D_E) on `{RECIPE}`, {args.seeds} seeds, hidden {args.hidden}, batch {args.batch_size}, "
+        f"BC(D_E) on `{args.recipe}`, {args.seeds} seeds, hidden {args.hidden}, batch {args.batch_size}, "
         f"{args.eval_episodes} evaluation episodes per seed; mean ± std over seeds. Normalised: "
         f"(R − R_random) / (R_expert − R_random), expert {ref['expert']:.3f}, random "
         f"{ref['random']:.3f} (the dataset's measured tiers).\n\n" + "\n".join(lines)
