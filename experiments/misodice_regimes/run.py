@@ -832,19 +832,20 @@ def plot_curves(res: dict, path: Path) -> None:
     FigureCanvasAgg(fig)
     axes = np.asarray(fig.subplots(len(srcs), len(ns), squeeze=False, sharey=True))
     colors = dict(bc_union="#999", bc_expert="#222", indd="#6a9", misodice_vdn="#58c",
-                  misodice="#c55")
+                  misodice="#c55", bc_expert_b4="#222", misodice_strat="#c55")
     for i, s in enumerate(srcs):
         for j, n in enumerate(ns):
             ax = axes[i, j]
             for lab, ls in (("ground_truth", "-"), ("phase1", ":")):
-                for a in ALGOS:
+                for a in ALGOS + tuple(VARIANTS):
                     r = lookup(rows, s, n, lab, a)
                     if r is None or (lab == "phase1" and a == "bc_union"):
                         continue
                     x = [p["update"] for p in r["curve"]]
                     y = np.array([norm(p["returns"], ref) for p in r["curve"]])
-                    (h,) = ax.plot(x, y.mean(1), ls, marker="o", ms=2.5, color=colors[a],
-                                   label=LABELS[a] + (" (P1)" if lab == "phase1" else ""))
+                    (h,) = ax.plot(x, y.mean(1), "--" if a in VARIANTS else ls, marker="o",
+                                   ms=2.5, color=colors[a],
+                                   label=label(a) + (" (P1)" if lab == "phase1" else ""))
                     if lab == "ground_truth":
                         ax.fill_between(x, y.mean(1) - y.std(1), y.mean(1) + y.std(1),
                                         color=h.get_color(), alpha=0.12, lw=0)

@@ -38,6 +38,15 @@ imitation-dice ``demodice.py`` and ``lfd_mujoco.py``):
 - ``nu_grad_penalty=True``: DemoDICE's ν penalty, ``nu_gp_coef`` (1e-4)
   × mean ‖∇ν‖² on union states and expert–union interpolates of states and
   next states (:func:`jaxil.losses.nu_gradient_penalty`); off by default.
+- ``policy_sampling="stratified"`` (not in DemoDICE or the paper): the
+  policy step's batch is the first B//2 of the D_E batch and then the first
+  B − B//2 of the D_U batch, and its weights are the self-normalised
+  importance weights ρ·exp(e/(1+α)) with ρ = d_U/q for the mixture
+  q = ½·D_E + ½·D_U (:func:`jaxil.data.sampling.stratified_log_ratio`). It
+  estimates the same weighted-BC objective as the default ``"union"`` batch
+  (D_U only), with far more expert samples per update when the experts are
+  a small part of D_U and carry most of the weight. ν and the
+  discriminator are unchanged.
 The default against weight collapse is instead the slow ν learning rate
 (``lr_critic`` 3e-5, see ``default_hparams``), kept on evidence
 (experiments/misodice_stabilisers, SMAX 3m, heuristic expert, 3 seeds, 8000
