@@ -449,6 +449,7 @@ def test_rounds_respect_the_budget_and_resume_reproduces(spread, tmp_path, monke
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow  # a whole interactive run's compiles (about 1 min on 2 cores)
 def test_a_diverging_student_stops_the_run_with_its_round_and_update(spread, tmp_path):
     """A regime whose student diverges (learning rate 1e30) stops the run in
     round 1, naming the run, its regime, the update and the loss; round 1 is

@@ -72,6 +72,7 @@ def test_epsilon_mixture_rates():
         epsilon_mixture(expert, spec, 1.5)
 
 
+@pytest.mark.slow  # three SMAX rollout compiles; test_epsilon_mixture_rates covers the mixing by default
 def test_epsilon_mixture_of_heuristic_interpolates():
     """Half-noised heuristic lies strictly between random and the heuristic
     (same episode keys for all three)."""

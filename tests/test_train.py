@@ -47,6 +47,7 @@ def test_resume_reproduces_uninterrupted_run(spread, tmp_path):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.slow  # its own misodice compile; run_integrity's reuse test covers the refusal by default
 def test_existing_run_needs_resume(spread, tmp_path):
     env, ds = spread
     # test_resume_reproduces_uninterrupted_run's learner and seeds: its compiled
