@@ -247,14 +247,14 @@ def make_dice(spec: EnvSpec, config: DiceConfig = DiceConfig(), alpha: float = 0
         return jnp.concatenate([b.obs, encode_actions(spec, b.actions)], -1)
 
     def advantages(nu_params, b, reward, gamma):
-        """``(ν(s), e)`` of batch ``b`` (``[B]``, or ``[B, N]`` per agent)."""
+        """The DICE advantages e of batch ``b`` (``[B]``, or ``[B, N]`` per agent)."""
         nu_s = nu(nu_params, b.obs, b.global_state)
         nu_next = nu(nu_params, b.next_obs, b.next_global_state)
         if per_agent:
             done = jnp.broadcast_to(b.done[:, None], reward.shape)
-            return nu_s, jax.vmap(dice_advantage, in_axes=(1, 1, 1, 1, None), out_axes=1)(
+            return jax.vmap(dice_advantage, in_axes=(1, 1, 1, 1, None), out_axes=1)(
                 reward, nu_s, nu_next, done, gamma)
-        return nu_s, dice_advantage(reward, nu_s, nu_next, b.done, gamma)
+        return dice_advantage(reward, nu_s, nu_next, b.done, gamma)
 
     def weights(adv, alpha, log_ratio=None):
         if per_agent:
@@ -291,7 +291,7 @@ def make_dice(spec: EnvSpec, config: DiceConfig = DiceConfig(), alpha: float = 0
         to_reward = bounded_reward if config.reward == "bounded" else (lambda logit: logit)
         reward = jax.lax.stop_gradient(to_reward(l_u))
         # 2. value
-        _, adv = advantages(params["nu"], u, reward, hp.gamma)
+        adv = advantages(params["nu"], u, reward, hp.gamma)
         init = u if s0 is None else s0
         nu_0 = nu(params["nu"], init.init_obs, init.init_global_state)
         if per_agent:
@@ -309,7 +309,7 @@ def make_dice(spec: EnvSpec, config: DiceConfig = DiceConfig(), alpha: float = 0
             rest = config.batch_size - half
             e_h = jax.tree.map(lambda x: x[:half], e)
             reward_e = jax.lax.stop_gradient(to_reward(l_e[:half]))
-            _, adv_e = advantages(params["nu"], e_h, reward_e, hp.gamma)
+            adv_e = advantages(params["nu"], e_h, reward_e, hp.gamma)
             p_batch = jax.tree.map(lambda a, b: jnp.concatenate([a, b[:rest]]), e_h, u)
             w = weights(jnp.concatenate([adv_e, adv[:rest]]), hp.alpha, log_ratio)
         nu_gp = jnp.float32(0.0)
