@@ -7,7 +7,9 @@
   teacher policies shipped inside the package, use it.
 - :class:`Checkpointer`: numbered steps of a whole learner state (all seeds /
   grid points at once) under one directory, of which the manager keeps the
-  newest few (``jaxil train``).
+  newest few (``jaxil train``, ``jaxil interactive``). Zero-size leaves (a
+  box-action environment's ``[.., 0]`` legal-action mask) are stored as empty
+  nodes and rebuilt from the template on restore.
 - :func:`params_digest`: a SHA-256 over a pytree's leaves, recorded wherever
   a dataset or a shipped teacher must pin exact weights.
 
@@ -87,6 +89,22 @@ def params_digest(params: Any) -> str:
     return h.hexdigest()
 
 
+def _without_empty(tree: Any) -> Any:
+    """``tree`` with every zero-size leaf replaced by ``None`` (orbax refuses to
+    save zero-size arrays; ``None`` is an empty node it keeps)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    return jax.tree.unflatten(treedef, [None if np.size(x) == 0 else x for x in leaves])
+
+
+def _refill_empty(restored: Any, like: Any) -> Any:
+    """Undo :func:`_without_empty`: zero-size leaves of ``like`` come back as
+    zeros of their shape and dtype, the others from ``restored``."""
+    leaves, treedef = jax.tree.flatten(like)
+    got = jax.tree.leaves(restored, is_leaf=lambda x: x is None)
+    return jax.tree.unflatten(treedef, [
+        jnp.zeros(np.shape(x), x.dtype) if np.size(x) == 0 else g for x, g in zip(leaves, got)])
+
+
 class Checkpointer:
     """Numbered checkpoints of a whole state under ``directory/<step>/``."""
 
@@ -101,7 +119,7 @@ class Checkpointer:
         return self.manager.latest_step()
 
     def save(self, step: int, state: Any) -> None:
-        self.manager.save(step, args=ocp.args.StandardSave(state))
+        self.manager.save(step, args=ocp.args.StandardSave(_without_empty(state)))
         self.manager.wait_until_finished()
 
     def restore(self, like: Any, step: Optional[int] = None,
@@ -122,7 +140,8 @@ class Checkpointer:
             abstract = jax.tree.map(
                 lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding), like)
         try:
-            return self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
+            got = self.manager.restore(step, args=ocp.args.StandardRestore(_without_empty(abstract)))
+            return _refill_empty(got, like)
         except (ValueError, TypeError, KeyError) as e:  # orbax's tree/shape mismatch dumps
             raise ValueError(
                 f"checkpoint {self.directory / str(step)} does not match the state this run "

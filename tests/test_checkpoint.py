@@ -1,0 +1,34 @@
+"""The one checkpoint format (``jaxil.checkpoint``) on the states it must hold."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import envs
+from jaxil.checkpoint import Checkpointer
+from jaxil.interactive.buffer import empty_buffer, insert
+
+
+def test_zero_size_leaves_round_trip(tmp_path):
+    """A box-action environment's interactive buffer has a legal-action mask
+    of shape ``[C, N, 0]``. Orbax refuses zero-size arrays, so saving it used
+    to fail (`jaxil interactive bc --env mpe:simple_spread_continuous` died at
+    its first checkpoint). The state must come back leaf for leaf, the empty
+    mask with its shape and dtype, and the leaves after it in their places (a
+    refill that drops the empty leaf shifts every later leaf by one)."""
+    spec = envs.make("mpe:simple_spread_continuous").spec
+    n, d = spec.num_agents, spec.action.dim
+    buf = insert(empty_buffer(spec, 8), jnp.ones((3, n, spec.obs_dim)), jnp.zeros((3, n, 0), bool),
+                 jnp.full((3, n, d), 0.25), jnp.ones((3,), bool))
+    state = {"buffer": buf, "after": (jnp.arange(3.0), jnp.zeros((0, 2), jnp.int32))}
+    ck = Checkpointer(tmp_path / "ck")
+    ck.save(1, state)
+    like = jax.tree.map(jnp.zeros_like, state)
+    got = ck.restore(like)
+    ck.close()
+    want, got_leaves = jax.tree.leaves(state), jax.tree.leaves(got)
+    assert jax.tree.structure(got) == jax.tree.structure(state)
+    for a, b in zip(want, got_leaves):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert got["buffer"].avail.shape == (8, n, 0)
