@@ -105,6 +105,13 @@ def _refill_empty(restored: Any, like: Any) -> Any:
         jnp.zeros(np.shape(x), x.dtype) if np.size(x) == 0 else g for x, g in zip(leaves, got)])
 
 
+def _place_like(x: Any, template: Any) -> Any:
+    """``x`` uncommitted where ``template`` is an uncommitted array, else as it is."""
+    if isinstance(template, jax.Array) and not template.committed and x.committed:
+        return jnp.asarray(np.asarray(x))
+    return x
+
+
 class Checkpointer:
     """Numbered checkpoints of a whole state under ``directory/<step>/``."""
 
@@ -129,7 +136,11 @@ class Checkpointer:
         The arrays are placed as ``like``'s are (its leaves may be
         ``jax.ShapeDtypeStruct`` with a ``sharding``), or every leaf with
         ``sharding`` when given: orbax then reads each device's part straight
-        into place (:mod:`jaxil.sharding`).
+        into place (:mod:`jaxil.sharding`). Where a leaf of ``like`` is an
+        uncommitted array (what a freshly initialised state holds), the
+        restored one is uncommitted too: orbax returns committed arrays,
+        whose programs do not match the persistent compilation cache's
+        entries of the original run, so a resumed run recompiled everything.
         """
         step = self.latest_step() if step is None else step
         if step is None:
@@ -141,7 +152,10 @@ class Checkpointer:
                 lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding), like)
         try:
             got = self.manager.restore(step, args=ocp.args.StandardRestore(_without_empty(abstract)))
-            return _refill_empty(got, like)
+            got = _refill_empty(got, like)
+            if sharding is None:
+                got = jax.tree.map(_place_like, got, like)
+            return got
         except (ValueError, TypeError, KeyError) as e:  # orbax's tree/shape mismatch dumps
             raise ValueError(
                 f"checkpoint {self.directory / str(step)} does not match the state this run "
