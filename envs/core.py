@@ -169,6 +169,11 @@ class Step(NamedTuple):
     won: jax.Array = False
 
 
+def _strong_type(x: Any) -> Any:
+    """``x`` with a strong dtype (a weakly typed array gets its own dtype)."""
+    return jnp.asarray(x, dtype=x.dtype) if getattr(x, "weak_type", False) else x
+
+
 class MultiAgentEnv:
     """Base class of every adapter. Subclasses set ``self.spec`` and implement
     ``_reset(key) -> Step`` and ``_step(key, inner, actions) -> Step``.
@@ -217,7 +222,10 @@ class MultiAgentEnv:
         out = self._reset(reset_key)
         ts = self._timestep(out, jnp.float32(0.0), jnp.int32(0))
         state = EnvState(
-            inner=out.inner,
+            # weak types from upstream resets (SMAX's enemy-policy state) would
+            # make step's output types differ from its input's: a jitted step
+            # in a Python loop compiled twice
+            inner=jax.tree.map(_strong_type, out.inner),
             key=key,
             avail_actions=self._kept_avail(ts.avail_actions),
             episode_return=ts.episode_return,

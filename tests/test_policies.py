@@ -8,6 +8,7 @@ import pytest
 import envs
 from envs.policies import as_policy, epsilon_mixture, random_policy
 from envs.smax import heuristic_policy
+from fast_compile import fast_call
 
 EPISODES = 256  # per policy; one compiled program per policy for the module
 
@@ -20,13 +21,14 @@ def _smax_3m():
 @functools.lru_cache(maxsize=None)
 def _episodes(kind: str, seed: int = 0):
     """``EPISODES`` SMAX 3m episodes of the heuristic, the random policy or
-    their ε = 0.5 mixture, from ``PRNGKey(seed)`` (compiled once per kind)."""
+    their ε = 0.5 mixture, from ``PRNGKey(seed)`` (compiled once per kind, at
+    XLA's level 0: fast_compile.py)."""
     env = _smax_3m()
     pol = {"heuristic": lambda: heuristic_policy(env),
            "random": lambda: random_policy(env.spec),
            "half": lambda: epsilon_mixture(heuristic_policy(env), env.spec, 0.5)}[kind]()
-    return jax.jit(lambda k: envs.run_episodes(env, pol, None, k, EPISODES))(
-        jax.random.PRNGKey(seed))
+    return fast_call(lambda k: envs.run_episodes(env, pol, None, k, EPISODES),
+                     jax.random.PRNGKey(seed))
 
 
 @pytest.mark.slow  # default-suite time (about 29 s of compile); run with -m slow
@@ -108,12 +110,14 @@ def test_run_episodes_matches_a_step_by_step_reference_and_stops_early():
     i = 3
     eps = jax.tree.map(lambda x: x[i:i + 1], _episodes("random"))
     reset_key, _, run_key = jax.random.split(jax.random.PRNGKey(0), 3)
-    state, ts = jax.vmap(env.reset)(jax.random.split(reset_key, EPISODES))
-    state, ts = jax.tree.map(lambda x: x[i], (state, ts))
+    # (each piece jitted: op by op, the loop alone took 20 s of the suite)
+    state, ts = jax.jit(lambda k: jax.tree.map(
+        lambda x: x[i], jax.vmap(env.reset)(jax.random.split(k, EPISODES))))(reset_key)
     step = jax.jit(env.step)
+    act = jax.jit(lambda obs, avail, k: pol(None, obs, avail, jax.random.split(k, EPISODES)[i]))
     obs, actions, rewards = [ts.obs], [], []
     for t, k in enumerate(jax.random.split(run_key, env.spec.max_steps)):
-        a = pol(None, ts.obs, ts.avail_actions, jax.random.split(k, EPISODES)[i])
+        a = act(ts.obs, ts.avail_actions, k)
         state, ts = step(state, a)
         obs.append(ts.obs), actions.append(a), rewards.append(ts.reward)
         if ts.last():
