@@ -73,6 +73,17 @@ def spread_outcome(global_state, length, n_agents: int, n_landmarks: int) -> dic
     return dict(final_landmark_dist=float(dist.min(1).mean()), distinct_share=float(distinct))
 
 
+def write_results(out_dir, argv, payload: dict, caption: str, lines: list[str]) -> None:
+    """``results.json`` (``payload`` and the command) and ``table.md``
+    (``caption``, the table ``lines``, the command) under ``out_dir``; prints the table."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = "python " + " ".join([sys.argv[0]] + (sys.argv[1:] if argv is None else argv))
+    (out / "results.json").write_text(json.dumps(dict(command=cmd, **payload), indent=2))
+    (out / "table.md").write_text(caption + "\n\n" + "\n".join(lines) + f"\n\nCommand: `{cmd}`\n")
+    print((out / "table.md").read_text())
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--boxes", default=",".join(policy_mod.BOX_HEADS))
@@ -127,12 +138,6 @@ def main(argv=None) -> None:
                   f"on bound {r['sampled_on_bound']:.2f} (expert {r['expert_on_bound']:.2f})  "
                   f"|mode − a| {r['mode_abs_err']:.3f}  landmark dist {r['final_landmark_dist']:.3f} "
                   f"distinct {r['distinct_share']:.2f}  ({r['seconds']:.0f}s)", flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    cmd = "python " + " ".join([sys.argv[0]] + (sys.argv[1:] if argv is None else argv))
-    (out / "results.json").write_text(json.dumps(dict(command=cmd, tiers=ref, seeds=args.seeds,
-                                                      hidden=args.hidden, expert=expert_outcome,
-                                                      rows=rows), indent=2))
     lines = ["| head | updates | normalised return (sampled) | normalised return (deterministic) "
              "| action components on a bound, sampled (expert) | mean abs. error of the mode "
              "| final landmark–agent distance, deterministic (expert) "
@@ -144,13 +149,13 @@ def main(argv=None) -> None:
                      f"{r['sampled_on_bound']:.2f} ({r['expert_on_bound']:.2f}) | {r['mode_abs_err']:.3f} | "
                      f"{r['final_landmark_dist']:.3f} ({expert_outcome['final_landmark_dist']:.3f}) | "
                      f"{r['distinct_share']:.2f} ({expert_outcome['distinct_share']:.2f}) |")
-    (out / "table.md").write_text(
-        f"BC(D_E) on `{args.recipe}`, {args.seeds} seeds, hidden {args.hidden}, batch {args.batch_size}, "
-        f"{args.eval_episodes} evaluation episodes per seed; mean ± std over seeds. Normalised: "
-        f"(R − R_random) / (R_expert − R_random), expert {ref['expert']:.3f}, random "
-        f"{ref['random']:.3f} (the dataset's measured tiers).\n\n" + "\n".join(lines)
-        + f"\n\nCommand: `{cmd}`\n")
-    print((out / "table.md").read_text())
+    write_results(args.out, argv, dict(tiers=ref, seeds=args.seeds, hidden=args.hidden,
+                                       expert=expert_outcome, rows=rows),
+                  f"BC(D_E) on `{args.recipe}`, {args.seeds} seeds, hidden {args.hidden}, batch "
+                  f"{args.batch_size}, {args.eval_episodes} evaluation episodes per seed; mean ± std "
+                  f"over seeds. Normalised: (R − R_random) / (R_expert − R_random), expert "
+                  f"{ref['expert']:.3f}, random {ref['random']:.3f} (the dataset's measured tiers).",
+                  lines)
 
 
 if __name__ == "__main__":

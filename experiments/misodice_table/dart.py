@@ -24,7 +24,6 @@ noise-free environment, sampled and deterministic. Normalised as the table:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -41,7 +40,7 @@ from jaxil.learners import LearnerData, make_learner
 from jaxil.train import expand_grid, train
 
 sys.path.insert(0, str(Path(__file__).parent))
-from box_heads import RECIPE, spread_outcome  # noqa: E402
+from box_heads import RECIPE, spread_outcome, write_results  # noqa: E402
 from run import tier_returns  # noqa: E402
 
 ENV = "mpe:simple_spread_continuous"
@@ -115,24 +114,17 @@ def main(argv=None) -> None:
         print(f"{episodes:>5} episodes  sigma {sigma:<5} {updates:>6} updates  data return {r['data_return']:8.2f}  BC sampled {r['sampled']:.3f} ± "
               f"{r['sampled_std']:.3f}  deterministic {r['det']:.3f} ± {r['det_std']:.3f}  "
               f"distinct {r['distinct_share']:.2f}  ({r['seconds']:.0f}s)", flush=True)
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cmd = "python " + " ".join([sys.argv[0]] + (sys.argv[1:] if argv is None else argv))
-    (out_dir / "results.json").write_text(json.dumps(dict(command=cmd, tiers=ref, rows=rows,
-                                                          **vars(args)), indent=2))
     lines = ["| expert episodes | σ (executed-action noise) | updates | return of the noisy rollouts "
              "| BC sampled | BC deterministic | episodes ending on distinct landmarks |",
              "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['episodes']} | {r['sigma']:g} | {r['updates']} | {r['data_return']:.2f} | {r['sampled']:.2f} ± {r['sampled_std']:.2f} | "
-              f"{r['det']:.2f} ± {r['det_std']:.2f} | {r['distinct_share']:.2f} |" for r in rows]
-    (out_dir / "table.md").write_text(
-        f"BC(D_E) on DART-relabelled expert episodes of `{ENV}`, {args.seeds} seeds, "
-        f"64-64, batch 256, censored head; {args.eval_episodes} evaluation "
-        f"episodes per seed in the noise-free environment; normalised with expert "
-        f"{ref['expert']:.2f}, random {ref['random']:.2f}.\n\n" + "\n".join(lines)
-        + f"\n\nCommand: `{cmd}`\n")
-    print((out_dir / "table.md").read_text())
-
+    lines += [f"| {r['episodes']} | {r['sigma']:g} | {r['updates']} | {r['data_return']:.2f} | "
+              f"{r['sampled']:.2f} ± {r['sampled_std']:.2f} | {r['det']:.2f} ± {r['det_std']:.2f} | "
+              f"{r['distinct_share']:.2f} |" for r in rows]
+    write_results(args.out, argv, dict(tiers=ref, rows=rows, **vars(args)),
+                  f"BC(D_E) on DART-relabelled expert episodes of `{ENV}`, {args.seeds} seeds, 64-64, "
+                  f"batch 256, censored head; {args.eval_episodes} evaluation episodes per seed in the "
+                  f"noise-free environment; normalised with expert {ref['expert']:.2f}, random "
+                  f"{ref['random']:.2f}.", lines)
 
 if __name__ == "__main__":
     main()
