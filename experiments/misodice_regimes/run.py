@@ -77,7 +77,7 @@ from jaxil.phase1.pairs import dataset_id  # noqa: E402
 from jaxil.policy import encode_actions  # noqa: E402
 from jaxil.resume import ResultCache  # noqa: E402
 from jaxil.train import chunk_fn, expand_grid, init_runs  # noqa: E402
-from experiments.misodice_table.run import ALGOS, LABELS  # noqa: E402
+from experiments.misodice_table.run import ALGOS, LABELS, VARIANTS as TABLE_VARIANTS  # noqa: E402
 
 ENVS = ("smax-3m", "smax-2s3z", "jumanji-LevelBasedForaging-v0")
 SOURCES = ("noisy", "teacher", "random")
@@ -86,8 +86,7 @@ DICE = ("indd", "misodice_vdn", "misodice", "misodice_strat")
 #: ``--intervention`` rows: a learner of the study with one setting changed,
 #: to test the sample-starvation reading of the diagnostics (README).
 VARIANTS = {
-    "misodice_strat": ("misodice", dict(policy_sampling="stratified"),
-                       "MisoDICE, stratified π batch"),
+    **TABLE_VARIANTS,
     "bc_expert_b4": ("bc_expert", dict(batch_size=4), "BC(D_E), batch 4"),
 }
 INTERVENTION = ("bc_expert", "bc_expert_b4", "misodice", "misodice_strat")

@@ -32,6 +32,12 @@ from jaxil.train import dataset_path, expand_grid, expert_labels, load_dataset, 
 ALGOS = ("bc_union", "bc_expert", "indd", "misodice_vdn", "misodice")
 LABELS = {"bc_union": "BC(D_U)", "bc_expert": "BC(D_E)", "indd": "INDD",
           "misodice_vdn": "MisoDICE-VDN", "misodice": "MisoDICE"}
+#: Learners of the table with one setting changed: name -> (learner, overrides, label).
+VARIANTS = {
+    "misodice_strat": ("misodice", dict(policy_sampling="stratified"),
+                       "MisoDICE, stratified π batch"),
+}
+LABELS.update({k: v[2] for k, v in VARIANTS.items()})
 DEFAULT_ENVS = ("smax-3m", "smax-2s3z", "smax-5m_vs_6m", "smax-smacv2_5_units",
                 "mpe-simple_spread_continuous", "jumanji-LevelBasedForaging-v0")
 
@@ -67,8 +73,10 @@ def run_env(name: str, args) -> list[dict]:
     rows = []
     for algo in args.algos:
         if cache.get(f"row:{algo}") is None:
-            learner = make_learner(algo, ds.spec, hidden=tuple(args.hidden), batch_size=args.batch_size)
-            flags = expert_labels(ds, "none" if algo == "bc_union" else "ground_truth")
+            base, overrides = VARIANTS[algo][:2] if algo in VARIANTS else (algo, {})
+            learner = make_learner(base, ds.spec, hidden=tuple(args.hidden), batch_size=args.batch_size,
+                                   **overrides)
+            flags = expert_labels(ds, "none" if base == "bc_union" else "ground_truth")
             data = LearnerData.from_dataset(ds, flags)
             out = train(learner, env, data, runs=expand_grid({}, args.seeds), num_updates=args.updates,
                         eval_every=args.updates // args.evals, eval_episodes=args.eval_episodes,
@@ -214,7 +222,8 @@ def main(argv=None) -> None:
                    help="preset sizes (cpu: under an hour on 2 cores; gpu: the papers' sizes, "
                         "written to results_gpu/); the flags below override it")
     p.add_argument("--envs", default=",".join(DEFAULT_ENVS))
-    p.add_argument("--algos", default=",".join(ALGOS))
+    p.add_argument("--algos", default=",".join(ALGOS),
+                   help=f"comma-separated; also {', '.join(VARIANTS)} (one setting changed)")
     p.add_argument("--seeds", type=int)
     p.add_argument("--updates", type=int)
     p.add_argument("--evals", type=int, help="evaluations per run")
@@ -232,6 +241,9 @@ def main(argv=None) -> None:
         if getattr(args, k) is None:
             setattr(args, k, v)
     args.algos = args.algos.split(",")
+    unknown = [a for a in args.algos if a not in LABELS]
+    if unknown:
+        p.error(f"--algos: unknown {', '.join(unknown)}; choose from {', '.join(LABELS)}")
     t0 = time.perf_counter()
     rows = []
     for name in args.envs.split(","):
