@@ -11,10 +11,11 @@ from envs.core import (
 )
 from envs.registry import list_envs as list  # noqa: A001 - mirrors gym/jumanji naming
 from envs.registry import make, register
-from envs.wrappers import AutoReset
+from envs.wrappers import ActionNoise, AutoReset
 from envs.rollout import Trajectory, rollout, run_episodes
 
 __all__ = [
+    "ActionNoise",
     "AutoReset",
     "ContinuousActions",
     "DiscreteActions",

@@ -1,6 +1,8 @@
-"""Wrappers that keep the interface: auto-reset."""
+"""Wrappers that keep the interface: auto-reset, actuator noise."""
 
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -61,3 +63,56 @@ class AutoReset(MultiAgentEnv):
             else pick(reset_ts.avail_actions, ts.avail_actions),
         )
         return state, ts
+
+
+class ActionNoise(MultiAgentEnv):
+    """Noisy actuators on a box action space: every action component the
+    environment executes is the one handed to ``step`` plus Gaussian noise of
+    standard deviation ``sigma × (high − low)``, clipped to the box.
+
+    The caller's (intended) action is what a rollout records, so data
+    collected through this wrapper are DART demonstrations (Laskey et al.,
+    2017: noise injected into the executed actions, the demonstrator's
+    clean action at every state it visited). They are exact samples of the
+    noisy-actuator MDP, whose transition from ``(s, a)`` is the original
+    one from ``(s, clip(a + noise))``; the original environment is the case
+    ``sigma = 0``. The noise key is split from the state's key, so the state
+    keeps its structure and types (``EnvState`` of the wrapped env).
+    """
+
+    def __init__(self, env: MultiAgentEnv, sigma: float):
+        if env.spec.discrete:
+            raise ValueError(f"action noise needs a box action space; {env.spec.env_id} has "
+                             f"{env.spec.action.num_actions} discrete actions")
+        if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) \
+                or not math.isfinite(sigma) or sigma < 0:
+            raise ValueError(f"action noise sigma must be a finite number >= 0, got {sigma!r}")
+        self.env = env
+        self.spec = env.spec
+        self.sigma = float(sigma)
+        self.observes_state = env.observes_state
+
+    def __repr__(self) -> str:
+        return f"ActionNoise({self.env!r}, sigma={self.sigma:g})"
+
+    def reset(self, key: jax.Array) -> tuple[EnvState, TimeStep]:
+        return self.env.reset(key)
+
+    def legalize(self, actions, avail_actions):
+        return self.env.legalize(actions, avail_actions)
+
+    def _observe(self, inner):
+        return self.env._observe(inner)
+
+    def observation(self, obs, global_state, avail_actions):
+        return self.env.observation(obs, global_state, avail_actions)
+
+    def _kept_avail(self, avail):
+        return self.env._kept_avail(avail)
+
+    def step(self, state: EnvState, actions: jax.Array) -> tuple[EnvState, TimeStep]:
+        actions = self.env.legalize(actions, state.avail_actions)
+        key, noise_key = jax.random.split(state.key)
+        scale = self.sigma * (self.spec.action.high - self.spec.action.low)
+        noisy = actions + scale * jax.random.normal(noise_key, actions.shape, jnp.float32)
+        return self.env.step(state.replace(key=key), noisy)  # the inner step clips to the box

@@ -428,7 +428,10 @@ def _list(args) -> int:
         print(f"  {short:<{width}}{note}")
     print()
     print(f"kinds: {', '.join(KINDS)}; any mix as <env>/mix-<n><e|m|p|r>-..., e.g. "
-          f"smax-3m/mix-200e-500m-1000p. Build with `jaxil data build <recipe>`.")
+          f"smax-3m/mix-200e-500m-1000p. Box-action environments also take a -dart<σ> suffix "
+          f"(executed actions noised, the policy's own recorded), e.g. "
+          f"mpe-simple_spread_continuous/misodice-200e-1000p-dart0.8. "
+          f"Build with `jaxil data build <recipe>`.")
     return 0
 
 

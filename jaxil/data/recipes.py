@@ -7,6 +7,9 @@ A recipe says how many trajectories of each quality tier of the policy zoo
     smax-3m/expert                1000 expert        (also medium, poor, random)
     smax-3m/replay                300 of each tier: expert, medium, poor, random
     smax-3m/mix-50e-100m-400p     any mix: <count><e|m|p|r> groups
+    mpe-simple_spread_continuous/misodice-200e-1000p-dart0.8
+                                  any kind + ``-dart<σ>``: collected DART-style
+                                  (box actions only, see below)
 
 ``<env-short>`` is the environment id with ``:`` replaced by ``-``
 (``smax-3m``, ``smax-smacv2_5_units``, ``mpe-simple_spread_continuous``,
@@ -23,6 +26,18 @@ trajectory its tier, source policy and episode seed, records the recipe name
 and every creation argument (including the zoo's provenance and the measured
 tier returns), and writes the file atomically with :func:`jaxil.data.save`.
 Same arguments → byte-identical file; another seed → other episodes.
+
+A ``-dart<σ>`` suffix collects every tier through
+:class:`envs.ActionNoise`: the executed action is the policy's plus Gaussian
+noise of std ``σ × (high − low)``, clipped to the box, and the recorded action
+is the policy's own (DART, Laskey et al. 2017). For a deterministic expert the
+recorded action is its clean action at a state it reached after being pushed
+off its path, which is what behaviour cloning needs on MPE spread
+(``experiments/misodice_table/README.md``). The transitions are exact samples
+of the noisy-actuator MDP, so a DICE learner reads ``(s, a, s')`` consistently.
+The tiers are still *measured* (``tier_measurements``, the normalisation of
+scores) in the noise-free environment, which is the one learners are
+evaluated in.
 
 Episode seeds: ``numpy.random.default_rng([seed, 0x62756C64]).choice(2**31,
 total, replace=False)``, handed out to the tiers in recipe order; episode ``i``
@@ -85,6 +100,7 @@ KINDS: dict[str, tuple[tuple[tuple[str, int], ...], str]] = {
 }
 _LETTER = {"e": "expert", "m": "medium", "p": "poor", "r": "random"}
 _MIX = re.compile(r"^(?:mix|misodice)((?:-\d+[empr])+)$")
+_DART = re.compile(r"^(?P<base>.+)-dart(?P<sigma>\d+(?:\.\d+)?)$")
 _BUILD_SALT = 0x62756C64  # "buld"
 _SHUFFLE_SALT = 0x73687566  # "shuf"
 
@@ -98,12 +114,14 @@ class Recipe:
       kind: the part after the slash, e.g. ``"misodice-200e-1000p"``.
       counts: ``((tier, count), ...)`` in collection order.
       description: one line for ``jaxil data list``.
+      action_noise: σ of the DART collection (``-dart<σ>``; 0 = none).
     """
 
     env_id: str
     kind: str
     counts: tuple[tuple[str, int], ...]
     description: str = ""
+    action_noise: float = 0.0
 
     @property
     def env_short(self) -> str:
@@ -170,6 +188,13 @@ def _env_from_short(name: str) -> Optional[str]:
     return None
 
 
+def _dart(kind: str) -> tuple[str, float]:
+    """``"misodice-200e-1000p-dart0.8"`` → ``("misodice-200e-1000p", 0.8)``;
+    a kind without the suffix has σ 0."""
+    m = _DART.match(kind)
+    return (m["base"], float(m["sigma"])) if m else (kind, 0.0)
+
+
 def _kind(kind: str) -> Optional[tuple[tuple[tuple[str, int], ...], str]]:
     if kind in KINDS:
         return KINDS[kind]
@@ -209,7 +234,11 @@ def get_recipe(name: Union[str, Recipe]) -> Recipe:
     names = [r.name for r in list_recipes()]
     env_part, sep, kind = str(name).partition("/")
     env_id = _env_from_short(env_part) if sep else None
-    found = _kind(kind) if env_id else None
+    base, sigma = _dart(kind)
+    if env_id and sigma <= 0 and base != kind:
+        raise KeyError(f"recipe {str(name)!r}: -dart needs a noise level > 0 (e.g. "
+                       f"{env_part}/{base}-dart0.8); without noise use {env_part}/{base}")
+    found = _kind(base) if env_id else None
     if env_id is None or found is None:
         close = difflib.get_close_matches(str(name), names, n=5, cutoff=0.5)
         hint = f" Did you mean: {', '.join(close)}?" if close else ""
@@ -218,12 +247,14 @@ def get_recipe(name: Union[str, Recipe]) -> Recipe:
         elif env_id is None:
             why = f"unknown environment {env_part!r}"
         else:
-            why = (f"unknown recipe {kind!r} (kinds: {', '.join(KINDS)}, or "
-                   f"mix-<n><e|m|p|r>-..., e.g. mix-200e-1000p)")
+            why = (f"unknown recipe {base!r} (kinds: {', '.join(KINDS)}, or "
+                   f"mix-<n><e|m|p|r>-..., e.g. mix-200e-1000p; any of them + -dart<σ>)")
         raise KeyError(f"unknown recipe {str(name)!r}: {why}.{hint} "
                        f"`jaxil data list` shows all recipes.")
     counts, desc = found
-    return Recipe(env_id, kind, counts, desc)
+    if sigma:
+        desc += f"; DART: executed actions noised with σ = {sigma:g} of the box width"
+    return Recipe(env_id, kind, counts, desc, sigma)
 
 
 def episode_seeds(seed: int, total: int) -> np.ndarray:
@@ -306,6 +337,9 @@ def build(
     env_kwargs = dict(env_kwargs or {})
     zoo = make_zoo(r.env_id, env_kwargs=env_kwargs, teacher_dir=teacher_dir,
                    discover=discover_teachers, epsilons=epsilons)
+    if r.action_noise and zoo.spec.discrete:
+        raise ValueError(f"recipe {r.name}: -dart (executed-action noise) needs a box action "
+                         f"space, and {r.env_id} has discrete actions; drop the -dart suffix")
     total = sum(n.values())
     seeds = episode_seeds(seed, total)
     bar = None
@@ -322,7 +356,7 @@ def build(
                 bar.set_postfix_str(f"{tier}: {zoo[tier].source}")
             block = seeds[off:off + count]
             off += count
-            eps = zoo.collect(tier, block, chunk_size, bar)
+            eps = zoo.collect(tier, block, chunk_size, bar, action_noise=r.action_noise)
             parts.append(Dataset.from_episodes(
                 eps, zoo.spec, tier=tier, source=zoo[tier].source, seed=block,
                 expert=(tier == "expert"), check=False))
@@ -359,6 +393,11 @@ def build(
         zoo=_portable(zoo.describe()),
         tier_measurements=measured,
     )
+    if r.action_noise:  # absent otherwise: plain builds stay byte-identical to earlier ones
+        args["action_noise"] = dict(
+            sigma=r.action_noise, wrapper="envs.ActionNoise",
+            semantics="executed action = clip(recorded action + sigma * (high - low) * N(0, 1)); "
+                      "tier_measurements are noise-free")
     info = dataclasses.replace(ds.info, recipe=r.name, creation_args_json=canonical_json(args))
     ds = ds.replace(info=info).validate()
     if out_path is not None:

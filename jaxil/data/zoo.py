@@ -368,14 +368,15 @@ class Zoo:
         """``{tier: {"source", **details}}`` (JSON-friendly)."""
         return {t: dict(source=p.source, **p.details) for t, p in self.tiers.items()}
 
-    def collector(self, tier: str, chunk_size: int) -> Callable:
+    def collector(self, tier: str, chunk_size: int, action_noise: float = 0.0) -> Callable:
         """Jitted ``(params, keys [C, 2] uint32) -> Episodes [C, ...]``: one
         episode per key, compiled once per program (see
-        :attr:`TierPolicy.program`) and chunk size."""
-        k = (self[tier].program, int(chunk_size))
+        :attr:`TierPolicy.program`), chunk size and ``action_noise`` (σ of
+        :class:`envs.ActionNoise` on the executed actions; 0: none)."""
+        k = (self[tier].program, int(chunk_size), float(action_noise))
         if k not in self._compiled:
             pol = as_policy(self[tier].policy)
-            env = self.env
+            env = envs.ActionNoise(self.env, action_noise) if action_noise else self.env
 
             def one(params, key):
                 ep = envs.run_episodes(env, pol, params, key, 1)
@@ -385,19 +386,21 @@ class Zoo:
         return self._compiled[k]
 
     def collect(self, tier: str, seeds: Sequence[int], chunk_size: int = DEFAULT_CHUNK,
-                bar: Any = None) -> Any:
+                bar: Any = None, action_noise: float = 0.0) -> Any:
         """Roll ``tier`` out once per seed; numpy ``Episodes`` batch-major ``[E, ...]``.
 
         Seeds go through in chunks of ``chunk_size`` (the last chunk is padded,
         so one compiled program serves every chunk); ``bar`` (a tqdm bar) is
-        advanced by the episodes of each chunk.
+        advanced by the episodes of each chunk. ``action_noise`` > 0 executes
+        the actions through :class:`envs.ActionNoise` and records the
+        policy's own (DART collection; box actions only).
         """
         seeds = np.asarray(seeds, np.int64).reshape(-1)
         if seeds.size and (seeds.min() < 0 or seeds.max() >= MAX_SEED):
             raise ValueError(f"episode seeds must lie in [0, 2**31), got {seeds.min()}..{seeds.max()}")
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-        fn = self.collector(tier, chunk_size)
+        fn = self.collector(tier, chunk_size, action_noise)
         params = self[tier].params
         parts = []
         for start in range(0, len(seeds), chunk_size):
