@@ -446,8 +446,8 @@ def plan(args) -> list[tuple]:
        ends in ``+long``), the others to ``--points``;
     B. Phase-1 labels on ``--p1-cells``: BC(D_E) and MisoDICE;
     C. the rest of the heatmap (MisoDICE, BC(D_E)): scarce counts first;
-    D. VDN and INDD on the Phase-1 cells, then BC(D_U), VDN and INDD on
-       every cell that lacks them.
+    D. BC(D_U), VDN and INDD on every cell that lacks them, most experts
+       first; then VDN and INDD on the Phase-1 cells.
     """
     scarce = [n for n in args.expert_counts if n <= 25]
     if args.intervention:  # E. only the intervention rows, on the scarce teacher cells
@@ -473,14 +473,18 @@ def plan(args) -> list[tuple]:
     for s, n in rest:
         for env in args.envs:
             tasks += [("C", env, s, n, "ground_truth", a) for a in ("bc_expert", "misodice")]
-    for env in args.envs:
-        for s, n in args.p1_cells:
-            tasks += [("D", env, s, n, "phase1", a) for a in ("misodice_vdn", "indd")]
-    for s, n in a_cells + rest:
+    # D: the most experts first (200 with 1000 others is the paper's own
+    # setting, where its ordering of all five learners is claimed), then
+    # the Phase-1 cells (whose labels, not the learner, decide those rows).
+    d_cells = sorted(a_cells + rest, key=lambda c: (-c[1], SOURCES.index(c[0])))
+    for s, n in d_cells:
         for env in args.envs:
             tasks += [("D", env, s, n, "ground_truth", a) for a in
                       ("bc_union", "misodice_vdn", "indd") if not (
                           (s, n) == long_cell and a != "bc_expert")]
+    for env in args.envs:
+        for s, n in args.p1_cells:
+            tasks += [("D", env, s, n, "phase1", a) for a in ("misodice_vdn", "indd")]
     return tasks
 
 
@@ -507,6 +511,10 @@ class Env:
                                  {"row:": tuple(settings), "p1:": tuple(p1)})
         self._cell = (None, None)
         self.args = args
+        if args.reuse is not None:
+            n = reuse_rows(self.cache, args.reuse, env, self.meta["pool_id"], {**settings, **p1},
+                           args)
+            print(f"{env}: {n} rows taken from --reuse", flush=True)
 
     def cell(self, source: str, n: int, labels: str):
         """``(data, diagnostic batches, their true expert flags, Phase-1 info)``."""
@@ -521,7 +529,7 @@ class Env:
         flags = truth
         if labels == "phase1":
             k = f"p1:{source}:{n}"
-            if self.cache.get(k) is None:
+            if "labels" not in (self.cache.get(k) or {}):  # absent, or --reuse'd metrics only
                 lab, info = phase1_labels(cell, n, args)
                 self.cache.put(k, dict(info, labels=lab.tolist()))
             p1 = self.cache.get(k)
@@ -558,6 +566,46 @@ class Env:
             p1 = self.cache.get(f"p1:{source}:{n}")
             row["phase1"] = {k: p1[k] for k in ("metrics", "per_seed", "seconds")}
         return row
+
+
+#: The keys ``Env.row`` adds to a cached row (the rest is ``train_row``'s).
+ROW_FIELDS = ("env", "source", "experts", "labels", "algo", "shared_from", "long", "phase1")
+
+
+def reuse_rows(cache: ResultCache, prev: dict, env: str, pool_id: str, settings: dict,
+               args) -> int:
+    """Put the rows of an earlier run's ``results.json`` (``--reuse``) for
+    ``env`` into ``cache``, so that a fresh clone extends a committed grid
+    instead of recomputing it (the caches under ``runs/`` are not
+    committed). Rows already in the cache are kept. Exits with a one-line
+    error when the earlier run used another pool or other settings, since
+    its rows would then not be comparable with the new ones. Phase-1 rows
+    bring their label metrics but not the labels; a new row on a Phase-1
+    cell fits Phase 1 again. Returns the number of rows added."""
+    res = prev.get("envs", {}).get(env)
+    if res is None:
+        return 0
+    if res.get("pool_id") != pool_id:
+        raise SystemExit(f"error: --reuse: the earlier run's {env} pool ({res.get('pool_id')}) is "
+                         f"not this one ({pool_id}); build the pool with the earlier run's "
+                         "settings or drop --reuse")
+    for name, value in json.loads(json.dumps(settings)).items():
+        old = res["pool_id"] if name == "pool" else prev.get(name, DEFAULTS.get(name))
+        if old != value:
+            raise SystemExit(f"error: --reuse: the earlier run used {name.replace('_', '-')} "
+                             f"{old}, this one {value}; rerun with the earlier settings or drop "
+                             "--reuse")
+    added = 0
+    for r in res["rows"]:
+        labels = r["labels"] + ("+long" if r.get("long") else "")
+        key = row_key(args, r["source"], r["experts"], labels, r["algo"])
+        if cache.get(key) is None:
+            cache.put(key, {k: v for k, v in r.items() if k not in ROW_FIELDS})
+            added += 1
+        pk = f"p1:{r['source']}:{r['experts']}"
+        if r.get("phase1") and cache.get(pk) is None:
+            cache.put(pk, dict(r["phase1"]))
+    return added
 
 
 def row_key(args, source: str, n: int, labels: str, algo: str) -> str:
@@ -936,6 +984,9 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=None)
     p.add_argument("--budget-min", type=float, default=None,
                    help="start no row after this many minutes (rows left out are listed)")
+    p.add_argument("--reuse", default=None, metavar="RESULTS_JSON",
+                   help="take the rows of an earlier run's results.json (same pool and settings) "
+                        "instead of training them again, e.g. the committed results/results.json")
     p.add_argument("--pools-only", action="store_true", help="build the pools (and teachers) and stop")
     p.add_argument("--intervention", action="store_true",
                    help="run only the intervention rows (BC(D_E) at batch 4, MisoDICE with a "
@@ -960,6 +1011,15 @@ def main(argv=None) -> None:
     if max(args.expert_counts) > args.experts:
         raise SystemExit(f"error: --expert-counts go up to {max(args.expert_counts)} but the pool "
                          f"has --experts {args.experts}")
+    if args.reuse is not None:
+        try:
+            args.reuse = json.loads(Path(args.reuse).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise SystemExit(f"error: --reuse {args.reuse}: cannot read it as JSON ({e}); pass "
+                             "an earlier run's results.json") from None
+        if not isinstance(args.reuse, dict) or "envs" not in args.reuse:
+            raise SystemExit("error: --reuse takes an earlier run's results.json (it has no "
+                             "'envs'); pass e.g. experiments/misodice_regimes/results/results.json")
     out = Path(args.out or (HERE / ("results" if args.scale == "cpu" and not args.quick
                                     else f"results_{args.tag}")))
     t0 = time.perf_counter()
@@ -977,7 +1037,8 @@ def main(argv=None) -> None:
                 **{k: getattr(args, k) for k in ("seeds", "points", "chunk", "eval_episodes",
                                                  "batch_size", "hidden", "expert_counts", "sources",
                                                  "experts", "others", "p1_queries", "p1_flip",
-                                                 "p1_seeds", "p1_updates", "seed", "data_seed")},
+                                                 "p1_seeds", "p1_updates", "seed", "data_seed",
+                                                 "diag_groups")},
                 p1_cells=args.p1_cells, long_cell=args.long_cell, long_points=args.long_points,
                 compare_at=COMPARE_AT[0], budget_min=args.budget_min, skipped=skipped)
     write_outputs(results, out, meta)
