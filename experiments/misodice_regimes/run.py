@@ -559,6 +559,9 @@ class Env:
                 data = LearnerData(union=data.union, expert=None)
             self.cache.put(key, train_row(learner, self.env, data, args,
                                           args.long_points if long else args.points, diag))
+            # Every row compiles its own programs; kept, they filled 24 GiB
+            # after about 90 rows (LLVM "Cannot allocate memory").
+            jax.clear_caches()
         row = dict(self.cache.get(key), env=self.meta["env_id"], source=source, experts=n,
                    labels=labels, algo=algo, shared_from=None if owner == source else owner,
                    long=long)
