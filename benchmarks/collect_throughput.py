@@ -1,9 +1,9 @@
 """Dataset-collection throughput: trajectories/s and env-steps/s of collection
 with a neural policy, 1 to 4096 parallel environments.
 
-What is timed is the program :func:`jaxil.data.recipes.build` collects a
-dataset with: :meth:`jaxil.data.zoo.Zoo.collector`, a jitted ``vmap`` over
-per-episode keys (:func:`jaxil.data.zoo.episode_keys`) of
+What is timed is the program :func:`jaxil.collect.recipes.build` collects a
+dataset with: :meth:`jaxil.collect.zoo.Zoo.collector`, a jitted ``vmap`` over
+per-episode keys (:func:`jaxil.collect.zoo.episode_keys`) of
 ``envs.run_episodes(env, policy, params, key, 1)``. One call plays E episodes
 in parallel to their ends; E is the collector's chunk size (``build``'s
 ``chunk_size``, 128 by default). ``run_episodes`` scans a fixed
@@ -13,11 +13,11 @@ the call does ``E × max_steps`` steps of work whatever the episode lengths.
 
 Policies, both collected through the same zoo collector:
 
-- ``neural``: a :class:`jaxil.policy.PolicyNet` with hidden widths
-  64-64 (as the MAPPO teachers of :mod:`jaxil.teachers.zoo`), parameter
+- ``neural``: a :class:`jaxil.nn.policy.PolicyNet` with hidden widths
+  64-64 (as the MAPPO teachers of :mod:`jaxil.teachers.presets`), parameter
   sharing (one-hot agent id appended), RANDOMLY INITIALISED parameters (the
   cost does not depend on their values), acting by sampling (masked
-  categorical or tanh-Gaussian); wrapped in :func:`jaxil.data.zoo.noisy_policy`
+  categorical or tanh-Gaussian); wrapped in :func:`jaxil.collect.zoo.noisy_policy`
   with ε = 0, exactly as the zoo wraps a teacher's expert tier (ε is a traced
   parameter, so the wrapper still draws the random action and the coin);
 - ``random``: :func:`envs.policies.random_policy`, the zoo's random tier.
@@ -69,11 +69,11 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-import envs  # noqa: E402
+from jaxil import envs  # noqa: E402
 from benchmarks import common  # noqa: E402
-from envs.policies import random_policy  # noqa: E402
-from jaxil.data.zoo import TierPolicy, Zoo, episode_keys, noisy_params, noisy_policy  # noqa: E402
-from jaxil.policy import PolicyNet  # noqa: E402
+from jaxil.envs.policies import random_policy  # noqa: E402
+from jaxil.collect.zoo import TierPolicy, Zoo, episode_keys, noisy_params, noisy_policy  # noqa: E402
+from jaxil.nn.policy import PolicyNet  # noqa: E402
 
 DEFAULT_ENVS = ("smax:3m", "mpe:simple_spread_continuous", "jumanji:LevelBasedForaging-v0")
 DEFAULT_NUM_ENVS = (1, 64, 1024, 4096)
@@ -282,7 +282,7 @@ def main(argv=None) -> dict[str, Any]:
         "versions": common.library_versions(),
         "config": dict(vars(args)),
         "definitions": {
-            "collector": "jaxil.data.zoo.Zoo.collector: jit(vmap over episode keys of "
+            "collector": "jaxil.collect.zoo.Zoo.collector: jit(vmap over episode keys of "
                          "envs.run_episodes(env, policy, params, key, 1)), chunk size = num_envs",
             "neural": f"PolicyNet hidden {tuple(args.hidden)}, shared, random init, sampling, "
                       "in noisy_policy with epsilon 0 (as a zoo teacher's expert tier)",

@@ -53,8 +53,8 @@ import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import envs  # noqa: E402
-from envs.policies import uniform_available  # noqa: E402
+from jaxil import envs  # noqa: E402
+from jaxil.envs.policies import uniform_available  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -123,9 +123,9 @@ def raw_runner(
     env: envs.MultiAgentEnv, num_envs: int, num_steps: int, auto_reset: bool = True
 ) -> Optional[Runner]:
     """The upstream environment behind ``env``, driven through its own API."""
-    from envs.jumanji import JumanjiEnv
-    from envs.mpe import SpreadEnv
-    from envs.smax import SMAXEnv
+    from jaxil.envs.jumanji import JumanjiEnv
+    from jaxil.envs.mpe import SpreadEnv
+    from jaxil.envs.smax import SMAXEnv
 
     if isinstance(env, JumanjiEnv):
         from jumanji.wrappers import AutoResetWrapper

@@ -11,7 +11,7 @@ Parts, each under its own time budget (what does not fit is listed under
    update per call and 16 fused.
 4. ``precision``: achieved TFLOP/s of a square matmul probe and of the fused
    MisoDICE update at the paper shapes (BC at small shapes with ``--quick``) with fp32, TF32 and bf16 operands
-   (:mod:`jaxil.precision`), and how far the losses of the 16th update from
+   (:mod:`jaxil.runs.precision`), and how far the losses of the 16th update from
    the same state and keys move from fp32's at each.
 5. ``collect``: dataset-collection throughput (:mod:`benchmarks.collect_throughput`).
 6. ``peer``: where ``JAXIL_OMAPL_PEER`` points at a copy of the O-MAPL
@@ -72,7 +72,7 @@ def _quiet(fn: Callable, *args, **kwargs):
 
 
 def part_env(args, budget: float, tmp: Path) -> dict[str, Any]:
-    import envs
+    from jaxil import envs
     from benchmarks import env_throughput
 
     ids = ["mpe:simple_spread"] if args.quick else envs.list()
@@ -133,8 +133,8 @@ def part_precision(args, budget: float, tmp: Path) -> dict[str, Any]:
     """Matmul probe and the fused MisoDICE update at each precision, and the
     losses of one update from the same state and batch against fp32's."""
     from benchmarks.learner_throughput import PAPER, Shapes, _learner, synthetic_data, synthetic_spec
-    from jaxil.learners import update_n
-    from jaxil.precision import matmul_precision
+    from jaxil.algorithms.offline import update_n
+    from jaxil.runs.precision import matmul_precision
 
     if args.quick:
         shapes, batch, trajs, n_mm, k = Shapes(obs_dim=32, state_per_agent=16, hidden=(64, 64),

@@ -1,20 +1,20 @@
 """Interactive-imitation throughput: the time of one compiled round of OEC on
 ``smax:3m`` with the zoo expert, and where it goes (rollouts vs updates).
 
-What is timed is :func:`jaxil.interactive.loop.make_round` — the program
-:func:`jaxil.interactive.loop.run` calls once per round: ``envs_per_round``
-(E) shared-control episodes (:func:`jaxil.interactive.rollout.mixed_episodes`,
+What is timed is :func:`jaxil.algorithms.interactive.loop.make_round` — the program
+:func:`jaxil.algorithms.interactive.loop.run` calls once per round: ``envs_per_round``
+(E) shared-control episodes (:func:`jaxil.algorithms.interactive.rollout.mixed_episodes`,
 student until the OEC switch, then the expert), their labels, loss mask,
-verifier, repetition filter and budget allowance (:mod:`jaxil.interactive.labels`),
+verifier, repetition filter and budget allowance (:mod:`jaxil.algorithms.interactive.labels`),
 the insert into the ring buffer, then K = ``updates_per_round`` fused BC
-updates of the student (:func:`jaxil.interactive.loop.train_student`).
+updates of the student (:func:`jaxil.algorithms.interactive.loop.train_student`).
 
 Setup: the zoo expert of the env (for ``smax:3m`` a shipped MAPPO teacher,
-:func:`jaxil.interactive.cli.load_expert`), demonstrations from
-:func:`~jaxil.interactive.loop.collect_demos`, the student (64-64
+:func:`jaxil.cli.interactive.load_expert`), demonstrations from
+:func:`~jaxil.algorithms.interactive.loop.collect_demos`, the student (64-64
 PolicyNet, batch 256) behaviour-cloned on the SFT set by
-:func:`~jaxil.interactive.loop.init_states`, one OEC regime
-(:func:`jaxil.interactive.config.regime` with ``switch_hi=7``, the verifier
+:func:`~jaxil.algorithms.interactive.loop.init_states`, one OEC regime
+(:func:`jaxil.algorithms.interactive.config.regime` with ``switch_hi=7``, the verifier
 on) whose budget is ``sft_labels + rounds × E_max × max_steps × N``: more
 than any round can spend, so no episode is dropped for budget (checked: every
 row's ``within_budget`` equals E).
@@ -90,12 +90,12 @@ import numpy as np  # noqa: E402
 
 from benchmarks import common  # noqa: E402
 from benchmarks.collect_throughput import MEMORY_HEADROOM, _is_oom, _memory, free_memory_bytes  # noqa: E402
-from jaxil.interactive.cli import load_expert  # noqa: E402
-from jaxil.interactive.config import InteractiveConfig, regime, resolve_auto  # noqa: E402
-from jaxil.interactive.loop import (Demos, InteractiveState, collect_demos, demo_steps_for,  # noqa: E402
+from jaxil.cli.interactive import load_expert  # noqa: E402
+from jaxil.algorithms.interactive.config import InteractiveConfig, regime, resolve_auto  # noqa: E402
+from jaxil.algorithms.interactive.loop import (Demos, InteractiveState, collect_demos, demo_steps_for,  # noqa: E402
                                     init_states, make_round, make_student, train_student)
-from jaxil.interactive.rollout import SwitchRule, mixed_episodes  # noqa: E402
-from jaxil.interactive.schedule import expert_probability  # noqa: E402
+from jaxil.algorithms.interactive.rollout import SwitchRule, mixed_episodes  # noqa: E402
+from jaxil.algorithms.interactive.schedule import expert_probability  # noqa: E402
 
 DEFAULT_NUM_ENVS = (1, 4, 16, 64, 256, 1024, 4096)
 QUICK_NUM_ENVS = (1, 4, 16)

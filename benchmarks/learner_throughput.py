@@ -63,10 +63,10 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from benchmarks import common, matmul_peak  # noqa: E402
-from envs.core import DiscreteActions, EnvSpec  # noqa: E402
+from jaxil.envs.core import DiscreteActions, EnvSpec  # noqa: E402
 from jaxil.data.sampling import Transitions  # noqa: E402
 from jaxil.data.sampling import Segments  # noqa: E402
-from jaxil.learners import LearnerData, PreferenceData, make_learner, update_n  # noqa: E402
+from jaxil.algorithms.offline import LearnerData, PreferenceData, make_learner, update_n  # noqa: E402
 
 LEARNERS = ("bc_union", "indd", "misodice_vdn", "misodice")
 DICE = ("indd", "misodice_vdn", "misodice")
@@ -465,7 +465,7 @@ def mlp_ceiling(probe: matmul_peak.PeakProbe, repeats: int) -> dict[str, Any]:
 
 def paper_ablations(spec, data, shapes, flops, probe, args) -> dict[str, Any]:
     """MisoDICE single update without the gradient penalty (its share of time)."""
-    from jaxil.learners.dice import DiceConfig, make_dice
+    from jaxil.algorithms.offline.dice import DiceConfig, make_dice
 
     res = {}
     learner = make_dice(spec, DiceConfig(mixing="hyper", hidden=shapes.hidden, mixer_hidden=shapes.mixer_hidden,

@@ -104,7 +104,7 @@ class PeakProbe:
 
 
 def mlp_step(rows: int, in_dim: int = 129, hidden: tuple[int, ...] = (256, 256), k: int = 16, seed: int = 0):
-    """A compiled call of ``k`` plain gradient steps of one :class:`jaxil.nets.MLP`
+    """A compiled call of ``k`` plain gradient steps of one :class:`jaxil.nn.nets.MLP`
     (``in_dim -> hidden -> 1``, squared-output loss, SGD) on a ``[rows, in_dim]``
     batch, fused in a ``lax.scan`` like ``update_n``: the most a learner made
     of such networks can get from XLA's dots, element-wise ops and layout
@@ -112,7 +112,7 @@ def mlp_step(rows: int, in_dim: int = 129, hidden: tuple[int, ...] = (256, 256),
     import jax
     import jax.numpy as jnp
 
-    from jaxil.nets import MLP
+    from jaxil.nn.nets import MLP
 
     net = MLP(1, tuple(hidden))
     kx, kp = jax.random.split(jax.random.PRNGKey(seed))

@@ -2,7 +2,7 @@
 
 A user who calls a learner's update from a loop of their own runs one
 compiled call per update; ``jaxil train`` fuses K = 16 updates into one
-call (:func:`jaxil.learners.update_n`). At the paper shapes (MisoDICE on
+call (:func:`jaxil.algorithms.offline.update_n`). At the paper shapes (MisoDICE on
 SMACv1 5m_vs_6m: N = 5, obs 124, state 780, 12 actions, 256-256 networks,
 1120 joint transitions per batch; O-MAPL: 8 trajectory pairs × 70 steps)
 this measures, per update and side by side in one process:
@@ -10,12 +10,12 @@ this measures, per update and side by side in one process:
 - ``fused``: one call of K = 16 updates (the reference);
 - ``single``: ``jax.jit(update_n)`` with K = 1 called once per update, the
   state not donated (jaxil before);
-- ``single_donated``: :func:`jaxil.learners.jit_update_n` (K = 1, the state
+- ``single_donated``: :func:`jaxil.algorithms.offline.jit_update_n` (K = 1, the state
   donated).
 
 Each configuration runs in child processes that differ in one thing set
 before JAX starts: host memory as glibc gives it (``default``) or kept for
-reuse (``retain``, :func:`jaxil.hostmem.retain`), on 1 core (pinned, XLA's
+reuse (``retain``, :func:`jaxil.runs.hostmem.retain`), on 1 core (pinned, XLA's
 single-thread flags) and on all cores. Rounds interleave the three calls,
 so load drift hits them alike; medians over rounds of wall time, process
 CPU time and minor page faults per update.
@@ -54,15 +54,15 @@ def _faults() -> int:
 def child(args) -> dict[str, Any]:
     """Measure the three calls of one learner in this process."""
     if args.memory == "retain":
-        from jaxil.hostmem import retain
+        from jaxil.runs.hostmem import retain
 
         if not retain():
-            return {"error": "jaxil.hostmem.retain() had no effect here (no glibc mallopt)"}
+            return {"error": "jaxil.runs.hostmem.retain() had no effect here (no glibc mallopt)"}
     import jax
 
     from benchmarks.learner_throughput import (PAPER, PAPER_PAIRS, Shapes, _learner, synthetic_data,
                                                synthetic_preferences, synthetic_spec)
-    from jaxil.learners import jit_update_n, update_n
+    from jaxil.algorithms.offline import jit_update_n, update_n
 
     if args.quick:
         shapes, batch, pairs, trajs = Shapes(obs_dim=32, state_per_agent=16, hidden=(64, 64),

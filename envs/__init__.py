@@ -1,6 +1,6 @@
 """Vectorized JAX multi-agent environments behind one interface."""
 
-from envs.core import (
+from .core import (
     ContinuousActions,
     DiscreteActions,
     EnvSpec,
@@ -9,10 +9,10 @@ from envs.core import (
     TimeStep,
     check_actions,
 )
-from envs.registry import list_envs as list  # noqa: A001 - mirrors gym/jumanji naming
-from envs.registry import make, register
-from envs.wrappers import ActionNoise, AutoReset
-from envs.rollout import Trajectory, rollout, run_episodes
+from .registry import list_envs as list  # noqa: A001 - mirrors gym/jumanji naming
+from .registry import make, register
+from .wrappers import ActionNoise, AutoReset
+from .rollout import Trajectory, rollout, run_episodes
 
 __all__ = [
     "ActionNoise",

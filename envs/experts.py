@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from envs.core import MultiAgentEnv
+from .core import MultiAgentEnv
+from .smax import heuristic_policy
+from .mpe import spread_expert
+from .jumanji import lbf_expert
 
 
 def has_scripted_expert(env_id: str) -> bool:
@@ -30,18 +33,15 @@ def scripted_expert(env: MultiAgentEnv) -> Optional[tuple[Any, str, str]]:
     """
     eid = env.spec.env_id
     if eid.startswith("smax:"):
-        from envs.smax import heuristic_policy
 
         return (heuristic_policy(env), "smax-heuristic",
                 "JaxMARL's scripted SMAX micro-management policy driving the allies")
     if eid.startswith("mpe:simple_spread"):
-        from envs.mpe import spread_expert
 
         return (spread_expert(env), "spread-assign-pd",
                 "min-total-distance landmark assignment from the own observation, "
                 "dead-beat velocity control (envs.mpe.spread_expert)")
     if eid == "jumanji:LevelBasedForaging-v0":
-        from envs.jumanji import lbf_expert
 
         return (lbf_expert(env), "lbf-bfs-coop",
                 "team targets the nearest liftable food, BFS to distinct adjacent "

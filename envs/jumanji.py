@@ -103,9 +103,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from envs.core import DiscreteActions, EnvSpec, MultiAgentEnv, Step
-from envs.policies import ScriptedExpertUnavailable, uniform_available
-from envs.registry import register
+from .core import DiscreteActions, EnvSpec, MultiAgentEnv, Step
+from .policies import ScriptedExpertUnavailable, uniform_available
+from .registry import register
 
 try:
     from jumanji.environments import Cleaner, Connector, LevelBasedForaging, RobotWarehouse

@@ -49,9 +49,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from envs._jaxmarl import import_jaxmarl
-from envs.core import ContinuousActions, EnvSpec, MultiAgentEnv, Step
-from envs.registry import register
+from ._jaxmarl import import_jaxmarl
+from .core import ContinuousActions, EnvSpec, MultiAgentEnv, Step
+from .registry import register
 
 SCENARIOS = ("hopper_3x1", "ant_4x2", "halfcheetah_6x1", "walker2d_2x3")
 MISSING_BRAX = "MABrax needs brax: pip install 'jaxil[mabrax]'"

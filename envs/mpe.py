@@ -29,9 +29,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from envs._jaxmarl import import_jaxmarl
-from envs.core import ContinuousActions, DiscreteActions, EnvSpec, MultiAgentEnv, Step
-from envs.registry import register
+from ._jaxmarl import import_jaxmarl
+from .core import ContinuousActions, DiscreteActions, EnvSpec, MultiAgentEnv, Step
+from .registry import register
 
 try:
     import_jaxmarl()

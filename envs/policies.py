@@ -13,7 +13,7 @@ IRL learners) takes either form:
   SMAX heuristic's per-agent target, or a recurrent network's hidden state.
   Where a policy defines them, ``log_prob(params, obs, avail, actions) ->
   [N]`` and ``entropy(params, obs, avail) -> [N]`` score its per-agent action
-  distribution (neural policies, :class:`jaxil.policy.PolicyNet`); scripted
+  distribution (neural policies, :class:`jaxil.nn.policy.PolicyNet`); scripted
   experts leave them ``None``.
 
 :func:`as_policy` turns either form into a :class:`Policy`.
@@ -26,7 +26,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from envs.core import EnvSpec
+from .core import EnvSpec
 
 
 class ScriptedExpertUnavailable(ValueError):
@@ -71,7 +71,7 @@ def uniform_available(key: jax.Array, avail: jax.Array) -> jax.Array:
     """One uniformly random available action per row of an ``[..., A]`` mask
     (int32 ``[...]``). The one sampler of uniform legal actions in ``envs``
     (scripted experts and benchmarks use it too); neural policies sample from
-    :mod:`jaxil.distributions`."""
+    :mod:`jaxil.nn.distributions`."""
     return jax.random.categorical(key, jnp.where(avail, 0.0, -jnp.inf), axis=-1).astype(jnp.int32)
 
 

@@ -11,10 +11,11 @@ import difflib
 import importlib
 from typing import Callable
 
-from envs.core import MultiAgentEnv
+from .core import MultiAgentEnv
 
 _FACTORIES: dict[str, Callable[..., MultiAgentEnv]] = {}
-_FAMILY_MODULES = ("envs.smax", "envs.mpe", "envs.jumanji", "envs.mabrax")
+# Sibling modules that register their families when imported.
+_FAMILY_MODULES = (".smax", ".mpe", ".jumanji", ".mabrax")
 _loaded = False
 
 
@@ -29,7 +30,7 @@ def _load() -> None:
     if not _loaded:
         _loaded = True
         for mod in _FAMILY_MODULES:
-            importlib.import_module(mod)
+            importlib.import_module(mod, __package__)
 
 
 def list_envs() -> list[str]:

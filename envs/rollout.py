@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from envs.core import MultiAgentEnv
-from envs.policies import as_policy
-from envs.wrappers import AutoReset
+from .core import MultiAgentEnv
+from .policies import as_policy
+from .wrappers import AutoReset
 
 
 @struct.dataclass

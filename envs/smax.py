@@ -22,10 +22,10 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from envs._jaxmarl import import_jaxmarl
-from envs.core import DiscreteActions, EnvSpec, MultiAgentEnv, Step
-from envs.policies import Policy
-from envs.registry import register
+from ._jaxmarl import import_jaxmarl
+from .core import DiscreteActions, EnvSpec, MultiAgentEnv, Step
+from .policies import Policy
+from .registry import register
 
 try:
     import_jaxmarl()

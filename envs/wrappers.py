@@ -7,7 +7,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from envs.core import EnvState, MultiAgentEnv, TimeStep
+from .core import EnvState, MultiAgentEnv, TimeStep
 
 
 class AutoReset(MultiAgentEnv):

@@ -1,12 +1,12 @@
-"""The one checkpoint format (``jaxil.checkpoint``) on the states it must hold."""
+"""The one checkpoint format (``jaxil.runs.checkpoint``) on the states it must hold."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-import envs
-from jaxil.checkpoint import Checkpointer
-from jaxil.interactive.buffer import empty_buffer, insert
+from jaxil import envs
+from jaxil.runs.checkpoint import Checkpointer
+from jaxil.algorithms.interactive.buffer import empty_buffer, insert
 
 
 def test_zero_size_leaves_round_trip(tmp_path):

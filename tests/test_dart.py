@@ -13,12 +13,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import envs
-from envs.core import ContinuousActions, DiscreteActions, EnvSpec, MultiAgentEnv, Step
-from envs.policies import as_policy
-from jaxil.cli import main
-from jaxil.data import recipes as rc
-from jaxil.data.zoo import make_zoo
+from jaxil import envs
+from jaxil.envs.core import ContinuousActions, DiscreteActions, EnvSpec, MultiAgentEnv, Step
+from jaxil.envs.policies import as_policy
+from jaxil.cli.main import main
+from jaxil.collect import recipes as rc
+from jaxil.collect.zoo import make_zoo
 
 ENV_ID = "mpe:simple_spread_continuous"
 ENV_KW = {"max_steps": 10}

@@ -9,8 +9,8 @@ import zipfile
 import numpy as np
 import pytest
 
-from envs.core import ContinuousActions, DiscreteActions, EnvSpec
-from envs.rollout import Episodes
+from jaxil.envs.core import ContinuousActions, DiscreteActions, EnvSpec
+from jaxil.envs.rollout import Episodes
 from jaxil.data import (
     Dataset,
     DatasetError,
@@ -401,7 +401,7 @@ def test_data_diff_reports_arrays_and_metadata(tmp_path, capsys):
     import argparse
     import dataclasses
 
-    from jaxil.data import cli
+    from jaxil.cli import data as cli
 
     # Only the `jaxil data` commands: the full `jaxil` parser imports jaxmarl,
     # whose MABrax module resets sys.stdout and so escapes capsys.

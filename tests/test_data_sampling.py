@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from envs.core import ContinuousActions, DiscreteActions, EnvSpec
-from envs.rollout import Episodes
+from jaxil.envs.core import ContinuousActions, DiscreteActions, EnvSpec
+from jaxil.envs.rollout import Episodes
 from jaxil.data import (
     Dataset,
     flatten_transitions,

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxil import distributions as D
+from jaxil.nn import distributions as D
 
 
 def _maybe_jit(fn, jit, **kw):

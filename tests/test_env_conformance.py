@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import envs
-from envs.policies import random_policy
+from jaxil import envs
+from jaxil.envs.policies import random_policy
 from fast_compile import fast_call, fast_compile
 
 

@@ -2,7 +2,7 @@
 
 Two real run directories (``bc_union``: one without a grid, one sweep over
 ``lr``) are trained once for the module; an interactive directory is written
-by hand in the row format of ``jaxil.interactive.loop`` (training one costs
+by hand in the row format of ``jaxil.algorithms.interactive.loop`` (training one costs
 minutes). marl-eval itself runs when it is installed (``id-marl-eval``; see
 the test docstrings), else those tests are skipped.
 """
@@ -14,14 +14,14 @@ import jax
 import numpy as np
 import pytest
 
-import envs
-from envs.policies import random_policy
-from jaxil import cli
+from jaxil import envs
+from jaxil.envs.policies import random_policy
+from jaxil.cli import main as cli
 from jaxil.data import Dataset
-from jaxil.export import load_run, to_marl_eval
-from jaxil.learners import LearnerData, make_learner
-from jaxil.plot import plot_runs
-from jaxil.train import expand_grid, train
+from jaxil.runs.export import load_run, to_marl_eval
+from jaxil.algorithms.offline import LearnerData, make_learner
+from jaxil.runs.plot import plot_runs
+from jaxil.algorithms.offline.train import expand_grid, train
 
 UPDATES, EVAL_EVERY, SEEDS = 10, 5, 2
 LRS = (0.03, 0.3)  # far from the default 3e-4: different policies after 10 updates
@@ -51,7 +51,7 @@ def _rows(d):
 @pytest.fixture
 def interactive_dir(tmp_path):
     """Two regimes × 2 seeds, rounds 0, 2, 4, in the row format of
-    jaxil.interactive.loop (round 0 carries only ``labels``, as there)."""
+    jaxil.algorithms.interactive.loop (round 0 carries only ``labels``, as there)."""
     d = tmp_path / "interactive"
     d.mkdir()
     rows, i = [], 0
@@ -272,7 +272,7 @@ def test_plot_runs_draws_one_line_per_grid_point(run_dirs, tmp_path):
 def test_plot_and_export_cli(run_dirs, interactive_dir, tmp_path, capsys):
     """``jaxil plot`` and ``jaxil export marl-eval`` are registered and write
     their files; an interactive directory plots by regime over rounds.
-    Catches a subcommand missing from jaxil.cli._MODULES and --name not
+    Catches a subcommand missing from jaxil.cli.main._MODULES and --name not
     reaching the export."""
     plain, sweep = run_dirs
     png = tmp_path / "curves.png"

@@ -2,7 +2,7 @@
 ``jaxil data build``, ``jaxil label`` / ``jaxil pipeline`` and the external
 labeller's answer cache.
 
-Each test drives the CLI in-process (``jaxil.cli.main``) and checks the
+Each test drives the CLI in-process (``jaxil.cli.main.main``) and checks the
 one-line message and the exit status. Unwritable paths are simulated with a
 path under a regular file (we may run as root, for whom ``chmod`` stops
 nothing); "no work was done" is proven by making the first expensive step
@@ -25,9 +25,9 @@ import pytest
 from fast_compile import FAST_COMPILE
 from test_omapl import _dataset
 
-import envs
-from envs.core import DiscreteActions, EnvSpec, MultiAgentEnv, Step
-from jaxil.cli import main
+from jaxil import envs
+from jaxil.envs.core import DiscreteActions, EnvSpec, MultiAgentEnv, Step
+from jaxil.cli.main import main
 
 ENV = "toy:hardening"
 
@@ -63,7 +63,7 @@ envs.register(ENV, _Pick)
 
 
 def _diverging_config():
-    from jaxil.teachers.config import PPOConfig
+    from jaxil.algorithms.rl.config import PPOConfig
 
     # One Adam step of a learning rate of 1e30 moves every weight by ~1e30:
     # update 1 is computed from the initial weights (finite), update 2's
@@ -81,7 +81,7 @@ def teach_preset():
     """``jaxil teach --env toy:hardening`` trains the diverging preset
     (compiled at XLA level 0: fast_compile.py)."""
     from jaxil.teachers import train as teacher_train
-    from jaxil.teachers import zoo
+    from jaxil.teachers import presets as zoo
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(zoo.PRESETS, ENV, _diverging_config())
@@ -210,7 +210,8 @@ def test_teach_config_fields_are_range_checked(item, message, teach_preset, no_t
 @pytest.fixture
 def no_build(monkeypatch):
     """Make reaching the collection fail the test."""
-    from jaxil.data import recipes, zoo
+    from jaxil.collect import recipes
+    from jaxil.collect import zoo
 
     def reached(*a, **k):
         raise AssertionError("the build started")
@@ -258,12 +259,12 @@ def test_data_build_arguments_are_range_checked(argv, allowed, no_build, tmp_pat
 @pytest.fixture
 def no_load(monkeypatch):
     """Make reaching the dataset load (or build) fail the test."""
-    import jaxil.train
+    import jaxil.collect.recipes
 
     def reached(*a, **k):
         raise AssertionError("the dataset was loaded")
 
-    monkeypatch.setattr(jaxil.train, "load_dataset", reached)
+    monkeypatch.setattr(jaxil.collect.recipes, "load_dataset", reached)
 
 
 def test_label_and_pipeline_refuse_an_unwritable_out_before_the_work(tmp_path, no_load, capsys):
@@ -338,8 +339,8 @@ def test_a_read_only_cache_is_refused_before_the_first_query(tmp_path, no_load, 
     paid per query) answered them: the answers are lost. `jaxil label`
     refuses it before loading the data, and the oracle itself before its
     first query."""
-    from jaxil.phase1.oracles import ExternalOracle
-    from jaxil.phase1.pairs import sample_query_pairs
+    from jaxil.algorithms.labelling.oracles import ExternalOracle
+    from jaxil.data.preferences import sample_query_pairs
 
     calls = []
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxil import io_atomic
+from jaxil.runs import io_atomic
 from jaxil.data import DatasetError, load, save
 from jaxil.data import format as fmt
 from jaxil.data.validate import METADATA_KEYS
@@ -35,7 +35,7 @@ def _rewrite(path: Path, edit) -> Path:
 
 
 def _data_cli(argv: list[str]) -> int:
-    from jaxil.data import cli
+    from jaxil.cli import data as cli
 
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers())
@@ -209,7 +209,7 @@ def test_directory_swap_killed_between_renames_is_repaired(tmp_path):
 def test_result_cache_and_teacher_json_use_the_shared_helper(tmp_path):
     """Bug: a copy of the atomic-write code (ResultCache, teacher.json) kept a
     fixed temp name and no cleanup while the others were fixed."""
-    from jaxil.resume import ResultCache
+    from jaxil.runs.result_cache import ResultCache
     from jaxil.teachers.io import write_json
 
     for name in ("cache.json", "teacher.json"):
@@ -260,5 +260,5 @@ def test_quiet_import_restores_redirected_streams_and_keeps_other_output():
 def test_jaxil_help_has_no_banner():
     """Bug: the banner reached `jaxil --help` (the full parser imports the
     environment adapters)."""
-    r = _run("from jaxil.cli import main; main(['--help'])")
+    r = _run("from jaxil.cli.main import main; main(['--help'])")
     assert "ubmoduled" not in r.stdout and r.stdout.startswith("usage: jaxil")

@@ -1,4 +1,4 @@
-"""jaxil.hostmem.retain: a program's large temporary buffer stops costing
+"""jaxil.runs.hostmem.retain: a program's large temporary buffer stops costing
 page faults on every call."""
 
 import json
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROBE = r"""
 import json, resource, sys
 if sys.argv[1] == "retain":
-    from jaxil.hostmem import retain
+    from jaxil.runs.hostmem import retain
     assert retain()
 import jax, jax.numpy as jnp
 x = jnp.ones((8192, 64)); w = jnp.ones((64, 4096))
@@ -65,7 +65,7 @@ def test_retain_is_idempotent_and_warns_once_jax_runs():
     """A second call returns True without touching malloc again; called after
     JAX has computed, it warns that worker threads keep their arenas."""
     code = ("import warnings, jax.numpy as jnp; jnp.ones(3).block_until_ready()\n"
-            "from jaxil import hostmem\n"
+            "from jaxil.runs import hostmem\n"
             "with warnings.catch_warnings(record=True) as w:\n"
             "    warnings.simplefilter('always'); ok = hostmem.retain(); again = hostmem.retain()\n"
             "print(ok, again, len(w), 'before the first computation' in str(w[0].message))")
@@ -79,7 +79,7 @@ def test_the_command_line_retains_unless_turned_off():
     """``jaxil`` at start-up retains (a fresh process); JAXIL_RETAIN_HOST_MEMORY=0
     turns it off; called after JAX started (cli.main from Python) it does
     nothing and says nothing (a warning would break one-line errors)."""
-    code = ("import sys; from jaxil import hostmem; a = hostmem.retain_at_startup()\n"
+    code = ("import sys; from jaxil.runs import hostmem; a = hostmem.retain_at_startup()\n"
             "import jax.numpy as jnp; jnp.ones(2).block_until_ready()\n"
             "hostmem._done = False; b = hostmem.retain_at_startup(); print(a, b)")
     for env, want in (({}, "True False"), ({"JAXIL_RETAIN_HOST_MEMORY": "0"}, "False False")):

@@ -1,4 +1,5 @@
-"""The import graph of ``envs`` and ``jaxil``: no cycles, and ``envs`` stands alone.
+"""The import graph of ``jaxil``: no cycles, one direction between layers,
+no hidden function-local imports, and ``jaxil.envs`` stands alone.
 
 The graph is read from the source with :mod:`ast`, never by importing, so it
 sees every ``import`` statement, including those inside functions (a
@@ -20,10 +21,10 @@ load) are not seen.
 
 These tests fail when someone
 * adds an import that closes a cycle, e.g. moves a helper back into
-  ``jaxil.phase1.oracles`` and has ``jaxil.phase1.render`` import it from there,
+  ``jaxil.algorithms.labelling.oracles`` and has ``jaxil.algorithms.labelling.render`` import it from there,
   or has ``envs.policies`` import an adapter that imports ``envs.policies``;
 * makes ``envs`` depend on ``jaxil``, e.g. a scripted expert in ``envs/``
-  raising ``jaxil.data.zoo.ExpertUnavailable`` (``envs`` must work without
+  raising ``jaxil.collect.zoo.ExpertUnavailable`` (``envs`` must work without
   ``jaxil``).
 """
 
@@ -34,18 +35,45 @@ from pathlib import Path
 from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("envs", "jaxil")
+# folder -> the package it is installed as (pyproject.toml's package-dir).
+PACKAGES = {"envs": "jaxil.envs", "jaxil": "jaxil"}
+
+# The layers, lowest first: a module may import its own layer and the layers
+# before it, never one after it. ``jaxil`` itself (the public API) is above all.
+LAYERS = (
+    "jaxil.envs",                    # environments; imports nothing else of jaxil
+    "jaxil.losses",                  # pure maths
+    "jaxil.nn",                      # networks, distributions, the policy, mixing
+    "jaxil.runs",                    # the engine: run directories, guard, checkpoints, loggers
+    "jaxil.data",                    # the dataset format, sampling, preferences, interchange
+    "jaxil.algorithms.offline",      # BC, INDD, MisoDICE, O-MAPL learners (programs)
+    "jaxil.algorithms.rl",           # PPO
+    "jaxil.algorithms.labelling",    # Phase 1
+    "jaxil.algorithms.interactive",  # DAgger, OEC, on-policy rejection sampling
+    "jaxil.algorithms.irl",          # reward models, best-of-N, GAIL/AIRL, PPO on a learned reward
+    "jaxil.algorithms",              # the package itself, above its sub-packages
+    "jaxil.teachers",                # shipped teachers, presets, the teacher driver
+    "jaxil.collect",                 # source policies and dataset recipes
+    "jaxil.cli",                     # the command line
+)
+
+# Function-local imports of jaxil modules outside the CLI, each with the
+# reason it must stay lazy: ``module -> {imported module: reason}``.
+LAZY_IMPORTS: dict[str, dict[str, str]] = {}
 
 
 def module_files(root: Path, packages=PACKAGES) -> dict[str, Path]:
-    """``{dotted module name: file}`` of every ``.py`` under the packages."""
+    """``{dotted module name: file}`` of every ``.py`` under the packages
+    (named as installed: ``envs/core.py`` is ``jaxil.envs.core``)."""
+    if not isinstance(packages, dict):
+        packages = {p: p for p in packages}
     out = {}
-    for pkg in packages:
-        for f in sorted((root / pkg).rglob("*.py")):
-            parts = list(f.relative_to(root).with_suffix("").parts)
+    for folder, pkg in packages.items():
+        for f in sorted((root / folder).rglob("*.py")):
+            parts = list(f.relative_to(root / folder).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()
-            out[".".join(parts)] = f
+            out[".".join([pkg] + parts)] = f
     return out
 
 
@@ -144,7 +172,7 @@ def _describe(cycle: list[str], graph, files) -> str:
 
 def test_no_import_cycle():
     graph = import_graph()
-    assert {"envs", "envs.core", "jaxil", "jaxil.data.zoo"} <= set(graph)
+    assert {"jaxil.envs", "jaxil.envs.core", "jaxil", "jaxil.collect.zoo"} <= set(graph)
     cycle = find_cycle(graph)
     assert cycle is None, _describe(cycle, graph, module_files(ROOT))
 
@@ -152,10 +180,99 @@ def test_no_import_cycle():
 def test_envs_does_not_import_jaxil():
     files = module_files(ROOT)
     bad = [f"{files[m].relative_to(ROOT)}:{line} imports {t}"
-           for m in files if m.split(".")[0] == "envs"
+           for m in files if _layer(m) == 0
            for t, line in imported_names(m, files[m])
-           if t == "jaxil" or t.startswith("jaxil.")]
-    assert not bad, "envs must not depend on jaxil:\n  " + "\n  ".join(sorted(set(bad)))
+           if (t == "jaxil" or t.startswith("jaxil.")) and _layer(t) != 0]
+    assert not bad, "jaxil.envs must not depend on the rest of jaxil:\n  " + "\n  ".join(
+        sorted(set(bad)))
+
+
+def _layer(module: str) -> int:
+    """The index of ``module``'s layer in :data:`LAYERS` (``jaxil`` itself: the top)."""
+    best = None
+    for i, prefix in enumerate(LAYERS):
+        if module == prefix or module.startswith(prefix + "."):
+            if best is None or len(prefix) > len(LAYERS[best]):
+                best = i
+    if best is None:
+        assert module == "jaxil", f"{module} belongs to no layer: add its package to LAYERS"
+        return len(LAYERS)
+    return best
+
+
+def upward_imports(graph: dict[str, dict[str, int]], files, root: Path = ROOT) -> list[str]:
+    """``file:line module -> module`` for every import of a higher layer."""
+    return [f"{files[m].relative_to(root)}:{line} {m} -> {dep}"
+            for m, deps in graph.items() for dep, line in deps.items()
+            if _layer(dep) > _layer(m)]
+
+
+def test_every_module_is_in_a_layer_and_no_import_points_up():
+    """Fails when a lower layer reaches up, e.g. ``jaxil.data`` importing the
+    dataset recipes of ``jaxil.collect`` or an algorithm importing the CLI's
+    flag parsers; and when a new package is added without a place in LAYERS."""
+    graph = import_graph()
+    files = module_files(ROOT)
+    for m in graph:
+        _layer(m)
+    bad = upward_imports(graph, files)
+    assert not bad, "imports that point up the layers:\n  " + "\n  ".join(sorted(bad))
+
+
+def local_imports(files) -> list[tuple[str, str, int]]:
+    """``(module, imported jaxil module, line)`` for each import inside a
+    function body."""
+    out = []
+    for mod, f in files.items():
+        package = mod if f.name == "__init__.py" else mod.rpartition(".")[0]
+        tree = ast.parse(f.read_text(), str(f))
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    base = _from_base(package, node)
+                    names = [f"{base}.{a.name}" for a in node.names]
+                else:
+                    continue
+                for n in names:
+                    dep = _internal(n, files)
+                    if dep is not None:
+                        out.append((mod, dep, node.lineno))
+    return sorted(set(out))
+
+
+def test_no_function_local_import_outside_the_cli():
+    """Fails when a module hides a dependency in a function body (how the
+    upward and circular imports of the flat package were hidden); the CLI may
+    import lazily for its start-up time, and :data:`LAZY_IMPORTS` lists the
+    others with their reason."""
+    files = module_files(ROOT)
+    bad = [f"{files[m].relative_to(ROOT)}:{line} imports {dep} inside a function"
+           for m, dep, line in local_imports(files)
+           if _layer(m) != LAYERS.index("jaxil.cli") and dep not in LAZY_IMPORTS.get(m, {})]
+    assert not bad, "function-local jaxil imports:\n  " + "\n  ".join(bad)
+
+
+def test_the_layer_checks_catch_an_upward_and_a_local_import(tmp_path):
+    """The checkers themselves, on a small tree: ``data`` importing ``cli`` at
+    the top and ``runs`` importing ``nn`` inside a function."""
+    root = tmp_path / "jaxil"
+    for sub in ("data", "cli", "nn", "runs"):
+        (root / sub).mkdir(parents=True)
+        (root / sub / "__init__.py").write_text("")
+    (root / "__init__.py").write_text("")
+    (root / "cli" / "args.py").write_text("x = 1\n")
+    (root / "runs" / "guard.py").write_text("def f():\n    from jaxil.nn import net\n")
+    (root / "data" / "fmt.py").write_text("from jaxil.cli.args import x\n")
+    (root / "nn" / "net.py").write_text("y = 1\n")
+    files = module_files(tmp_path, {"jaxil": "jaxil"})
+    graph = import_graph(tmp_path, {"jaxil": "jaxil"})
+    assert upward_imports(graph, files, tmp_path) == [
+        "jaxil/data/fmt.py:1 jaxil.data.fmt -> jaxil.cli.args"]
+    assert local_imports(files) == [("jaxil.runs.guard", "jaxil.nn.net", 2)]
 
 
 def test_the_graph_sees_function_level_and_submodule_imports(tmp_path):
@@ -169,7 +286,7 @@ def test_the_graph_sees_function_level_and_submodule_imports(tmp_path):
     (pkg / "c.py").write_text("from pkg import thing\n")
     (pkg / "d.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
                               "    import pkg.c\n")
-    graph = import_graph(tmp_path, ("pkg",))
+    graph = import_graph(tmp_path, {"pkg": "pkg"})
     assert graph["pkg.a"] == {"pkg.b": 4}
     assert graph["pkg.b"] == {"pkg.a": 1}
     assert graph["pkg.c"] == {"pkg": 1} and graph["pkg"] == {"pkg.b": 1}
@@ -177,4 +294,4 @@ def test_the_graph_sees_function_level_and_submodule_imports(tmp_path):
     assert find_cycle(graph) == ["pkg.b", "pkg.a", "pkg.b"]
     (pkg / "a.py").write_text("")
     (pkg / "b.py").write_text("import pkg.c\nthing = 1\n")
-    assert find_cycle(import_graph(tmp_path, ("pkg",))) == ["pkg", "pkg.b", "pkg.c", "pkg"]
+    assert find_cycle(import_graph(tmp_path, {"pkg": "pkg"})) == ["pkg", "pkg.b", "pkg.c", "pkg"]

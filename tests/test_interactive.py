@@ -7,13 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import envs
-from envs.policies import Policy
-from jaxil.interactive import labels as L
-from jaxil.interactive.buffer import empty_buffer, insert
-from jaxil.interactive.config import InteractiveConfig, check_regime, regime
-from jaxil.interactive.rollout import SwitchRule, mixed_episodes
-from jaxil.interactive.schedule import NEVER, SWITCHES, expert_probability, sample_switch
+from jaxil import envs
+from jaxil.envs.policies import Policy
+from jaxil.algorithms.interactive import labels as L
+from jaxil.algorithms.interactive.buffer import empty_buffer, insert
+from jaxil.algorithms.interactive.config import InteractiveConfig, regime
+from jaxil.algorithms.interactive.rollout import SwitchRule, mixed_episodes
+from jaxil.algorithms.interactive.schedule import NEVER, SWITCHES, expert_probability, sample_switch
 
 
 # ----------------------------------------------------------------------------- schedules
@@ -224,7 +224,7 @@ def test_batches_mix_demos_and_buffer_at_the_stated_ratio():
     the buffer's empty slots, fails); an empty buffer gives demos only."""
     from types import SimpleNamespace
 
-    from jaxil.interactive.loop import Demos, sample_batch
+    from jaxil.algorithms.interactive.loop import Demos, sample_batch
 
     spec = envs.make("mpe:simple_spread").spec
     n, O, A = spec.num_agents, spec.obs_dim, spec.num_actions
@@ -362,7 +362,7 @@ CFG = InteractiveConfig(rounds=3, envs_per_round=8, updates_per_round=20, sft_up
 
 @pytest.fixture(scope="module")
 def spread():
-    from jaxil.interactive.cli import load_expert
+    from jaxil.cli.interactive import load_expert
 
     env, pol, params, _ = load_expert("mpe:simple_spread", "scripted")
     return env, pol, params
@@ -390,8 +390,8 @@ def test_rounds_respect_the_budget_and_resume_reproduces(spread, tmp_path, monke
       exactly (a key drawn from the wall clock, or metrics rows kept past
       the checkpoint, would break it).
     """
-    from jaxil.checkpoint import Checkpointer
-    from jaxil.interactive.loop import run
+    from jaxil.runs.checkpoint import Checkpointer
+    from jaxil.algorithms.interactive.loop import run
 
     env, pol, params = spread
     regs = _regimes(env)
@@ -411,7 +411,7 @@ def test_rounds_respect_the_budget_and_resume_reproduces(spread, tmp_path, monke
 
     # Retraining from scratch restarts each round from a fresh initialisation
     # (ignoring the flag, or re-initialising the warm runs, fails here).
-    from jaxil.interactive.loop import make_student
+    from jaxil.algorithms.interactive.loop import make_student
 
     st = full["states"]
     student = make_student(env, CFG)
@@ -456,8 +456,8 @@ def test_a_diverging_student_stops_the_run_with_its_round_and_update(spread, tmp
     not recorded and no checkpoint holds the NaN student. Before the guard,
     the run finished with NaN weights evaluated as a plausible return. Breaks
     if the guard checks only the SFT, or records the round before checking."""
-    from jaxil.guard import NonFiniteError
-    from jaxil.interactive.loop import run
+    from jaxil.runs.guard import NonFiniteError
+    from jaxil.algorithms.interactive.loop import run
 
     env, pol, params = spread
     regs = _regimes(env)
@@ -477,7 +477,7 @@ def test_cli_refuses_bad_input_in_one_line(capsys):
     """A budget below the SFT set exits 1 with a one-line message (no
     traceback); an out-of-range β is refused by the parser (exit 2) with the
     allowed range."""
-    from jaxil.cli import main
+    from jaxil.cli.main import main
 
     assert main(["interactive", "oec", "--env", "mpe:simple_spread", "--expert", "scripted",
                  "--budget", "100", "--sft-labels", "150"]) == 1
@@ -495,7 +495,7 @@ def test_box_action_steps_flatten_into_the_buffer():
     round's ``[E, T, ...]`` arrays must not infer a size from zero-width
     axes (a ``reshape(-1, N, 0)`` fails), and float targets are stored as
     floats (an int32 action buffer would truncate them)."""
-    from jaxil.interactive.loop import _flat
+    from jaxil.algorithms.interactive.loop import _flat
 
     spec = envs.make("mpe:simple_spread_continuous").spec
     E, T, n, d = 2, 3, spec.num_agents, spec.action.dim
@@ -518,7 +518,7 @@ def test_cli_run_killed_with_sigkill_resumes_exactly(tmp_path):
 
     from cli_kill import kill_then_resume
 
-    args = [sys.executable, "-m", "jaxil.cli", "interactive", "dagger", "--env", "mpe:simple_spread",
+    args = [sys.executable, "-m", "jaxil.cli.main", "interactive", "dagger", "--env", "mpe:simple_spread",
             "--expert", "scripted", "--budget", "1200", "--sft-labels", "150", "--rounds", "6",
             "--envs-per-round", "8", "--updates-per-round", "200", "--sft-updates", "20",
             "--eval-episodes", "8", "--hidden", "32", "--seeds", "2", "--no-progress",

@@ -1,4 +1,4 @@
-"""Covariate-shift diagnostics (jaxil.interactive.diagnostics) against float64
+"""Covariate-shift diagnostics (jaxil.algorithms.interactive.diagnostics) against float64
 numpy references written with explicit loops, with and without jit."""
 
 import itertools
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fast_compile import fast_call, fast_compile
-from jaxil.interactive.diagnostics import disagreement_by_t, mmd2_by_t
+from jaxil.algorithms.interactive.diagnostics import disagreement_by_t, mmd2_by_t
 
 jit_param = pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 
@@ -359,9 +359,9 @@ def test_twin_policy_measures_the_experts_own_label_noise():
     itself; the played action is the first draw and the carry moves on as the
     expert's own. Catches both draws using one key (noise 0), the second draw
     being played, or the twin advancing its carry with the second draw."""
-    import envs
-    from envs.policies import Policy, random_policy
-    from jaxil.interactive.diagnostics import twin_policy
+    from jaxil import envs
+    from jaxil.envs.policies import Policy, random_policy
+    from jaxil.algorithms.interactive.diagnostics import twin_policy
 
     env = envs.make("mpe:simple_spread")
     spec = env.spec

@@ -182,11 +182,11 @@ def test_kl_penalty_estimates_the_kl_in_expectation():
 # --------------------------------------------------------------------------
 # The reward hook of the teacher trainer
 # --------------------------------------------------------------------------
-import envs  # noqa: E402
+from jaxil import envs  # noqa: E402
 import test_teachers as tt  # noqa: E402  (registers the toy environments)
 from fast_compile import FAST_COMPILE, fast_call  # noqa: E402
 from jaxil.teachers import make_train  # noqa: E402
-from jaxil.teachers.ppo import RewardHook  # noqa: E402
+from jaxil.algorithms.rl.ppo import RewardHook  # noqa: E402
 
 
 @pytest.mark.slow  # ~30 s of compilation on a shared 2-core CPU
@@ -220,7 +220,7 @@ def test_reward_hook_refuses_bad_settings():
         make_train(env, tt.TINY, RewardHook(reward=r, kl_coef=0.1))
     with pytest.raises(ValueError, match="kl_coef must be a number >= 0"):
         make_train(env, tt.TINY, RewardHook(reward=r, kl_coef=-1.0))
-    from jaxil.teachers.ppo import make_ppo
+    from jaxil.algorithms.rl.ppo import make_ppo
 
     with pytest.raises(ValueError, match="reward_state exactly when"):
         make_ppo(env, tt.TINY).init(jax.random.PRNGKey(0), 1.0)
@@ -229,13 +229,13 @@ def test_reward_hook_refuses_bad_settings():
 # --------------------------------------------------------------------------
 # GAIL driver: kill and resume
 # --------------------------------------------------------------------------
-from jaxil.irl.adversarial import (  # noqa: E402
+from jaxil.algorithms.irl.adversarial import (  # noqa: E402
     AdversarialConfig,
     demos_from_dataset,
     stack_demos,
     train_adversarial,
 )
-from jaxil.rundir import read_jsonl  # noqa: E402
+from jaxil.runs.rundir import read_jsonl  # noqa: E402
 
 SMALL = tt.TINY.replace(num_envs=8, num_steps=8, update_epochs=1, num_minibatches=1,
                         updates_per_chunk=1, total_timesteps=3 * 64)
@@ -300,15 +300,14 @@ def test_gail_resume_reproduces_the_uninterrupted_run(toy_demos, tmp_path):
 # The command line
 # --------------------------------------------------------------------------
 import json  # noqa: E402
-import os  # noqa: E402
 
-from jaxil.cli import main as cli_main  # noqa: E402
+from jaxil.cli.main import main as cli_main  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def spread_demos(tmp_path_factory):
     """12 episodes of the scripted MPE spread expert as a jaxil dataset file."""
-    from envs.experts import scripted_expert
+    from jaxil.envs.experts import scripted_expert
     from jaxil.data import save
     from jaxil.data.format import Dataset
 
@@ -375,7 +374,7 @@ def test_cli_gail_killed_with_sigkill_resumes_exactly(spread_demos, tmp_path):
 
     from cli_kill import kill_then_resume
 
-    args = [sys.executable, "-m", "jaxil.cli", "gail", "--env", "mpe:simple_spread",
+    args = [sys.executable, "-m", "jaxil.cli.main", "gail", "--env", "mpe:simple_spread",
             "--demos", str(spread_demos), "--num-demos", "3", "--demos-per-seed",
             "--gp-coef", "0.1", "--kl-coef", "0.05"] + CLI_SMALL
     kill_then_resume(args, tmp_path, min_step=1, max_step=3)

@@ -1,4 +1,4 @@
-"""Best-of-N (jaxil.irl.best_of_n): the exact subset expectation against brute
+"""Best-of-N (jaxil.algorithms.irl.best_of_n): the exact subset expectation against brute
 force, same-start rollouts, and the rank correlation."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import jax
 import numpy as np
 import pytest
 
-import envs
-from envs.policies import random_policy
-from jaxil.irl.best_of_n import (
+from jaxil import envs
+from jaxil.envs.policies import random_policy
+from jaxil.algorithms.irl.best_of_n import (
     best_of_n_curve,
     powers_of_two,
     report,

@@ -1,4 +1,4 @@
-"""Reward models (jaxil.irl.reward_model) and the trajectory-score maths
+"""Reward models (jaxil.algorithms.irl.reward_model) and the trajectory-score maths
 (jaxil.losses.trajectory), against float64 numpy references."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from envs.core import ContinuousActions, DiscreteActions, EnvSpec
+from jaxil.envs.core import ContinuousActions, DiscreteActions, EnvSpec
 from jaxil import losses as L
 from jaxil.data.sampling import Transitions
-from jaxil.irl.reward_model import (
+from jaxil.algorithms.irl.reward_model import (
     RewardData,
     RewardModel,
     RewardModelConfig,
@@ -24,7 +24,7 @@ from jaxil.irl.reward_model import (
     pad_transitions,
     source_roles,
 )
-from jaxil.policy import PolicyNet
+from jaxil.nn.policy import PolicyNet
 from fast_compile import fast_call  # XLA level 0: compiling is most of these tests
 
 N, O, S, A = 3, 5, 7, 4
@@ -45,7 +45,7 @@ def _relu(x):
 
 
 def _np_mlp(p, x):
-    """float64 forward of a jaxil.nets.MLP with ReLU."""
+    """float64 forward of a jaxil.nn.nets.MLP with ReLU."""
     names = sorted(k for k in p if k.startswith("hidden_"))
     for k in names:
         x = _relu(x @ _f64(p[k]["kernel"]) + _f64(p[k]["bias"]))
@@ -340,7 +340,7 @@ def test_bad_input_gets_one_line_errors():
 def test_cli_refuses_bad_arguments(tmp_path, capsys):
     """Out-of-range counts and a directory that is no reward-model run get a
     one-line error and a non-zero exit: fails if they reach the training."""
-    from jaxil.cli import main
+    from jaxil.cli.main import main
 
     with pytest.raises(SystemExit) as e:
         main(["irl", "reward-model", "--dataset", "x.npz", "--out", str(tmp_path / "r"),
@@ -366,9 +366,9 @@ def test_cli_reward_model_resume_reproduces_and_bon_runs(tmp_path, capsys):
     or replays the wrong keys."""
     import json as _json
 
-    from jaxil.checkpoint import Checkpointer
-    from jaxil.cli import main
-    from jaxil.data import recipes
+    from jaxil.runs.checkpoint import Checkpointer
+    from jaxil.cli.main import main
+    from jaxil.collect import recipes
 
     data = tmp_path / "demos.npz"
     recipes.build("mpe-simple_spread/medium", out_path=data, counts={"medium": 6},

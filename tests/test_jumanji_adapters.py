@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import envs
-from envs.jumanji import CleanerEnv, ConnectorEnv, LevelBasedForagingEnv, RobotWarehouseEnv
+from jaxil import envs
+from jaxil.envs.jumanji import CleanerEnv, ConnectorEnv, LevelBasedForagingEnv, RobotWarehouseEnv
 from fast_compile import fast_call
 
 LBF = "jumanji:LevelBasedForaging-v0"

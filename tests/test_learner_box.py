@@ -1,7 +1,7 @@
 """The box head is part of a learner's config and of its run's identity.
 
 Before, the head of a learner's policy on box actions was a module default
-(``jaxil.policy.DEFAULT_BOX``): it was in no config, no ``run.json``, and a
+(``jaxil.nn.policy.DEFAULT_BOX``): it was in no config, no ``run.json``, and a
 checkpoint trained under the tanh-Gaussian silently acted under the censored
 Gaussian once the default changed."""
 
@@ -11,12 +11,12 @@ import jax
 import numpy as np
 import pytest
 
-import envs
-from envs.policies import random_policy
-from jaxil.cli import main
+from jaxil import envs
+from jaxil.envs.policies import random_policy
+from jaxil.cli.main import main
 from jaxil.data import Dataset, concatenate, save
-from jaxil.learners import make_learner
-from jaxil.policy import DEFAULT_BOX, PolicyNet
+from jaxil.algorithms.offline import make_learner
+from jaxil.nn.policy import DEFAULT_BOX, PolicyNet
 
 pytestmark = pytest.mark.xdist_group("run_integrity")
 
@@ -115,7 +115,7 @@ def test_discrete_identities_name_no_box_head():
     existed (its old run.json still resumes); a box-action run records its
     head. Breaks if the identity keeps the ignored field on discrete actions
     or drops the used one on box actions."""
-    from jaxil.train import config_identity
+    from jaxil.algorithms.offline.train import config_identity
 
     disc, cont = envs.make("mpe:simple_spread").spec, envs.make(CONTINUOUS).spec
     for algo in ("bc_expert", "misodice"):

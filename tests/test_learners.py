@@ -5,13 +5,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import envs
-from envs.core import DiscreteActions, EnvSpec
-from envs.policies import epsilon_mixture
-from envs.smax import heuristic_policy
+from jaxil import envs
+from jaxil.envs.core import DiscreteActions, EnvSpec
+from jaxil.envs.policies import epsilon_mixture
+from jaxil.envs.smax import heuristic_policy
 from jaxil.data import Dataset, concatenate
 from jaxil.data.sampling import Transitions
-from jaxil.learners import LEARNERS, DiceConfig, LearnerData, make_learner, update_n
+from jaxil.algorithms.offline import LEARNERS, DiceConfig, LearnerData, make_learner, update_n
 
 from fast_compile import fast_call
 
@@ -149,7 +149,7 @@ def test_jit_update_n_donates_a_fresh_state_and_matches_update_n():
     buffer twice"), returns what ``update_n`` returns, and consumes its input
     (donated). Fails without ``unalias`` in ``init``/``jit_update_n``, with
     the donation dropped, or with K ignored."""
-    from jaxil.learners import jit_update_n
+    from jaxil.algorithms.offline import jit_update_n
 
     data, _ = _synthetic(jax.random.PRNGKey(0), 256)
     learner = make_learner("bc_union", SPEC, hidden=(8,), batch_size=32)

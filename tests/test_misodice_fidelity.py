@@ -12,14 +12,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from envs.core import DiscreteActions, EnvSpec
-from envs.rollout import Episodes
+from jaxil.envs.core import DiscreteActions, EnvSpec
+from jaxil.envs.rollout import Episodes
 from jaxil import losses as L
 from jaxil.data import Dataset
-from jaxil.learners import DiceConfig, LearnerData, make_learner
-from jaxil.learners.base import check_hparams
-from jaxil.learners.dice import _Mixed
-from jaxil.policy import PolicyNet, encode_actions
+from jaxil.algorithms.offline import DiceConfig, LearnerData, make_learner
+from jaxil.algorithms.offline.base import check_hparams
+from jaxil.algorithms.offline.dice import _Mixed
+from jaxil.nn.policy import PolicyNet, encode_actions
 
 from fast_compile import fast_call, fast_compile
 
@@ -69,7 +69,8 @@ def test_dice_s0_batch_is_uniform_over_trajectories():
     as often. ``init_sampling="transition"`` keeps the old, length-weighted
     draw (the union batch's own ``init_obs``)."""
     learner = make_learner("misodice", SPEC, hidden=(8,), mixer_hidden=4, batch_size=2048)
-    _, u, s0, _, _ = jax.jit(learner.sample)(jax.random.PRNGKey(0), DATA)
+    batch = jax.jit(learner.sample)(jax.random.PRNGKey(0), DATA)
+    u, s0 = batch.union, batch.init
     s0 = jax.tree.map(np.asarray, s0)
     assert (s0.step == 0).all()
     np.testing.assert_array_equal(s0.init_obs, DS.obs[s0.traj_index, 0])
@@ -85,7 +86,7 @@ def test_dice_s0_batch_is_uniform_over_trajectories():
     assert ratio(np.asarray(u.traj_index)) > 0.8 * expected_old  # the union batch: length-weighted
     old = make_learner("misodice", SPEC, hidden=(8,), mixer_hidden=4, batch_size=2048,
                        init_sampling="transition")
-    assert old.sample(jax.random.PRNGKey(0), DATA)[2] is None
+    assert old.sample(jax.random.PRNGKey(0), DATA).init is None
 
 
 # ----------------------------------------------------------------------------- numpy reference
@@ -94,7 +95,7 @@ def test_dice_s0_batch_is_uniform_over_trajectories():
 def _np_reference(spec, cfg, params, hp, batch, mutation=None):
     """The DICE losses of one update in float64 numpy from each network's raw
     output; ``mutation`` recomputes them as a mutated learner would."""
-    e, u, s0, _, _ = batch
+    e, u, s0 = batch.expert, batch.union, batch.init
     f64 = lambda x: np.asarray(x, np.float64)  # noqa: E731
     disc, nu = _Mixed(spec, cfg), _Mixed(spec, cfg)
     per_agent = cfg.mixing == "none"
@@ -220,10 +221,11 @@ def test_dice_update_matches_numpy_reference(algo, cfg):
     update = fast_compile(learner.update, state, batch)
     for i in range(15):  # away from the initialisation: rewards and values of size
         state, _ = update(state, sample(jax.random.PRNGKey(10 + i), DATA))
-    e, u, s0, key, log_ratio = sample(jax.random.PRNGKey(99), DATA)
-    u = u.replace(done=jnp.asarray(np.random.default_rng(0).random(64) < 0.5))
-    e = e.replace(done=jnp.asarray(np.random.default_rng(1).random(64) < 0.5))
-    batch = (e, u, s0, key, log_ratio)
+    batch = sample(jax.random.PRNGKey(99), DATA)
+    u = batch.union.replace(done=jnp.asarray(np.random.default_rng(0).random(64) < 0.5))
+    e = batch.expert.replace(done=jnp.asarray(np.random.default_rng(1).random(64) < 0.5))
+    batch = batch.replace(expert=e, union=u)
+    log_ratio, key = batch.log_ratio, batch.penalty_key
     _, m = update(state, batch)
     params = state.params
     want = _np_reference(SPEC, config, params, state.hparams, batch)
@@ -304,7 +306,7 @@ def test_policy_sampling_validates_and_keeps_old_run_identities():
     before the switch keep their identity (and resume), a stratified run
     cannot resume as a D_U one or the other way round. Kills the field left
     out of the identity, or always written into it."""
-    from jaxil.train import config_identity
+    from jaxil.algorithms.offline.train import config_identity
 
     assert DiceConfig().policy_sampling == "union"
     with pytest.raises(ValueError, match="policy_sampling"):

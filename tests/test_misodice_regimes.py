@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from experiments.misodice_regimes.run import (DICE, VARIANTS, auc, cell_indices, dice_weight_fn,  # noqa: E402
                                               main, make_cell_learner, plan, reuse_rows, row_key,
                                               weight_stats)
-from jaxil.resume import ResultCache  # noqa: E402
-from jaxil.learners import make_learner  # noqa: E402
+from jaxil.runs.result_cache import ResultCache  # noqa: E402
+from jaxil.algorithms.offline import make_learner  # noqa: E402
 
 from fast_compile import fast_call  # noqa: E402
 from test_misodice_fidelity import DATA, SPEC  # noqa: E402
@@ -97,7 +97,7 @@ def test_diagnostic_weights_are_the_updates_weights(algo):
     state = learner.init(jax.random.PRNGKey(1))
     batch = learner.sample(jax.random.PRNGKey(2), DATA)
     _, metrics = fast_call(learner.update, state, batch)
-    u = batch[1]
+    u = batch.union
     one = jax.tree.map(lambda x: x[None], u)  # one group [1, B, ...]
     logit, w = fast_call(dice_weight_fn(learner, SPEC), state.params, state.hparams, one)
     np.testing.assert_allclose(np.max(w), metrics["weight_max"], rtol=1e-5)

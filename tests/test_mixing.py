@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from jaxil.losses import dice_advantage, dice_nu_loss
-from jaxil.mixing import mix, vdn_mix
-from jaxil.nets import HyperMixer, QMixer
+from jaxil.nn.mixing import mix, vdn_mix
+from jaxil.nn.nets import HyperMixer, QMixer
 
 N, S, B, B0 = 3, 4, 8, 4
 ALPHA, GAMMA = 0.05, 0.9

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxil.nets import MLP, HyperMixer, LocalMLP, QMixer
+from jaxil.nn.nets import MLP, HyperMixer, LocalMLP, QMixer
 
 N, IN, OUT, HID = 3, 5, 4, (16, 16)
 

@@ -8,13 +8,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from envs.core import ContinuousActions, DiscreteActions, EnvSpec
-from envs.rollout import Episodes
+from jaxil.envs.core import ContinuousActions, DiscreteActions, EnvSpec
+from jaxil.envs.rollout import Episodes
 from jaxil.data import Dataset, concatenate
-from jaxil.learners import OMAPLConfig, PreferenceData, make_learner, update_n
-from jaxil.learners.omapl import _Nets
-from jaxil.phase1.label import fit_preferences, label_metrics, top_labels
-from jaxil.phase1.pairs import pair_segments, sample_query_pairs, segment_returns
+from jaxil.algorithms.offline import OMAPLConfig, PreferenceData, make_learner, update_n
+from jaxil.algorithms.offline.omapl import _Nets
+from jaxil.algorithms.labelling.label import fit_preferences, label_metrics, top_labels
+from jaxil.data.preferences import pair_segments, sample_query_pairs, segment_returns
 
 from fast_compile import fast_call
 

@@ -10,12 +10,12 @@ import pytest
 
 h5py = pytest.importorskip("h5py")
 
-import envs  # noqa: E402
-from jaxil.cli import main  # noqa: E402
+from jaxil import envs  # noqa: E402
+from jaxil.cli.main import main  # noqa: E402
 from jaxil.data import DatasetError, load  # noqa: E402
 from jaxil.data.omapl_h5 import import_omapl_h5, load_preferences, save_preferences  # noqa: E402
-from jaxil.learners import PreferenceData, make_learner, update_n  # noqa: E402
-from jaxil.phase1.label import score_trajectories  # noqa: E402
+from jaxil.algorithms.offline import PreferenceData, make_learner, update_n  # noqa: E402
+from jaxil.algorithms.labelling.label import score_trajectories  # noqa: E402
 
 from fast_compile import fast_call  # noqa: E402
 
@@ -127,7 +127,7 @@ def test_phase1_consumes_the_import(h5file):
     scores = score_trajectories(learner.config, SPEC, stacked.params, stacked.hparams.gamma, ds)
     assert scores.shape == (1, 2 * P) and np.isfinite(scores).all()
     # and Phase 1's one-call fit runs on the import end to end
-    from jaxil.phase1.label import fit_preferences
+    from jaxil.algorithms.labelling.label import fit_preferences
 
     fit = fit_preferences(ds, pairs, prefs, seeds=1, updates=4, chunk=2, progress=False,
                           hidden=(8,), mixer_hidden=4, batch_size=2)

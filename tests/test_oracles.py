@@ -9,10 +9,10 @@ import warnings
 import numpy as np
 import pytest
 
-from envs.core import DiscreteActions, EnvSpec
-from envs.rollout import Episodes
+from jaxil.envs.core import DiscreteActions, EnvSpec
+from jaxil.envs.rollout import Episodes
 from jaxil.data import Dataset
-from jaxil.phase1.oracles import (
+from jaxil.algorithms.labelling.oracles import (
     ExternalOracle,
     GroundTruthOracle,
     SMAXSemanticOracle,
@@ -21,15 +21,15 @@ from jaxil.phase1.oracles import (
     query_uniforms,
     true_returns,
 )
-from jaxil.phase1.pairs import (
+from jaxil.data.preferences import (
     QueryPairs,
     dataset_id,
     pair_segments,
     sample_query_pairs,
     segment_returns,
 )
-from jaxil.phase1.render import render_pair
-from jaxil.phase1.smax_state import smax_health, smax_layout
+from jaxil.algorithms.labelling.render import render_pair
+from jaxil.algorithms.labelling.smax_state import smax_health, smax_layout
 
 SPEC = EnvSpec("test:disc", num_agents=2, obs_dim=3, state_dim=4,
                action=DiscreteActions(num_actions=4, noop_action=0), max_steps=9, has_win=True)
@@ -329,9 +329,9 @@ def smax_rollouts():
     import jax
     import jax.numpy as jnp
 
-    import envs
-    from envs.policies import Policy, random_policy
-    from envs.smax import heuristic_policy
+    from jaxil import envs
+    from jaxil.envs.policies import Policy, random_policy
+    from jaxil.envs.smax import heuristic_policy
 
     env = envs.make("smax:3m", max_steps=40)
     h, r = heuristic_policy(env), random_policy(env.spec)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from test_omapl import _dataset
 
-from jaxil.cli import main
+from jaxil.cli.main import main
 from jaxil.data import load, save
 
 FAST = ["--label-updates", "100", "--label-seeds", "1", "--label-hidden", "16",
@@ -41,7 +41,7 @@ def test_label_ground_truth_writes_a_labelled_copy(ds_path, tmp_path, capsys):
     assert set(side["metrics"]) >= {"precision", "recall", "accuracy", "auc", "spearman"}
     assert "labels vs ground truth" in capsys.readouterr().out
     # the labels file plugs into `jaxil train --labels`
-    from jaxil.train import expert_labels
+    from jaxil.data.labels import expert_labels
 
     np.testing.assert_array_equal(expert_labels(src, str(out.with_suffix(".labels.json"))), lab.expert)
 
@@ -103,7 +103,7 @@ def test_external_labeler_end_to_end_with_resume(ds_path, tmp_path, monkeypatch,
 def test_pipeline_end_to_end(tmp_path):
     """`jaxil pipeline` on a small scripted-expert MPE dataset: Phase 1, then
     MisoDICE with Phase-1 labels, ground-truth labels and no Phase 1."""
-    from jaxil.data import recipes as rc
+    from jaxil.collect import recipes as rc
 
     path = tmp_path / "spread.npz"
     rc.build("mpe-simple_spread_continuous/misodice-200e-1000p", 0, path,

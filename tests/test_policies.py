@@ -5,9 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import envs
-from envs.policies import as_policy, epsilon_mixture, random_policy
-from envs.smax import heuristic_policy
+from jaxil import envs
+from jaxil.envs.policies import as_policy, epsilon_mixture, random_policy
+from jaxil.envs.smax import heuristic_policy
 from fast_compile import fast_call
 
 EPISODES = 256  # per policy; one compiled program per policy for the module
@@ -93,7 +93,7 @@ def test_as_policy_rejects_non_callables():
 @pytest.mark.slow  # default-suite time (about 25 s of compile); run with -m slow
 def test_quickstart_cli_flags(capsys):
     """`jaxil quickstart` accepts its own flags (the policy table only here)."""
-    from jaxil.cli import main
+    from jaxil.cli.main import main
 
     assert main(["quickstart", "--skip-learning", "--envs", "smax:3m", "--episodes", "4"]) == 0
     out = capsys.readouterr().out
@@ -133,11 +133,11 @@ def test_run_episodes_matches_a_step_by_step_reference_and_stops_early():
     assert not np.asarray(eps.obs[0, length + 1:]).any()
 
 
-# ------------------------------------------------ box heads of jaxil.policy.PolicyNet
+# ------------------------------------------------ box heads of jaxil.nn.policy.PolicyNet
 
 
 def _box_spec(low=0.0, high=1.0, dim=2):
-    from envs.core import ContinuousActions, EnvSpec
+    from jaxil.envs.core import ContinuousActions, EnvSpec
 
     return EnvSpec("test:box", num_agents=3, obs_dim=4, state_dim=4,
                    action=ContinuousActions(dim=dim, low=low, high=high), max_steps=10)
@@ -149,8 +149,8 @@ def test_policy_box_head_defaults_and_bad_choices():
     shipped checkpoints were trained with (a default flipped for teachers
     would make every shipped MPE/MABrax teacher act differently); unknown or
     impossible heads are refused with the fix named."""
-    from jaxil.learners import make_learner
-    from jaxil.policy import PolicyNet
+    from jaxil.algorithms.offline import make_learner
+    from jaxil.nn.policy import PolicyNet
     from jaxil.teachers import PPOConfig, make_actor
 
     spec = _box_spec()
@@ -180,8 +180,8 @@ def test_policy_box_heads_score_what_they_sample(box):
     integrated over each bin, and the censored head puts probability
     exp(log_prob(bound)) on each bound; the raw log-probability PPO would use
     for the censored head is the pre-clip Gaussian's of the draw."""
-    from jaxil import distributions as D
-    from jaxil.policy import PolicyNet
+    from jaxil.nn import distributions as D
+    from jaxil.nn.policy import PolicyNet
 
     low, high = -1.0, 2.0
     spec = _box_spec(low, high, dim=1)

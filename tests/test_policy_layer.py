@@ -1,16 +1,16 @@
 """One policy protocol: a scripted expert, a PPO teacher and a learner's
 student are interchangeable wherever a policy is taken, and the neural ones
-score their own actions (jaxil.policy, envs.policies)."""
+score their own actions (jaxil.nn.policy, envs.policies)."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-import envs
-from envs.mpe import spread_expert
-from envs.policies import Policy, as_policy
-from jaxil.learners import make_learner
-from jaxil.policy import PolicyNet
+from jaxil import envs
+from jaxil.envs.mpe import spread_expert
+from jaxil.envs.policies import Policy, as_policy
+from jaxil.algorithms.offline import make_learner
+from jaxil.nn.policy import PolicyNet
 from jaxil.teachers import PPOConfig, make_actor, make_policy
 
 

@@ -15,11 +15,11 @@ import jax
 import numpy as np
 import pytest
 
-import envs
-from jaxil.cli import main
+from jaxil import envs
+from jaxil.cli.main import main
 from jaxil.data import load
-from jaxil.data import recipes as rc
-from jaxil.data.zoo import ExpertUnavailable, episode_keys, make_zoo, measure_tiers
+from jaxil.collect import recipes as rc
+from jaxil.collect.zoo import ExpertUnavailable, episode_keys, make_zoo, measure_tiers
 
 RECIPE = "mpe-simple_spread_continuous/misodice-200e-1000p"
 ENV_KW = {"max_steps": 10}
@@ -173,8 +173,8 @@ def test_scripted_experts_beat_random(env_id):
 def test_dataset_path_resolves_files_and_recipes(tmp_path):
     from pathlib import Path
 
-    from jaxil.data.recipes import get_recipe
-    from jaxil.train import dataset_path
+    from jaxil.collect.recipes import get_recipe
+    from jaxil.collect.recipes import dataset_path
 
     f = tmp_path / "mine.npz"
     f.write_bytes(b"")

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from jaxil.resume import ResultCache
+from jaxil.runs.result_cache import ResultCache
 
 SETTINGS = dict(seeds=4, updates=100, hidden=(64, 64), dataset="abc")
 

@@ -10,12 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import envs
-from envs.policies import random_policy
-from jaxil.cli import main
+from jaxil import envs
+from jaxil.envs.policies import random_policy
+from jaxil.cli.main import main
 from jaxil.data import Dataset, concatenate, save
-from jaxil.learners import LearnerData, make_learner
-from jaxil.train import expand_grid, train
+from jaxil.algorithms.offline import LearnerData, make_learner
+from jaxil.algorithms.offline.train import expand_grid, train
 
 pytestmark = pytest.mark.xdist_group("run_integrity")
 
@@ -103,7 +103,7 @@ def test_kill_before_the_first_checkpoint_does_not_duplicate_rows(tmp_path, monk
     resumed run used to keep those rows and append them again; it must drop
     rows past the newest committed checkpoint (here: all) and reproduce the
     uninterrupted metrics exactly."""
-    from jaxil.checkpoint import Checkpointer
+    from jaxil.runs.checkpoint import Checkpointer
 
     env = envs.make("mpe:simple_spread")
     ds = _dataset(0)
@@ -156,9 +156,9 @@ def test_a_diverging_learner_stops_with_the_update_and_keeps_its_checkpoint(tmp_
     loads. The old loop wrote NaN metrics, checkpointed NaN parameters and
     exited 0. Breaks if the guard checks only the last update of a chunk
     (it would say update 10), or saves before checking."""
-    from jaxil.checkpoint import Checkpointer
-    from jaxil.guard import NonFiniteError
-    from jaxil.train import init_runs
+    from jaxil.runs.checkpoint import Checkpointer
+    from jaxil.runs.guard import NonFiniteError
+    from jaxil.algorithms.offline.train import init_runs
 
     env = envs.make("mpe:simple_spread")
     ds = _dataset(0)
@@ -206,7 +206,7 @@ def test_labels_are_checked(files, tmp_path, capsys):
     same length were accepted; a 2.5 was accepted; a bare JSON list, a
     missing `expert` key or invalid JSON gave a traceback or no file name."""
     from jaxil.data import load
-    from jaxil.phase1.pairs import dataset_id
+    from jaxil.data.preferences import dataset_id
 
     ds = load(files / "a.npz")
     m = ds.num_trajectories

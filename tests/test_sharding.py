@@ -1,6 +1,6 @@
 """Runs sharded across devices: ``train(devices=N)``, ``--devices N``
-(:mod:`jaxil.sharding`), and one run trained by two processes
-(:mod:`jaxil.distributed`).
+(:mod:`jaxil.runs.sharding`), and one run trained by two processes
+(:mod:`jaxil.runs.distributed`).
 
 JAX fixes its device count when it starts, so the sharded runs train in a
 subprocess (this file run as a script) with
@@ -25,7 +25,7 @@ Multi-process on CPU works with this JAX (0.10.2): ``jax.distributed.
 initialize(coordinator_address="localhost:PORT", num_processes=2,
 process_id=i)`` with the default ``jax_cpu_collectives_implementation =
 "gloo"``. The slow test starts two processes through
-``jaxil.distributed.initialize_from_argv`` and then ``jaxil.cli.main``:
+``jaxil.runs.distributed.initialize_from_argv`` and then ``jaxil.cli.main.main``:
 initialize must come before JAX first runs, and building the CLI parser
 already does (JaxMARL makes arrays at import).
 """
@@ -197,7 +197,7 @@ def test_a_batch_that_does_not_split_is_refused():
     the count."""
     import jax
 
-    from jaxil.sharding import check_batch_split, num_devices
+    from jaxil.runs.sharding import check_batch_split, num_devices
 
     with pytest.raises(ValueError, match="--batch-size 10 does not split over --batch-devices 4"):
         check_batch_split(10, 4)
@@ -210,7 +210,7 @@ def test_a_batch_that_does_not_split_is_refused():
 def test_device_counts_out_of_range_are_refused():
     """--devices 0 or more than there are devices (here: 1) names the
     available count; more devices than runs is refused, not padded."""
-    from jaxil.sharding import make_mesh, num_devices
+    from jaxil.runs.sharding import make_mesh, num_devices
 
     import jax
 
@@ -231,7 +231,7 @@ def test_multi_process_settings_are_all_or_none(monkeypatch):
     """Half a multi-process setting (a coordinator without a process id, or
     an id out of range) is refused naming what is missing; none at all, and
     no multi-task SLURM / Open MPI job, is one process (nothing initialized)."""
-    from jaxil import distributed
+    from jaxil.runs import distributed
 
     for var in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID",
                 "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE"):
@@ -257,8 +257,8 @@ def _dataset():
     """12 random-policy episodes of mpe:simple_spread, half labelled expert."""
     import jax
 
-    import envs
-    from envs.policies import random_policy
+    from jaxil import envs
+    from jaxil.envs.policies import random_policy
     from jaxil.data import Dataset, concatenate
 
     env = envs.make("mpe:simple_spread")
@@ -275,10 +275,10 @@ def _dump(run_dir: Path) -> None:
     one-device state its run.json describes (as ``jaxil eval`` does)."""
     import jax
 
-    import envs
-    from jaxil.checkpoint import Checkpointer
-    from jaxil.learners import make_learner
-    from jaxil.train import RunSpec, init_runs
+    from jaxil import envs
+    from jaxil.runs.checkpoint import Checkpointer
+    from jaxil.algorithms.offline import make_learner
+    from jaxil.algorithms.offline.train import RunSpec, init_runs
 
     info = json.loads((run_dir / "run.json").read_text())["identity"]
     cfg = dict(info["config"])
@@ -302,11 +302,11 @@ def _worker(out: Path) -> None:
     import jax
     import orbax.checkpoint as ocp
 
-    import envs
-    from jaxil.checkpoint import Checkpointer
-    from jaxil.learners import LearnerData, make_learner
-    from jaxil.sharding import RunsLayout, make_mesh
-    from jaxil.train import _compiled, expand_grid, init_runs, train
+    from jaxil import envs
+    from jaxil.runs.checkpoint import Checkpointer
+    from jaxil.algorithms.offline import LearnerData, make_learner
+    from jaxil.runs.sharding import RunsLayout, make_mesh
+    from jaxil.algorithms.offline.train import _compiled, expand_grid, init_runs, train
 
     assert jax.device_count() == 8, jax.devices()
     env = envs.make("mpe:simple_spread")
@@ -378,8 +378,8 @@ def _worker(out: Path) -> None:
     report["batch_collectives"] = sorted(set(re.findall("|".join(COLLECTIVES), bhlo)))
 
     # O-MAPL (Phase 1's fit) with its batch of pairs over 4 devices
-    from jaxil.phase1.label import fit_preferences
-    from jaxil.phase1.pairs import sample_query_pairs
+    from jaxil.algorithms.labelling.label import fit_preferences
+    from jaxil.data.preferences import sample_query_pairs
 
     pairs = sample_query_pairs(ds, 24, None, seed=0)
     ret = np.asarray(ds.episode_return)
@@ -397,7 +397,7 @@ def _sweep_worker(out: Path) -> None:
     devices, both resumed with 5 more updates (the sharded one on 3
     devices), then ``jaxil eval`` of the sharded run."""
     from jaxil.data import save
-    from jaxil.cli import main
+    from jaxil.cli.main import main
 
     save(_dataset(), out / "data.npz")
     base = ["sweep", "bc_expert", "--dataset", str(out / "data.npz"), "--lr", "0.0003,0.003",
@@ -502,9 +502,9 @@ if __name__ == "__main__":
         for d in rest:
             _dump(Path(d))
     elif mode == "cli":  # jax.distributed must start before the CLI imports the environments
-        from jaxil import distributed
+        from jaxil.runs import distributed
 
         argv = distributed.initialize_from_argv(rest)
-        from jaxil.cli import main
+        from jaxil.cli.main import main
 
         sys.exit(main(argv))

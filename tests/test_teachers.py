@@ -15,10 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import envs
-from envs.core import ContinuousActions, DiscreteActions, EnvSpec, MultiAgentEnv, Step
-from jaxil import distributions as D
-from jaxil.checkpoint import restore_tree
+from jaxil import envs
+from jaxil.envs.core import ContinuousActions, DiscreteActions, EnvSpec, MultiAgentEnv, Step
+from jaxil.nn import distributions as D
+from jaxil.runs.checkpoint import restore_tree
 from jaxil.teachers import (
     PPOConfig,
     load_teacher,
@@ -28,7 +28,7 @@ from jaxil.teachers import (
     train_teacher,
 )
 from jaxil.teachers.train import _program, checkpoint_chunks
-from jaxil.teachers.zoo import preset
+from jaxil.teachers.presets import preset
 
 from fast_compile import FAST_COMPILE, fast_call
 
@@ -422,7 +422,7 @@ def _write_legacy_run(root, rng):
     """A run directory as jaxil wrote it before the shared policy layer: the
     flax ``Actor`` layout (``_Torso_0/Dense_i``, ``Dense_0``), no
     ``actor_format`` in teacher.json."""
-    from jaxil.checkpoint import save_tree
+    from jaxil.runs.checkpoint import save_tree
 
     spec = envs.make("toy:masked").spec
     widths = [spec.obs_dim + spec.num_agents, *TINY.hidden_sizes, spec.num_actions]
@@ -512,7 +512,7 @@ def test_shipped_teachers_are_found_without_runs_and_a_local_run_overrides(tmp_p
     fails)."""
     import shutil
 
-    from jaxil.data import zoo as Z
+    from jaxil.collect import zoo as Z
     from jaxil.teachers import shipped_teachers
 
     monkeypatch.chdir(tmp_path)

@@ -6,11 +6,11 @@ import jax
 import numpy as np
 import pytest
 
-import envs
-from envs.policies import epsilon_mixture, random_policy
+from jaxil import envs
+from jaxil.envs.policies import random_policy
 from jaxil.data import Dataset, concatenate
-from jaxil.learners import LearnerData, make_learner
-from jaxil.train import expand_grid, train
+from jaxil.algorithms.offline import LearnerData, make_learner
+from jaxil.algorithms.offline.train import expand_grid, train
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from envs.core import ContinuousActions, DiscreteActions, EnvSpec
-from envs.rollout import Episodes
+from jaxil.envs.core import ContinuousActions, DiscreteActions, EnvSpec
+from jaxil.envs.rollout import Episodes
 from jaxil.data import Dataset, DatasetError, export_vault, import_vault, load, save
 from jaxil.data import vault as vault_mod
 
@@ -234,8 +234,8 @@ def test_round_trip_of_generated_episodes(tmp_path):
     """Real rollouts: random policy on mpe:simple_spread through run_episodes."""
     import jax
 
-    import envs
-    from envs.policies import random_policy
+    from jaxil import envs
+    from jaxil.envs.policies import random_policy
 
     env = envs.make("mpe:simple_spread", max_steps=6)
     run = jax.jit(envs.run_episodes, static_argnums=(0, 1, 4))

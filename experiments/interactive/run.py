@@ -49,7 +49,7 @@ ABLATIONS = {
 
 
 def regimes_for(env, sft_labels: int) -> list[tuple[str, dict]]:
-    from jaxil.interactive.config import regime
+    from jaxil.algorithms.interactive.config import regime
 
     kw = dict(sft_labels=sft_labels, has_win=env.spec.has_win)
     out = []
@@ -65,9 +65,9 @@ def regimes_for(env, sft_labels: int) -> list[tuple[str, dict]]:
 def run_env(env_id: str, args) -> dict:
     import jax
 
-    from jaxil.interactive.cli import load_expert
-    from jaxil.interactive.config import InteractiveConfig
-    from jaxil.interactive.loop import collect_demos, run
+    from jaxil.cli.interactive import load_expert
+    from jaxil.algorithms.interactive.config import InteractiveConfig
+    from jaxil.algorithms.interactive.loop import collect_demos, run
 
     env, policy, params, source = load_expert(env_id, EXPERTS.get(env_id, "zoo"))
     _, _, probe = collect_demos(env, policy, params, jax.random.PRNGKey(args.seed + 777_777), 64)
@@ -272,10 +272,10 @@ def code_fingerprint() -> str:
     from a cache or resumed from checkpoints that the old code wrote."""
     import hashlib
 
-    import jaxil.interactive
+    import jaxil.algorithms.interactive
 
     h = hashlib.sha256()
-    for f in sorted(Path(jaxil.interactive.__file__).parent.glob("*.py")):
+    for f in sorted(Path(jaxil.algorithms.interactive.__file__).parent.glob("*.py")):
         h.update(f.name.encode() + f.read_bytes())
     return h.hexdigest()[:12]
 
@@ -322,7 +322,7 @@ def main(argv=None) -> int:
     out = Path(args.out or Path(__file__).parent / ("results_quick" if args.quick else "results"))
     out.mkdir(parents=True, exist_ok=True)
 
-    from jaxil.resume import ResultCache
+    from jaxil.runs.result_cache import ResultCache
 
     settings = settings_of(args)
     results, t0 = [], time.perf_counter()

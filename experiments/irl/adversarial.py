@@ -10,7 +10,7 @@ demonstrations are ``--demos`` trajectories of the ε-noised expert of
 experiments/irl/common.py (seed s gets trajectories [s·d, (s+1)·d) of one
 dataset: disjoint sets). Every run starts from π_SFT (BC on its own
 demonstrations); GAIL and AIRL then alternate discriminator steps and PPO
-(jaxil.irl.adversarial, one compiled program per chunk, the 4 seeds
+(jaxil.algorithms.irl.adversarial, one compiled program per chunk, the 4 seeds
 vmapped). BC's return is the chunk-0 evaluation of the same runs (same
 policy, same 64 start states as every later evaluation), so the BC column is
 the very policy GAIL and AIRL start from.
@@ -78,8 +78,8 @@ def override_suffix(args) -> str:
 
 
 def run_env(env_id: str, args) -> dict:
-    import envs
-    from jaxil.irl.adversarial import AdversarialConfig, demos_from_dataset, stack_demos, \
+    from jaxil import envs
+    from jaxil.algorithms.irl.adversarial import AdversarialConfig, demos_from_dataset, stack_demos, \
         train_adversarial
 
     # B's 200-trajectory dataset of experiments/irl/common.py (shared with best-of-N)
@@ -109,7 +109,7 @@ def run_env(env_id: str, args) -> dict:
                                     progress=not args.no_progress,
                                     run_info=dict(experiment="experiments/irl/adversarial.py"))
         summary.pop("states")
-        from jaxil.rundir import read_jsonl
+        from jaxil.runs.rundir import read_jsonl
 
         rows = read_jsonl(rdir / "metrics.jsonl")
         out["methods"][name] = dict(config=acfg.to_dict(), summary=summary,

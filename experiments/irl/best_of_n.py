@@ -4,13 +4,13 @@ Per environment (SMAX 3m, LevelBasedForaging, MPE spread; demonstrations of
 :mod:`experiments.irl.common`) and for 4 seeds vmapped in every program:
 
 1. π_SFT = BC on the demonstrations; π_0 = the same network at its
-   initialisation (:func:`jaxil.irl.sources.fit_sft`).
+   initialisation (:func:`jaxil.algorithms.irl.sources.fit_sft`).
 2. Rollouts of π_0 and π_SFT (``--source-rollouts`` per seed).
 3. One reward model per source (Init–SFT, Init–Demo, SFT–Demo: team logits
    with the hypernetwork mixer), plus the analytic r_c = log π_SFT − log π_0.
 4. Best-of-N: M start states × K = 256 rollouts of π_SFT from the same reset
    key, one vmapped program; curves over N = 1, 2, …, 256 as the exact
-   expectation over N-subsets of the K rollouts (:mod:`jaxil.irl.best_of_n`);
+   expectation over N-subsets of the K rollouts (:mod:`jaxil.algorithms.irl.best_of_n`);
    per-state Spearman ρ of each reward against the true return.
 
 Writes ``results.json``, ``table.md`` and ``bon_<env>.png`` into ``--out``;
@@ -42,11 +42,11 @@ SOURCE_LABELS = {"init-sft": "Init–SFT", "init-demo": "Init–Demo", "sft-demo
 def run_env(env_id: str, args) -> dict:
     import jax
 
-    import envs
+    from jaxil import envs
     from experiments.irl.common import demonstrations
-    from jaxil.irl import best_of_n as bon
-    from jaxil.irl.reward_model import SOURCES, RewardModel, RewardModelConfig, analytic_reward
-    from jaxil.irl.sources import fit_reward_model, fit_sft, rollouts, source_data
+    from jaxil.algorithms.irl import best_of_n as bon
+    from jaxil.algorithms.irl.reward_model import SOURCES, RewardModel, RewardModelConfig, analytic_reward
+    from jaxil.algorithms.irl.sources import fit_reward_model, fit_sft, rollouts, source_data
 
     t0 = time.perf_counter()
     ds, info = demonstrations(env_id, args.demos, seed=0, progress=False)

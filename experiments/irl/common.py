@@ -1,9 +1,9 @@
 """The demonstrations of experiments/irl (best-of-N and the adversarial part).
 
 Deliberately suboptimal demonstrators: the zoo's expert with per-agent ε-noise
-(:func:`jaxil.data.zoo.noisy_policy`: each agent acts uniformly at random
+(:func:`jaxil.collect.zoo.noisy_policy`: each agent acts uniformly at random
 with probability ε at every step), collected by the existing data pipeline
-(:func:`jaxil.data.recipes.build`, the ``medium`` tier with its ε set
+(:func:`jaxil.collect.recipes.build`, the ``medium`` tier with its ε set
 explicitly):
 
 =============================  ===================================  ====
@@ -20,7 +20,7 @@ its expert, like 3m's, is an MLP policy of each agent's own observation,
 the function class BC fits, where BC cannot recover the scripted experts of
 LevelBasedForaging and MPE from their noised demonstrations.
 
-(ε as the zoo's medium tier of each environment: ``jaxil.data.zoo``
+(ε as the zoo's medium tier of each environment: ``jaxil.collect.zoo``
 ``EPSILON`` / ``EPSILON_OVERRIDES``, calibrated in data_report.md.) The
 expert of smax:3m (2s3z) is whatever the zoo finds (a local teacher under
 ``runs/teachers/smax_3m`` overrides the shipped one, with a warning).
@@ -40,7 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxil.data import load, recipes
+from jaxil.data import load
+from jaxil.collect import recipes
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA_DIR = ROOT / "runs" / "experiments" / "irl" / "data"

@@ -93,8 +93,8 @@ def bc_laws(ds_train, test_sets: dict, args) -> tuple[dict, dict]:
     import jax
     import jax.numpy as jnp
 
-    from jaxil.irl.sources import fit_sft
-    from jaxil.policy import PolicyNet
+    from jaxil.algorithms.irl.sources import fit_sft
+    from jaxil.nn.policy import PolicyNet
 
     sft = fit_sft(ds_train, seeds=args.seeds, hidden=args.hidden, batch_size=args.batch_size,
                   updates=args.updates, eval_every=args.updates, eval_episodes=args.eval_episodes,
@@ -122,11 +122,11 @@ def transitions(ds):
 def run_env(env_id: str, args) -> dict:
     import jax
 
-    import envs
-    from envs.experts import scripted_expert
+    from jaxil import envs
+    from jaxil.envs.experts import scripted_expert
     from experiments.irl.common import demonstrations
     from jaxil.data.format import Dataset
-    from jaxil.data.zoo import make_zoo
+    from jaxil.collect.zoo import make_zoo
 
     t0 = time.perf_counter()
     ds, info = demonstrations(env_id, args.demos, seed=0)

@@ -10,7 +10,7 @@ defaults (slow ν, s0 uniform over trajectories, censored box head), over
   ``teacher`` early and mid checkpoints of a MAPPO run, 500 of each: the
               checkpoints whose stochastic evaluation lies nearest 0.15 in
               the zoo's poor band and nearest 0.55 in its medium band
-              (``jaxil.data.zoo.CHECKPOINT_BANDS``), normalised by the
+              (``jaxil.collect.zoo.CHECKPOINT_BANDS``), normalised by the
               expert and random tiers of the pool;
   ``random``  the uniform policy;
 - ground-truth expert labels, and Phase-1 labels (O-MAPL on ``--p1-queries``
@@ -63,20 +63,20 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
-import envs  # noqa: E402
-from jaxil import guard  # noqa: E402
+from jaxil import envs  # noqa: E402
+from jaxil.runs import guard  # noqa: E402
 from jaxil.data import load, save  # noqa: E402
 from jaxil.data.format import Dataset, concatenate  # noqa: E402
-from jaxil.data.recipes import build as build_recipe, sidecar_path  # noqa: E402
-from jaxil.data.zoo import (CHECKPOINT_BANDS, TierPolicy, Zoo, noisy_params,  # noqa: E402
+from jaxil.collect.recipes import build as build_recipe, sidecar_path  # noqa: E402
+from jaxil.collect.zoo import (CHECKPOINT_BANDS, TierPolicy, Zoo, noisy_params,  # noqa: E402
                             noisy_policy)
-from jaxil.learners import LearnerData, make_learner  # noqa: E402
+from jaxil.algorithms.offline import LearnerData, make_learner  # noqa: E402
 from jaxil.losses import bounded_reward, dice_advantage, dice_weights  # noqa: E402
-from jaxil.mixed_net import MixedNet  # noqa: E402
-from jaxil.phase1.pairs import dataset_id  # noqa: E402
-from jaxil.policy import encode_actions  # noqa: E402
-from jaxil.resume import ResultCache  # noqa: E402
-from jaxil.train import chunk_fn, expand_grid, init_runs  # noqa: E402
+from jaxil.nn.mixed_net import MixedNet  # noqa: E402
+from jaxil.data.preferences import dataset_id  # noqa: E402
+from jaxil.nn.policy import encode_actions  # noqa: E402
+from jaxil.runs.result_cache import ResultCache  # noqa: E402
+from jaxil.algorithms.offline.train import chunk_fn, expand_grid, init_runs  # noqa: E402
 from experiments.misodice_table.run import ALGOS, LABELS, VARIANTS as TABLE_VARIANTS  # noqa: E402
 
 ENVS = ("smax-3m", "smax-2s3z", "jumanji-LevelBasedForaging-v0")
@@ -110,9 +110,9 @@ def shipped_teacher(env_id: str) -> Optional[Path]:
 
 def base_pool(env: str, args) -> tuple[Dataset, dict]:
     """200 expert + 1000 ``noisy`` (the zoo's poor tier) + 1000 random, built
-    with :func:`jaxil.data.recipes.build` (the shipped teacher pinned on SMAX,
+    with :func:`jaxil.collect.recipes.build` (the shipped teacher pinned on SMAX,
     the scripted expert on LBF), and the measured tier returns."""
-    from jaxil.data.recipes import get_recipe
+    from jaxil.collect.recipes import get_recipe
 
     recipe = get_recipe(f"{env}/mix-{args.experts}e-{args.others}p-{args.others}r")
     out = RUNS / args.tag / "data" / f"{env}-base.npz"
@@ -133,7 +133,7 @@ def teacher_run(env_id: str, ref: dict, args) -> dict:
     or ``--teacher-max-chunks``; every chunk is a checkpoint. Returns
     ``{dir, checkpoints: [{step, return, normalised}], ...}``."""
     from jaxil.teachers.train import train_teacher
-    from jaxil.teachers.zoo import preset
+    from jaxil.teachers.presets import preset
 
     over = dict(updates_per_chunk=5) if env_id.startswith("jumanji") else {}
     if args.quick:
@@ -277,14 +277,14 @@ def make_cell_learner(algo: str, spec, args):
 def evaluator(learner, env, episodes: int):
     """Jitted ``(params [R], key) -> Episodes`` of the learner's stochastic
     policy. Compiled once per policy network structure (every learner's
-    policy is a :class:`jaxil.policy.PolicyNet` under ``params["policy"]``),
+    policy is a :class:`jaxil.nn.policy.PolicyNet` under ``params["policy"]``),
     not once per learner."""
     return _evaluator(env, learner.config.hidden, learner.config.shared, episodes)
 
 
 @functools.lru_cache(maxsize=16)
 def _evaluator(env, hidden: tuple, shared: bool, episodes: int):
-    from jaxil.policy import PolicyNet
+    from jaxil.nn.policy import PolicyNet
 
     policy = PolicyNet(env.spec, hidden, shared).policy(False, key="policy")
     return jax.jit(jax.vmap(lambda p, k: envs.run_episodes(env, policy, p, k, episodes),
@@ -421,8 +421,8 @@ def phase1_labels(cell: Dataset, n_expert: int, args) -> tuple[np.ndarray, dict]
     """O-MAPL labels of ``cell``: the top ``n_expert`` trajectories by learned
     return, from ``--p1-queries`` whole-trajectory queries answered by the
     ground-truth oracle with ``--p1-flip`` of the answers flipped."""
-    from jaxil.phase1.oracles import GroundTruthOracle
-    from jaxil.phase1.pipeline import phase1
+    from jaxil.algorithms.labelling.oracles import GroundTruthOracle
+    from jaxil.algorithms.labelling.pipeline import phase1
 
     out = phase1(cell, GroundTruthOracle(flip_rate=args.p1_flip, seed=args.seed),
                  queries=args.p1_queries, top_k=n_expert, seeds=args.p1_seeds,

@@ -8,7 +8,7 @@ authors' DemoDICE code instead bounds the reward (the logit of a clipped
 discriminator) and puts a small gradient penalty on ν. This script trains
 MisoDICE under each variant on the same data and seeds and records the
 learning curves of the evaluation return, the largest normalised weight and
-ν's loss (the metrics ``jaxil.train`` writes per evaluation: those of the
+ν's loss (the metrics ``jaxil.algorithms.offline.train`` writes per evaluation: those of the
 chunk's last update).
 
 Variants (``lr_critic`` 3e-4 is the rate of the other networks):
@@ -44,12 +44,14 @@ from pathlib import Path
 
 import numpy as np
 
-import envs
-from jaxil.cli_args import positive_int
-from jaxil.learners import LearnerData, make_learner
-from jaxil.phase1.pairs import dataset_id
-from jaxil.plot import curves
-from jaxil.train import expand_grid, expert_labels, labels_digest, load_dataset, train
+from jaxil import envs
+from jaxil.cli.args import positive_int
+from jaxil.algorithms.offline import LearnerData, make_learner
+from jaxil.data.preferences import dataset_id
+from jaxil.runs.plot import curves
+from jaxil.algorithms.offline.train import expand_grid, train
+from jaxil.collect.recipes import load_dataset
+from jaxil.data.labels import expert_labels, labels_digest
 
 HERE = Path(__file__).parent
 HEURISTIC = "runs/data/smax-3m-misodice-200e-1000p-heuristic.npz"
@@ -71,8 +73,8 @@ METRICS = (("eval_return", "evaluation return"), ("weight_max", "largest normali
 
 def tier_returns(path: str) -> dict:
     """Measured tier returns of the dataset's ``.tiers.json`` sidecar, or {}."""
-    from jaxil.data.recipes import sidecar_path
-    from jaxil.train import dataset_path
+    from jaxil.collect.recipes import sidecar_path
+    from jaxil.collect.recipes import dataset_path
 
     side = sidecar_path(dataset_path(path))
     if not side.exists():
@@ -193,7 +195,7 @@ def main(argv=None) -> None:
         raise SystemExit(f"error: --updates ({args.updates}) must be a multiple of "
                          f"--eval-every ({args.eval_every})")
     if args.dataset == HEURISTIC and not Path(HEURISTIC).exists():
-        subprocess.run([sys.executable, "-m", "jaxil.cli", "data", "build",
+        subprocess.run([sys.executable, "-m", "jaxil.cli.main", "data", "build",
                         "smax-3m/misodice-200e-1000p", "--no-teacher", "--out", HEURISTIC],
                        check=True)
     ds = load_dataset(args.dataset, 0)

@@ -2,7 +2,7 @@
 
 BC(D_E) on ``mpe-simple_spread_continuous/misodice-200e-1000p`` (the 200
 expert trajectories, ground-truth labels) with each head of
-:class:`jaxil.policy.PolicyNet` — censored (clipped) Gaussian, tanh-Gaussian,
+:class:`jaxil.nn.policy.PolicyNet` — censored (clipped) Gaussian, tanh-Gaussian,
 Beta — at the MisoDICE table's CPU settings (64-64, batch 256, 4 seeds, 2000
 updates, 32 evaluation episodes) and, with ``--updates``, longer. The final
 policies are also evaluated deterministically (clipped / squashed mean, Beta
@@ -26,11 +26,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import envs
-from jaxil import policy as policy_mod
-from jaxil.cli_args import positive_int
-from jaxil.learners import LearnerData, make_learner
-from jaxil.train import expand_grid, expert_labels, load_dataset, train
+from jaxil import envs
+from jaxil.nn import policy as policy_mod
+from jaxil.cli.args import positive_int
+from jaxil.algorithms.offline import LearnerData, make_learner
+from jaxil.algorithms.offline.train import expand_grid, train
+from jaxil.collect.recipes import load_dataset
+from jaxil.data.labels import expert_labels
 
 sys.path.insert(0, str(Path(__file__).parent))
 from run import tier_returns  # noqa: E402
@@ -105,8 +107,8 @@ def main(argv=None) -> None:
     norm = lambda r: (np.asarray(r) - ref["random"]) / (ref["expert"] - ref["random"])  # noqa: E731
     raw = env.raw
     n_agents, n_landmarks = int(raw.num_agents), int(raw.num_landmarks)
-    from envs.mpe import spread_expert
-    from envs.policies import as_policy
+    from jaxil.envs.mpe import spread_expert
+    from jaxil.envs.policies import as_policy
 
     ep = jax.jit(lambda k: envs.run_episodes(env, as_policy(spread_expert(env)), None, k,
                                              args.eval_episodes))(jax.random.PRNGKey(10_000))

@@ -31,13 +31,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import envs
-from envs.mpe import spread_expert
-from envs.policies import Policy, as_policy
-from jaxil.cli_args import positive_int
+from jaxil import envs
+from jaxil.envs.mpe import spread_expert
+from jaxil.envs.policies import Policy, as_policy
+from jaxil.cli.args import positive_int
 from jaxil.data import Dataset
-from jaxil.learners import LearnerData, make_learner
-from jaxil.train import expand_grid, train
+from jaxil.algorithms.offline import LearnerData, make_learner
+from jaxil.algorithms.offline.train import expand_grid, train
 
 sys.path.insert(0, str(Path(__file__).parent))
 from box_heads import RECIPE, spread_outcome, write_results  # noqa: E402

@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import envs
-from envs.mpe import spread_expert
-from jaxil.train import load_dataset
+from jaxil import envs
+from jaxil.envs.mpe import spread_expert
+from jaxil.collect.recipes import load_dataset
 
 
 def main(argv=None) -> None:

@@ -22,13 +22,15 @@ from pathlib import Path
 
 import numpy as np
 
-import envs
-from jaxil.learners import LearnerData, make_learner
-from jaxil.phase1.pairs import dataset_id
-from jaxil.policy import DEFAULT_BOX
-from jaxil.resume import ResultCache
-from jaxil.data.recipes import env_short, sidecar_path
-from jaxil.train import dataset_path, expand_grid, expert_labels, load_dataset, train
+from jaxil import envs
+from jaxil.algorithms.offline import LearnerData, make_learner
+from jaxil.data.preferences import dataset_id
+from jaxil.nn.policy import DEFAULT_BOX
+from jaxil.runs.result_cache import ResultCache
+from jaxil.collect.recipes import env_short, sidecar_path
+from jaxil.algorithms.offline.train import expand_grid, train
+from jaxil.collect.recipes import dataset_path, load_dataset
+from jaxil.data.labels import expert_labels
 
 ALGOS = ("bc_union", "bc_expert", "indd", "misodice_vdn", "misodice")
 LABELS = {"bc_union": "BC(D_U)", "bc_expert": "BC(D_E)", "indd": "INDD",
@@ -81,7 +83,7 @@ def run_env(name: str, args) -> list[dict]:
     settings = dict({k: getattr(args, k) for k in ("seeds", "evals", "eval_episodes",
                                                    "batch_size", "hidden", "seed", "data_seed")},
                     updates=updates, dataset=dataset_id(ds))
-    if not ds.spec.discrete:  # the box head of the learners' policies (jaxil.policy.DEFAULT_BOX)
+    if not ds.spec.discrete:  # the box head of the learners' policies (jaxil.nn.policy.DEFAULT_BOX)
         settings["policy_box"] = DEFAULT_BOX["state"]
     cache = ResultCache(Path(args.out) / f".cache-{name}.json", settings, {"row:": tuple(settings)})
     rows = []

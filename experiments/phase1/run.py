@@ -30,13 +30,14 @@ from pathlib import Path
 
 import numpy as np
 
-import envs
-from jaxil.learners import LearnerData, make_learner
-from jaxil.phase1.label import ensemble_scores, label_metrics, top_labels
-from jaxil.phase1.oracles import GroundTruthOracle
-from jaxil.phase1.pipeline import phase1
-from jaxil.resume import ResultCache
-from jaxil.train import expand_grid, load_dataset, train
+from jaxil import envs
+from jaxil.algorithms.offline import LearnerData, make_learner
+from jaxil.algorithms.labelling.label import ensemble_scores, label_metrics, top_labels
+from jaxil.algorithms.labelling.oracles import GroundTruthOracle
+from jaxil.algorithms.labelling.pipeline import phase1
+from jaxil.runs.result_cache import ResultCache
+from jaxil.algorithms.offline.train import expand_grid, train
+from jaxil.collect.recipes import load_dataset
 
 DEFAULT_ENVS = ("smax-3m", "mpe-simple_spread_continuous")
 FLIPS = (0.0, 0.05, 0.1, 0.2, 0.3)

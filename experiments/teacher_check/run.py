@@ -38,7 +38,7 @@ def _evals(doc: dict, key: str) -> dict:
 
 def train(args) -> int:
     from jaxil.teachers import train_teacher
-    from jaxil.teachers.zoo import preset
+    from jaxil.teachers.presets import preset
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -64,9 +64,9 @@ def _max_rel_diff(a, b) -> float:
 
 
 def dump(args) -> int:
-    import envs
-    from jaxil.teachers.ppo import make_ppo
-    from jaxil.teachers.zoo import preset
+    from jaxil import envs
+    from jaxil.algorithms.rl.ppo import make_ppo
+    from jaxil.teachers.presets import preset
 
     ppo = make_ppo(envs.make(args.env), preset(args.env))
     k_init, _ = jax.random.split(jax.random.PRNGKey(args.seed))
@@ -90,7 +90,7 @@ def replay(args) -> int:
 
     from jaxil.teachers.io import _from_legacy, legacy_mlp_variables, load_teacher, read_teacher
     from jaxil.teachers.train import _program
-    from jaxil.teachers.zoo import preset
+    from jaxil.teachers.presets import preset
 
     cfg = preset(args.env)
     prog = _program(args.env, (), cfg, ())
@@ -107,7 +107,7 @@ def replay(args) -> int:
     actor_p = jax.tree.map(jax.numpy.asarray, _from_legacy(old_actor, spec))
     critic_p = jax.tree.map(jax.numpy.asarray, legacy_mlp_variables(old_critic))
     runner = runner._replace(actor=put(runner.actor, actor_p), critic=put(runner.critic, critic_p))
-    from jaxil.teachers.ppo import make_ppo
+    from jaxil.algorithms.rl.ppo import make_ppo
 
     one = make_ppo(prog.env, ONE_UPDATE(cfg))
     r1, _ = jax.jit(one.update_chunk)(runner)

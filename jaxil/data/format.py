@@ -17,7 +17,7 @@ member per field. Why this format:
   over the destination with ``os.replace``: a reader sees the old file or the
   new one, never a half-written one, and an interrupted write leaves at most a
   hidden ``.<name>.*.tmp`` file that :func:`load` never picks up and the next
-  write to the same path removes (:mod:`jaxil.io_atomic`). A directory
+  write to the same path removes (:mod:`jaxil.runs.io_atomic`). A directory
   of ``.npy`` files cannot replace an existing directory atomically.
 * Deterministic. Members are written in a fixed order with a fixed zip
   timestamp and attributes, and ``metadata.json`` has sorted keys and no
@@ -50,7 +50,7 @@ import jax
 import numpy as np
 from flax import struct
 
-from envs.core import EnvSpec
+from jaxil.envs.core import EnvSpec
 from jaxil.data.validate import (
     FIELDS,
     SCHEMA_VERSION,
@@ -60,7 +60,7 @@ from jaxil.data.validate import (
     check_metadata,
     validate,
 )
-from jaxil.io_atomic import atomic_path
+from jaxil.runs.io_atomic import atomic_path
 
 FORMAT_NAME = "jaxil.dataset"
 METADATA_MEMBER = "metadata.json"

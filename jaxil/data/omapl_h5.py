@@ -63,7 +63,7 @@ from typing import Any, NamedTuple, Optional, Union
 
 import numpy as np
 
-from envs.core import ContinuousActions, DiscreteActions, EnvSpec
+from jaxil.envs.core import ContinuousActions, DiscreteActions, EnvSpec
 from jaxil.data.format import (
     Dataset,
     DatasetInfo,
@@ -75,7 +75,8 @@ from jaxil.data.format import (
     write_archive,
 )
 from jaxil.data.validate import BOX_ATOL, SCHEMA_VERSION, DatasetError, validate
-from jaxil.phase1.pairs import QueryPairs
+from jaxil.data.preferences import QueryPairs
+from jaxil import envs
 
 PathLike = Union[str, os.PathLike]
 
@@ -131,7 +132,6 @@ def import_omapl_h5(
     if env_id is not None and spec is not None:
         raise ValueError("give env_id or spec, not both")
     if env_id is not None:
-        import envs
 
         spec = envs.make(env_id).spec
     if not path.exists():

@@ -40,7 +40,8 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from envs.core import EnvSpec
+from jaxil.envs.core import EnvSpec
+from jaxil.envs.registry import list_envs
 
 # Bump when the meaning or layout of a field changes; files written under
 # another version are refused on load.
@@ -156,7 +157,6 @@ def check_env_id(env_id: str) -> None:
     """Raise :class:`DatasetError` unless ``env_id`` is registered with
     :mod:`envs` (membership only: no environment is built) or belongs to a
     data-only family (:data:`DATA_ONLY_FAMILIES`)."""
-    from envs.registry import list_envs  # imports the env families, ~seconds
 
     if env_id.split(":", 1)[0] in DATA_ONLY_FAMILIES:
         return

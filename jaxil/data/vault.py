@@ -54,7 +54,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from envs.core import ContinuousActions, DiscreteActions, EnvSpec
+from jaxil.envs.core import ContinuousActions, DiscreteActions, EnvSpec
 from jaxil.data.format import (
     Dataset,
     DatasetInfo,
@@ -65,7 +65,7 @@ from jaxil.data.format import (
     write_archive,
 )
 from jaxil.data.validate import SCHEMA_VERSION, DatasetError, validate
-from jaxil.io_atomic import atomic_dir
+from jaxil.runs.io_atomic import atomic_dir
 
 PathLike = Union[str, os.PathLike]
 

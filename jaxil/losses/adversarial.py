@@ -1,6 +1,6 @@
 """Adversarial imitation (GAIL, AIRL) and the KL-penalised learned reward.
 
-Pure functions of arrays; the learners in :mod:`jaxil.irl.adversarial`
+Pure functions of arrays; the learners in :mod:`jaxil.algorithms.irl.adversarial`
 compose them with the discriminator network and the PPO trainer.
 
 Conventions. The discriminator D = σ(ℓ) is trained with label 1 on expert

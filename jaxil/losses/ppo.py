@@ -1,6 +1,6 @@
 """PPO's clipped objectives (Schulman et al., 2017), as pure functions.
 
-The trainer (:mod:`jaxil.teachers.ppo`) computes log-probabilities, values,
+The trainer (:mod:`jaxil.algorithms.rl.ppo`) computes log-probabilities, values,
 advantages and targets; these functions only do the arithmetic, averaged
 over every element of their inputs (a minibatch of ``[B, N]`` agent-steps, or
 any other shape).

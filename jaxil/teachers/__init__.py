@@ -1,26 +1,26 @@
 """Teachers: IPPO / MAPPO policies trained to produce demonstrations.
 
-- :mod:`jaxil.teachers.config`: :class:`PPOConfig`.
-- :mod:`jaxil.teachers.ppo`: the pure training program (``make_ppo``,
+- :mod:`jaxil.algorithms.rl.config`: :class:`PPOConfig`.
+- :mod:`jaxil.algorithms.rl.ppo`: the pure training program (``make_ppo``,
   ``make_train``); the losses live in :mod:`jaxil.losses` (``gae``,
   ``clipped_surrogate_loss``, ``clipped_value_loss``), the networks in
-  :mod:`jaxil.policy` and :mod:`jaxil.nets`.
+  :mod:`jaxil.nn.policy` and :mod:`jaxil.nn.nets`.
 - :mod:`jaxil.teachers.train`: the driver (``train_teacher``: chunks,
   checkpoints, evaluations, resume).
 - :mod:`jaxil.teachers.io`: run directories, ``load_teacher`` and the
   teachers shipped with jaxil.
-- :mod:`jaxil.teachers.zoo`: per-environment presets and the command line
-  (``python -m jaxil.teachers.zoo --env smax:3m --out runs/teachers/smax_3m``).
+- :mod:`jaxil.teachers.presets`: per-environment presets and the command line
+  (``python -m jaxil.teachers.presets --env smax:3m --out runs/teachers/smax_3m``).
 """
 
-from jaxil.teachers.config import PPOConfig
+from jaxil.algorithms.rl.config import PPOConfig
 from jaxil.teachers.io import (
     list_teacher_checkpoints,
     load_teacher,
     ship_teacher,
     shipped_teachers,
 )
-from jaxil.teachers.ppo import PPO, RunnerState, make_actor, make_critic, make_policy, make_ppo, make_train
+from jaxil.algorithms.rl.ppo import PPO, RunnerState, make_actor, make_critic, make_policy, make_ppo, make_train
 from jaxil.teachers.train import checkpoint_chunks, evaluate, train_teacher
 
 __all__ = [

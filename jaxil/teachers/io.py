@@ -10,8 +10,8 @@ Layout of a run (written by :func:`jaxil.teachers.train.train_teacher`)::
                                                 (latest checkpoint only)
     out_dir/checkpoints/<env_steps>/checkpoint.json   its evaluation
 
-Arrays are stored with :func:`jaxil.checkpoint.save_tree`. ``teacher.json``
-records ``actor_format``: 2 is the :class:`jaxil.policy.PolicyNet` layout;
+Arrays are stored with :func:`jaxil.runs.checkpoint.save_tree`. ``teacher.json``
+records ``actor_format``: 2 is the :class:`jaxil.nn.policy.PolicyNet` layout;
 runs written before it (no ``actor_format``; the earlier flax ``Actor`` module)
 are converted on load, so old run directories keep working.
 
@@ -34,11 +34,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from envs.core import EnvSpec
-from jaxil.checkpoint import params_digest, restore_tree, save_tree
-from jaxil.io_atomic import atomic_dir, atomic_write_text
-from jaxil.teachers.config import PPOConfig
-from jaxil.teachers.ppo import make_actor, make_policy
+from jaxil.envs.core import EnvSpec
+from jaxil.runs.checkpoint import params_digest, restore_tree, save_tree
+from jaxil.runs.io_atomic import atomic_dir, atomic_write_text
+from jaxil.algorithms.rl.config import PPOConfig
+from jaxil.algorithms.rl.ppo import make_actor, make_policy
 
 TEACHER_FILE = "teacher.json"
 METRICS_FILE = "metrics.jsonl"
@@ -116,7 +116,7 @@ def _legacy_actor_like(spec: EnvSpec, config: PPOConfig) -> dict:
 def legacy_mlp_variables(old: dict) -> dict:
     """The variables of an ``actor_format`` 1 network (actor or critic:
     ``_Torso_0/Dense_<i>`` hidden layers, ``Dense_0`` output) as those of the
-    shared :class:`jaxil.nets.LocalMLP` that replaces it (same weights, same
+    shared :class:`jaxil.nn.nets.LocalMLP` that replaces it (same weights, same
     function)."""
     p = old["params"]
     mlp = {f"hidden_{i}": layer for i, layer in
@@ -126,7 +126,7 @@ def legacy_mlp_variables(old: dict) -> dict:
 
 
 def _from_legacy(old: dict, spec: EnvSpec) -> Any:
-    """An ``actor_format`` 1 actor as :class:`jaxil.policy.PolicyNet` parameters."""
+    """An ``actor_format`` 1 actor as :class:`jaxil.nn.policy.PolicyNet` parameters."""
     variables = legacy_mlp_variables(old)
     if spec.discrete:
         return variables
@@ -135,7 +135,7 @@ def _from_legacy(old: dict, spec: EnvSpec) -> Any:
 
 def _restore_actor(out_dir: str | os.PathLike, step: int, doc: dict) -> tuple[Any, str]:
     """``(params, stored digest)``: the actor of checkpoint ``step`` as
-    :class:`jaxil.policy.PolicyNet` parameters, and the SHA-256 of the tree as
+    :class:`jaxil.nn.policy.PolicyNet` parameters, and the SHA-256 of the tree as
     it is stored (an ``actor_format`` 1 run keeps its own layout's digest, so
     datasets built from it record the same digest as before)."""
     config = PPOConfig.from_dict(doc["config"])

@@ -2,7 +2,7 @@
 checkpoints, evaluations and exact resume (:func:`train_teacher`).
 
 ``train_teacher(env_id, config, seed, out_dir)`` loops over chunks of the
-compiled :func:`jaxil.teachers.ppo.make_ppo` program, writes ``metrics.jsonl``,
+compiled :func:`jaxil.algorithms.rl.ppo.make_ppo` program, writes ``metrics.jsonl``,
 saves the actor at several points, evaluates each checkpoint with
 :func:`envs.run_episodes`, writes ``teacher.json`` and resumes bit-for-bit from
 the last checkpoint. The directory layout is in :mod:`jaxil.teachers.io`.
@@ -10,7 +10,7 @@ the last checkpoint. The directory layout is in :mod:`jaxil.teachers.io`.
 A run that cannot lie: the output directory is checked writable and free of
 other runs before any compilation; ``resume`` refuses any setting that differs
 from the recorded run; a loss or parameter turning NaN/inf stops the run with
-:class:`jaxil.guard.NonFiniteError` before that chunk's metrics or checkpoint
+:class:`jaxil.runs.guard.NonFiniteError` before that chunk's metrics or checkpoint
 are written, so the directory keeps its last good checkpoint.
 """
 
@@ -28,14 +28,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import envs
-from envs.core import MultiAgentEnv
-from envs.policies import random_policy
-from jaxil import guard
-from jaxil.checkpoint import restore_tree, save_tree
-from jaxil.io_atomic import atomic_write_text
-from jaxil.rundir import check_writable
-from jaxil.teachers.config import PPOConfig
+from jaxil import envs
+from jaxil.envs.core import MultiAgentEnv
+from jaxil.envs.policies import random_policy
+from jaxil.runs import guard
+from jaxil.runs.checkpoint import restore_tree, save_tree
+from jaxil.runs.io_atomic import atomic_write_text
+from jaxil.runs.rundir import check_writable
+from jaxil.algorithms.rl.config import PPOConfig
 from jaxil.teachers.io import (
     ACTOR_FORMAT,
     CKPT_DIR,
@@ -45,7 +45,7 @@ from jaxil.teachers.io import (
     list_checkpoints,
     write_json,
 )
-from jaxil.teachers.ppo import RunnerState, make_ppo
+from jaxil.algorithms.rl.ppo import RunnerState, make_ppo
 
 
 # --------------------------------------------------------------------------
@@ -127,7 +127,7 @@ class _Program:
 
     def checked_chunk(self, runner: RunnerState):
         """Like :meth:`chunk` for ``update_chunk_checked``: the executable
-        returns ``(runner, metrics, health)`` (:mod:`jaxil.guard`)."""
+        returns ``(runner, metrics, health)`` (:mod:`jaxil.runs.guard`)."""
         if self._checked is None:
             t0 = time.time()
             self._checked = (self._compile(self.ppo.update_chunk_checked, runner),
@@ -218,7 +218,7 @@ def train_teacher(
     Returns the ``teacher.json`` content.
 
     Raises:
-      jaxil.guard.NonFiniteError: a loss or the parameters became NaN/inf;
+      jaxil.runs.guard.NonFiniteError: a loss or the parameters became NaN/inf;
         the message names the env, seed, update and quantity, and the
         directory keeps the checkpoints written before.
       FileExistsError: ``out_dir`` holds another run (see above).

@@ -1,0 +1,5 @@
+import sys
+
+from jaxil.cli.main import main
+
+sys.exit(main())

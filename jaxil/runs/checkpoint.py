@@ -1,0 +1,166 @@
+"""The one checkpoint format of jaxil: orbax, through this module.
+
+- :func:`save_tree` / :func:`restore_tree`: one pytree in one directory, its
+  leaves stored as ``{"leaf_<i>": array}`` in tree order (any container type
+  works; zero-size leaves, which orbax refuses, are skipped and rebuilt from
+  the template on restore). Teachers' actors and runner states, and the
+  teacher policies shipped inside the package, use it.
+- :class:`Checkpointer`: numbered steps of a whole learner state (all seeds /
+  grid points at once) under one directory, of which the manager keeps the
+  newest few (``jaxil train``, ``jaxil interactive``). Zero-size leaves (a
+  box-action environment's ``[.., 0]`` legal-action mask) are stored as empty
+  nodes and rebuilt from the template on restore.
+- :func:`params_digest`: a SHA-256 over a pytree's leaves, recorded wherever
+  a dataset or a shipped teacher must pin exact weights.
+
+Orbax writes into a temporary directory and renames it when complete, so a
+kill mid-save leaves the previous checkpoint loadable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+
+def _leaf_name(i: int) -> str:
+    return f"leaf_{i:05d}"
+
+
+def save_tree(path: str | os.PathLike, tree: Any) -> None:
+    """Save a pytree's (non-empty) leaves with orbax into the directory ``path``
+    (overwritten if it exists)."""
+    leaves = jax.tree.leaves(tree)
+    flat = {_leaf_name(i): np.asarray(x) for i, x in enumerate(leaves) if np.size(x) > 0}
+    ck = ocp.StandardCheckpointer()
+    ck.save(os.path.abspath(path), flat, force=True)
+    ck.wait_until_finished()
+
+
+def restore_tree(path: str | os.PathLike, like: Any) -> Any:
+    """Restore what :func:`save_tree` wrote into the structure of ``like`` (a
+    pytree of arrays or ``jax.ShapeDtypeStruct``).
+
+    Raises:
+      FileNotFoundError: ``path`` does not exist.
+      ValueError: the stored arrays do not match ``like`` (another config or
+        environment wrote them).
+    """
+    path = os.path.abspath(path)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    leaves, treedef = jax.tree.flatten(like)
+    abstract = {
+        _leaf_name(i): jax.ShapeDtypeStruct(tuple(np.shape(x)), np.dtype(x.dtype))
+        for i, x in enumerate(leaves)
+        if np.prod(np.shape(x), dtype=np.int64) > 0
+    }
+    try:
+        flat = ocp.StandardCheckpointer().restore(path, abstract)
+    except Exception as e:  # noqa: BLE001 - re-raised with context
+        raise ValueError(
+            f"checkpoint {path} does not match the expected structure "
+            f"({len(abstract)} arrays); was it written with another config or env?"
+        ) from e
+    out = [
+        jnp.asarray(flat[_leaf_name(i)]) if _leaf_name(i) in flat
+        else jnp.zeros(np.shape(x), x.dtype)
+        for i, x in enumerate(leaves)
+    ]
+    return jax.tree.unflatten(treedef, out)
+
+
+def params_digest(params: Any) -> str:
+    """SHA-256 over a parameter pytree's leaves (dtype, shape and bytes, in
+    tree order): pins exact weights, even if a run directory is later
+    overwritten."""
+    h = hashlib.sha256()
+    for x in jax.tree.leaves(params):
+        a = np.ascontiguousarray(np.asarray(x))
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.reshape(-1).view(np.uint8))
+    return h.hexdigest()
+
+
+def _without_empty(tree: Any) -> Any:
+    """``tree`` with every zero-size leaf replaced by ``None`` (orbax refuses to
+    save zero-size arrays; ``None`` is an empty node it keeps)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    return jax.tree.unflatten(treedef, [None if np.size(x) == 0 else x for x in leaves])
+
+
+def _refill_empty(restored: Any, like: Any) -> Any:
+    """Undo :func:`_without_empty`: zero-size leaves of ``like`` come back as
+    zeros of their shape and dtype, the others from ``restored``."""
+    leaves, treedef = jax.tree.flatten(like)
+    got = jax.tree.leaves(restored, is_leaf=lambda x: x is None)
+    return jax.tree.unflatten(treedef, [
+        jnp.zeros(np.shape(x), x.dtype) if np.size(x) == 0 else g for x, g in zip(leaves, got)])
+
+
+def _place_like(x: Any, template: Any) -> Any:
+    """``x`` uncommitted where ``template`` is an uncommitted array, else as it is."""
+    if isinstance(template, jax.Array) and not template.committed and x.committed:
+        return jnp.asarray(np.asarray(x))
+    return x
+
+
+class Checkpointer:
+    """Numbered checkpoints of a whole state under ``directory/<step>/``."""
+
+    def __init__(self, directory: str | Path, max_to_keep: int = 2):
+        self.directory = Path(directory).absolute()
+        self.manager = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
+        )
+
+    def latest_step(self) -> Optional[int]:
+        return self.manager.latest_step()
+
+    def save(self, step: int, state: Any) -> None:
+        self.manager.save(step, args=ocp.args.StandardSave(_without_empty(state)))
+        self.manager.wait_until_finished()
+
+    def restore(self, like: Any, step: Optional[int] = None,
+                sharding: Optional[jax.sharding.Sharding] = None) -> Any:
+        """Restore into the structure, shapes and dtypes of ``like``.
+
+        The arrays are placed as ``like``'s are (its leaves may be
+        ``jax.ShapeDtypeStruct`` with a ``sharding``), or every leaf with
+        ``sharding`` when given: orbax then reads each device's part straight
+        into place (:mod:`jaxil.runs.sharding`). Where a leaf of ``like`` is an
+        uncommitted array (what a freshly initialised state holds), the
+        restored one is uncommitted too: orbax returns committed arrays,
+        whose programs do not match the persistent compilation cache's
+        entries of the original run, so a resumed run recompiled everything.
+        """
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        if sharding is None:
+            abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+        else:
+            abstract = jax.tree.map(
+                lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding), like)
+        try:
+            got = self.manager.restore(step, args=ocp.args.StandardRestore(_without_empty(abstract)))
+            got = _refill_empty(got, like)
+            if sharding is None:
+                got = jax.tree.map(_place_like, got, like)
+            return got
+        except (ValueError, TypeError, KeyError) as e:  # orbax's tree/shape mismatch dumps
+            raise ValueError(
+                f"checkpoint {self.directory / str(step)} does not match the state this run "
+                f"expects ({len(jax.tree.leaves(like))} arrays): it was written with another "
+                "learner, network shape, number of runs or environment") from e
+
+    def close(self) -> None:
+        self.manager.close()

@@ -1,0 +1,212 @@
+"""Run directories with an identity: the one layout of ``jaxil train``,
+``jaxil sweep`` and ``jaxil interactive``.
+
+A run directory holds::
+
+    run.json        what determines the run (its identity) and what it was run with
+    metrics.jsonl   one row per (evaluation, run), appended as training goes
+    checkpoints/    orbax steps of the whole stacked state (jaxil.runs.checkpoint)
+    results.json    the final summary
+
+:func:`open_run_dir` decides what may happen to a directory before any work:
+
+- a directory that holds another run is refused unless ``resume`` (continue
+  it) or ``overwrite`` (start afresh: its run files are removed);
+- ``resume`` compares the recorded identity with the new one and refuses any
+  difference, listing each changed setting with its old and new value;
+- on resume, metrics rows past the newest committed checkpoint are dropped
+  (a kill between a metrics append and its checkpoint, or before the first
+  checkpoint, leaves such rows), so the resumed run rewrites them exactly;
+- the directory is checked writable up front, so no work is lost to a
+  permission error at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from jaxil.runs.checkpoint import Checkpointer
+from jaxil.runs.io_atomic import atomic_write_text
+
+RUN_FILES = ("run.json", "metrics.jsonl", "results.json")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The complete rows of a JSONL file ([] if absent); stops at a line cut
+    by a kill."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return rows
+
+
+def write_jsonl_atomic(path: Path, rows: list[dict]) -> None:
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _canonical(x: Any) -> str:
+    return json.dumps(x, sort_keys=True, default=str)
+
+
+def _short(x: Any, limit: int = 60) -> str:
+    s = json.dumps(x, sort_keys=True, default=str)
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def identity_changes(old: dict, new: dict) -> list[str]:
+    """``"name (old -> new)"`` for each identity key whose value differs
+    (a key present on one side only counts as a change)."""
+    out = []
+    for k in sorted(set(old) | set(new)):
+        if k not in old:
+            out.append(f"{k} (absent -> {_short(new[k])})")
+        elif k not in new:
+            out.append(f"{k} ({_short(old[k])} -> absent)")
+        elif _canonical(old[k]) != _canonical(new[k]):
+            out.append(f"{k} ({_short(old[k])} -> {_short(new[k])})")
+    return out
+
+
+def metrics_rows(step: dict, ids: list[dict], returns: Any, wins: Any,
+                 metrics: dict) -> list[dict]:
+    """One metrics row per run: the ``step`` fields (``{"update": u}`` or
+    ``{"round": r}``), the run's ``ids`` (``run`` is its index into the
+    arrays), the mean evaluation return and win rate over its episodes
+    (``returns``/``wins`` ``[R, episodes]``) and each metric's value (``[R]``)."""
+    rows = []
+    for ident in ids:
+        i = ident["run"]
+        row = dict(step, **ident, eval_return=float(np.mean(returns[i])),
+                   eval_win_rate=float(np.mean(wins[i])))
+        row.update({k: float(v[i]) for k, v in metrics.items()})
+        rows.append(row)
+    return rows
+
+
+class RunDir:
+    """An opened run directory (see :func:`open_run_dir`).
+
+    Attributes:
+      path: the directory.
+      checkpointer: its :class:`jaxil.runs.checkpoint.Checkpointer`.
+      latest: the newest committed checkpoint step to resume from, or None.
+      rows: the metrics rows kept (those at steps ``<= latest``).
+    """
+
+    def __init__(self, path: Path, checkpointer: Checkpointer, latest: Optional[int],
+                 rows: list[dict], step_key: str):
+        self.path, self.checkpointer, self.latest = path, checkpointer, latest
+        self.rows, self.step_key = rows, step_key
+
+    def append(self, rows: list[dict]) -> None:
+        """Append metrics rows (the caller saves the matching checkpoint after)."""
+        with open(self.path / "metrics.jsonl", "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+
+    def save(self, step: int, state: Any) -> None:
+        self.checkpointer.save(step, state)
+
+    def write_results(self, summary: dict) -> None:
+        atomic_write_text(self.path / "results.json", json.dumps(summary, indent=2))
+
+    def close(self) -> None:
+        self.checkpointer.close()
+
+
+def holds_run(path: Path) -> bool:
+    """Whether ``path`` holds any of a run's files."""
+    if any((path / f).exists() for f in RUN_FILES):
+        return True
+    ck = path / "checkpoints"
+    return ck.is_dir() and any(ck.iterdir())
+
+
+def check_writable(path: Path, flag: str = "--out") -> None:
+    """Create ``path`` (a directory) and prove it writable, or raise a
+    one-line error naming it and the fix."""
+    if path.exists() and not path.is_dir():
+        raise FileExistsError(f"{flag} {path} is a file, not a directory; choose another {flag}")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test.{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise PermissionError(f"{flag} {path} is not writable ({e.strerror}); choose a "
+                              f"directory you can write to") from None
+
+
+def check_run_dir(path: str | os.PathLike, *, resume: bool = False,
+                  overwrite: bool = False) -> None:
+    """What :func:`open_run_dir` refuses before it reads any identity: call it
+    before the expensive work (a dataset build) so that a bad ``--out`` fails
+    at once. Creates the directory."""
+    if resume and overwrite:
+        raise ValueError("--resume and --overwrite exclude each other: resume continues "
+                         "the run, overwrite deletes it")
+    path = Path(path)
+    check_writable(path)
+    if holds_run(path) and not (resume or overwrite):
+        raise FileExistsError(f"{path} already holds a run; pass --resume to continue it, "
+                              "--overwrite to start afresh, or choose another --out")
+
+
+def open_run_dir(path: str | os.PathLike, identity: dict, *, resume: bool = False,
+                 overwrite: bool = False, step_key: str = "update",
+                 info: Optional[dict] = None) -> RunDir:
+    """Open ``path`` for a run whose result is determined by ``identity``
+    (JSON-able; recorded in ``run.json`` under ``"identity"``, with ``info``
+    beside it for what does not change the result).
+
+    Raises:
+      FileExistsError: ``path`` holds another run and neither ``resume`` nor
+        ``overwrite`` is given, or ``path`` is a file.
+      ValueError: ``resume`` with an identity that differs from the recorded
+        one (each changed setting listed), or a run without ``run.json``.
+      PermissionError: ``path`` cannot be written.
+    """
+    path = Path(path)
+    check_run_dir(path, resume=resume, overwrite=overwrite)
+    if overwrite and holds_run(path):
+        for f in RUN_FILES:
+            (path / f).unlink(missing_ok=True)
+        shutil.rmtree(path / "checkpoints", ignore_errors=True)
+    run_json = path / "run.json"
+    latest, rows = None, []
+    if resume and holds_run(path):
+        if not run_json.exists():
+            raise ValueError(f"{path} holds run files but no run.json, so --resume cannot "
+                             "check its settings; pass --overwrite to start afresh")
+        try:
+            old = json.loads(run_json.read_text()).get("identity")
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{run_json} is not valid JSON ({e}); pass --overwrite to "
+                             "start afresh") from None
+        if old is None:
+            raise ValueError(f"{run_json} records no identity (written by an older jaxil); "
+                             "pass --overwrite to start afresh")
+        changes = identity_changes(old, json.loads(_canonical(identity)))
+        if changes:
+            raise ValueError(f"--resume with settings that differ from the run in {path}: "
+                             f"{'; '.join(changes)}. Rerun with the original settings, or "
+                             "pass --overwrite (or another --out) to start afresh")
+    ckpt = Checkpointer(path / "checkpoints")
+    if resume:
+        latest = ckpt.latest_step()
+        keep = -1 if latest is None else latest
+        rows = [r for r in read_jsonl(path / "metrics.jsonl") if r[step_key] <= keep]
+    write_jsonl_atomic(path / "metrics.jsonl", rows)
+    atomic_write_text(run_json, json.dumps(dict(identity=identity, **(info or {})), indent=2,
+                                      default=str))
+    return RunDir(path, ckpt, latest, rows, step_key)

@@ -1,0 +1,171 @@
+"""The run engine (:mod:`jaxil.runs.engine`) on a small pure program.
+
+The program's state is a vector per run that a chunk moves by a key-drawn
+step; its evaluation is the state's mean. Nothing here depends on an
+environment, so each test names the engine behaviour it pins and the bug
+that breaks it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import struct
+
+from jaxil.runs import engine, guard
+from jaxil.runs.summary import format_table, summarize_step
+from jaxil.runs.updates import fused_updates, scan_updates
+
+
+@struct.dataclass
+class Toy:
+    x: jax.Array  # [R, 3]
+    key: jax.Array  # [R, 2]
+
+
+def _one(s: Toy, key):
+    step = jax.random.normal(key, s.x.shape)
+    new = s.replace(x=s.x + step)
+    return new, {"loss": jnp.sum(new.x ** 2)}
+
+
+def make_program(runs=2, chunks=6, eval_every=2, k=3, nan_at=None, **kw) -> engine.Program:
+    """``nan_at``: the chunk whose metrics turn NaN (the guard's test)."""
+
+    def chunk_one(s, c):
+        s, m, h = fused_updates(_one, s, k, params=lambda t: t.x)
+        if nan_at is not None:
+            m = {"loss": jnp.where(c == nan_at, jnp.nan, m["loss"])}
+            h = h._replace(first_bad=jnp.where(c == nan_at, 0, h.first_bad),
+                           at_bad={"loss": m["loss"]})
+        return s, m, h
+
+    chunk = jax.jit(jax.vmap(chunk_one, in_axes=(0, None)))
+
+    def init():
+        keys = jnp.stack([jax.random.PRNGKey(s) for s in range(runs)])
+        return Toy(x=jnp.zeros((runs, 3)), key=keys)
+
+    return engine.Program(
+        name="toy", step_key="update", num_chunks=chunks, steps_per_chunk=k, step_unit=k,
+        eval_every=eval_every, run_ids=[dict(run=i, seed=i) for i in range(runs)],
+        run_labels=[f"seed {i}" for i in range(runs)], init=init,
+        chunk=lambda s, c: chunk(s, jnp.int32(c)),
+        evaluate=lambda s, c: {"eval_return": jnp.mean(s.x, axis=-1),
+                               "eval_win_rate": jnp.zeros(runs)},
+        summarize=lambda rows: {"last": max(r["update"] for r in rows)}, **kw)
+
+
+def test_scan_updates_matches_a_python_loop_of_split_keys():
+    """The one scan: each update gets ``split(state.key)[1]`` and the state
+    carries ``split(state.key)[0]``. Fails if the halves are swapped or the
+    key is not advanced (every update would draw the same step)."""
+    s0 = Toy(x=jnp.zeros(3), key=jax.random.PRNGKey(7))
+    got, metrics = jax.jit(lambda s: scan_updates(_one, s, 4))(s0)
+    x, key = np.zeros(3), jax.random.PRNGKey(7)
+    for _ in range(4):
+        key, sub = jax.random.split(key)
+        x = x + np.asarray(jax.random.normal(sub, (3,)))
+    np.testing.assert_allclose(np.asarray(got.x), x, rtol=1e-6)
+    assert metrics["loss"].shape == (4,)
+    with pytest.raises(ValueError, match="k .* >= 1"):
+        scan_updates(_one, s0, 0)
+
+
+def test_rows_cadence_and_results(tmp_path):
+    """Rows at every ``eval_every`` chunks, keyed by ``chunks · step_unit``;
+    each holds the mean of its run's values; ``results.json`` has the
+    program's summary. Fails on an off-by-one in the cadence or a row keyed
+    by the chunk index instead of the update."""
+    rd = engine.open_run(tmp_path / "r", {"toy": 1}, step_key="update")
+    out = engine.run(make_program(), rundir=rd, progress=False)
+    assert [r["update"] for r in out.rows] == [6, 6, 12, 12, 18, 18]
+    assert [r["run"] for r in out.rows[:2]] == [0, 1]
+    final_x = np.asarray(out.state.x)
+    assert out.rows[-1]["eval_return"] == pytest.approx(float(final_x[1].mean()), rel=1e-6)
+    res = json.loads((tmp_path / "r" / "results.json").read_text())
+    assert res["last"] == 18 and res["complete"] is True
+    lines = (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x) for x in lines] == out.rows
+
+
+def test_resume_after_a_stop_reproduces_the_uninterrupted_run(tmp_path):
+    """Stop after 2 of 6 chunks (as a kill would, between evaluations), then
+    resume: the rows and the final state equal one uninterrupted run's.
+    Fails if restore starts from the wrong chunk, or rows past the last
+    checkpoint are kept twice."""
+    full = engine.run(make_program(), progress=False)
+    rd = engine.open_run(tmp_path / "r", {"toy": 1}, step_key="update")
+    part = engine.run(make_program(), rundir=rd, progress=False, stop_after_chunks=3)
+    assert part.summary["complete"] is False and [r["update"] for r in part.rows] == [6, 6]
+    rd = engine.open_run(tmp_path / "r", {"toy": 1}, step_key="update", resume=True)
+    assert rd.latest == 6
+    rest = engine.run(make_program(), rundir=rd, progress=False)
+    assert rest.rows == full.rows
+    np.testing.assert_array_equal(np.asarray(rest.state.x), np.asarray(full.state.x))
+
+
+def test_the_guard_stops_before_the_chunk_is_written(tmp_path):
+    """A NaN in chunk 3 (0-based): the error names the update and the last
+    good checkpoint (update 6 is the newest: chunk 3 is not an evaluation
+    chunk), and nothing of chunks 2-3 is written. Fails if the guard runs
+    after the rows or the checkpoint."""
+    rd = engine.open_run(tmp_path / "r", {"toy": 1}, step_key="update")
+    with pytest.raises(guard.NonFiniteError, match=r"update 10.*update 6\) is kept in"):
+        engine.run(make_program(nan_at=3), rundir=rd, progress=False)
+    rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert {r["update"] for r in rows} == {6}
+    assert rd.checkpointer.latest_step() == 6
+
+
+def test_initial_row_loggers_and_no_results_without_summarize(tmp_path):
+    """``eval_at_start`` writes a row at step 0 with ``initial_metrics``;
+    every row reaches each logger once; a program without ``summarize``
+    leaves ``results.json`` to its caller. Fails if row 0 is skipped or a
+    logger misses the last rows."""
+    seen = []
+
+    class Log:
+        def __init__(self, names, step_key, resume_from):
+            assert names == ["a", "b"] and step_key == "update" and resume_from is None
+
+        def write(self, rows):
+            seen.extend(rows)
+
+        def close(self):
+            seen.append("closed")
+
+    prog = make_program(eval_at_start=True, initial_metrics=lambda s: {"loss": np.ones(2)})
+    prog.summarize = None
+    rd = engine.open_run(tmp_path / "r", {"toy": 1}, step_key="update")
+    out = engine.run(prog, rundir=rd, progress=False, loggers=[Log], log_names=["a", "b"])
+    assert [r["update"] for r in out.rows] == [0, 0, 6, 6, 12, 12, 18, 18]
+    assert out.rows[0]["loss"] == 1.0
+    assert seen[:-1] == out.rows and seen[-1] == "closed"
+    assert not (tmp_path / "r" / "results.json").exists()
+
+
+def test_a_program_refuses_an_eval_cadence_that_does_not_divide_the_run():
+    with pytest.raises(ValueError, match="eval_every must divide the run's 6 chunks, got 4"):
+        make_program(eval_every=4)
+
+
+def test_summarize_step_groups_in_run_order_and_formats():
+    """Groups by label in the given order with mean and population std over
+    their runs. Fails if the std is the sample std (ddof=1) or the groups
+    come out in another order than the runs'."""
+    rows = [dict(update=u, run=i, g=("b" if i < 2 else "a"), eval_return=float(i + u),
+                 eval_win_rate=0.5, labels=10.0 * i)
+            for u in (1, 2) for i in range(4)]
+    step, groups = summarize_step(rows, "update", group=lambda r: r["g"], group_name="grid",
+                                  order=["b", "a"], means=("labels",))
+    assert step == 2 and [g["grid"] for g in groups] == ["b", "a"]
+    assert groups[0]["return_mean"] == 2.5 and groups[0]["return_std"] == 0.5
+    assert groups[1]["labels_mean"] == 25.0 and groups[1]["returns"] == [4.0, 5.0]
+    table = format_table(groups, [("grid", "grid", 6), ("seeds", "seeds", 6),
+                                  ("return", "return", 18)])
+    assert table.splitlines()[1].split() == ["b", "2", "2.500", "±", "0.500"]
