@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from jaxil.cli.args import discount, nonneg_float, nonneg_int, positive_float, positive_int
+from jaxil.cli.args import add_hidden, add_progress, add_run_dir, add_seeds, discount, nonneg_float, nonneg_int, positive_float, positive_int
 
 
 def _load_demos(args, spec) -> Any:
@@ -162,8 +162,7 @@ def _add_arguments(p: argparse.ArgumentParser, method: str) -> None:
                        help="a `jaxil irl reward-model` run directory (the fixed reward)")
         p.add_argument("--reward-seed", type=nonneg_int, default=0,
                        help="which of its seeds' reward model to use")
-    p.add_argument("--seeds", type=positive_int, default=1)
-    p.add_argument("--seed", type=nonneg_int, default=0, help="base seed")
+    add_seeds(p)
     g = p.add_argument_group("PPO (the teacher trainer)")
     g.add_argument("--algo", choices=("mappo", "ippo"), default="mappo")
     g.add_argument("--total-timesteps", type=positive_int, default=1_000_000,
@@ -179,8 +178,7 @@ def _add_arguments(p: argparse.ArgumentParser, method: str) -> None:
     g.add_argument("--ent-coef", type=nonneg_float, default=0.01,
                    help="entropy bonus (a stabiliser)")
     g.add_argument("--reward-scale", type=positive_float, default=1.0)
-    g.add_argument("--hidden", type=positive_int, nargs="+", default=[64, 64],
-                   help="actor and critic widths")
+    add_hidden(g, (64, 64), help="actor and critic widths")
     s = p.add_argument_group("π_SFT and the KL penalty")
     s.add_argument("--sft-updates", type=nonneg_int, default=1000,
                    help="BC steps on the demonstrations before PPO (0: none)")
@@ -211,37 +209,30 @@ def _add_arguments(p: argparse.ArgumentParser, method: str) -> None:
     e.add_argument("--eval-episodes", type=positive_int, default=64)
     e.add_argument("--eval-every", type=positive_int, default=1, help="chunks between evaluations")
     e.add_argument("--deterministic-eval", action="store_true")
-    e.add_argument("--out", default=None, help="run directory")
-    x = e.add_mutually_exclusive_group()
-    x.add_argument("--resume", action="store_true",
-                   help="continue the run in --out (refused if any setting differs)")
-    x.add_argument("--overwrite", action="store_true",
-                   help="delete the run in --out and start afresh")
+    add_run_dir(e)
     e.add_argument("--stop-after-chunks", type=positive_int, default=None,
                    help=argparse.SUPPRESS)  # tests and time-boxed runs
-    e.add_argument("--no-progress", action="store_true")
+    add_progress(e)
     p.set_defaults(func=_run, method=method)
 
 
-def _irl_subparsers(sub) -> Any:
-    """The ``jaxil irl`` group's subparsers (jaxil.cli.irl creates the group
-    with ``irl reward-model`` and ``irl bon``; created here if it is absent)."""
-    parser = sub.choices.get("irl")
-    if parser is None:
-        parser = sub.add_parser("irl", help="rewards learned from demonstrations")
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action
-    return parser.add_subparsers(dest="irl_command", metavar="IRL_COMMAND")
+_HELP = {"gail": "multi-agent GAIL (team or per-agent discriminator) on PPO",
+         "airl": "multi-agent AIRL (g(s,a) + γh(s') − h(s)) on PPO",
+         "ppo": "PPO against a learned reward model (optional KL penalty to π_SFT)"}
 
 
-def register(sub) -> None:
-    for method, text in (("gail", "multi-agent GAIL (team or per-agent discriminator) on PPO"),
-                         ("airl", "multi-agent AIRL (g(s,a) + γh(s') − h(s)) on PPO")):
-        p = sub.add_parser(method, help=text, description=__doc__,
+def add_commands(irl_sub) -> None:
+    """``jaxil irl ppo``, ``jaxil irl gail`` and ``jaxil irl airl`` on the
+    ``jaxil irl`` group's subparsers."""
+    for method in ("ppo", "gail", "airl"):
+        p = irl_sub.add_parser(method, help=_HELP[method], description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+        _add_arguments(p, method)
+
+
+def add_aliases(sub) -> None:
+    """The earlier top-level spellings ``jaxil gail`` and ``jaxil airl``."""
+    for method in ("gail", "airl"):
+        p = sub.add_parser(method, help=f"alias of `jaxil irl {method}`", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         _add_arguments(p, method)
-    p = _irl_subparsers(sub).add_parser(
-        "ppo", help="PPO against a learned reward model (optional KL penalty to π_SFT)",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    _add_arguments(p, "ppo")

@@ -1,8 +1,11 @@
-"""Range-checked argument types for the ``jaxil`` command line.
+"""Range-checked argument types and the shared flag groups of the ``jaxil`` command line.
 
 ``type=positive_int`` and friends make argparse refuse a bad value at parse
 time with the allowed range in its one-line message (exit status 2), before
-any data is loaded or built.
+any data is loaded or built. The flags that several commands share
+(``--out``/``--resume``/``--overwrite``, ``--seeds``/``--seed``,
+``--hidden``, ``--no-progress``) are declared once here, so they read and
+check alike everywhere.
 """
 
 from __future__ import annotations
@@ -38,3 +41,33 @@ positive_float = _number(float, 0.0, math.inf, True, False)
 nonneg_float = _number(float, 0.0, math.inf, False, False)
 probability = _number(float, 0.0, 1.0, False, False)
 discount = _number(float, 0.0, 1.0, False, True)
+
+
+def add_run_dir(p, out_help: str = "run directory (metrics, checkpoints)",
+                required: bool = False) -> None:
+    """``--out`` and the exclusive ``--resume`` / ``--overwrite`` of a run
+    directory (:mod:`jaxil.runs.rundir`)."""
+    p.add_argument("--out", default=None, required=required, help=out_help)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--resume", action="store_true",
+                   help="continue the run in --out (refused if any setting differs)")
+    g.add_argument("--overwrite", action="store_true",
+                   help="delete the run in --out and start afresh")
+
+
+def add_seeds(p, default: int = 1) -> None:
+    """``--seeds`` (runs vmapped in one program) and ``--seed`` (the base seed)."""
+    p.add_argument("--seeds", type=positive_int, default=default,
+                   help=f"seeds trained together in one program (default: {default})")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="base seed")
+
+
+def add_hidden(p, default, flag: str = "--hidden", help: str = "hidden layer widths") -> None:
+    """A network's hidden layer widths (``--hidden 256 256``)."""
+    p.add_argument(flag, type=positive_int, nargs="+", default=list(default),
+                   help=f"{help} (default: {' '.join(map(str, default))})")
+
+
+def add_progress(p) -> None:
+    """``--no-progress``: no progress bar."""
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")

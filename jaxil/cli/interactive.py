@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from jaxil.cli.args import nonneg_int, positive_float, positive_int, probability
+from jaxil.cli.args import add_hidden, add_progress, add_run_dir, add_seeds, nonneg_int, positive_float, positive_int, probability
 from jaxil.algorithms.interactive.config import METHODS, InteractiveConfig, regime
 from jaxil.algorithms.interactive.labels import VERIFIERS
 from jaxil.algorithms.interactive.schedule import BETA_SCHEDULES, SWITCHES
@@ -96,8 +96,7 @@ def register(sub) -> None:
     p.add_argument("--expert", default="zoo", help="zoo | scripted | a teacher run directory")
     p.add_argument("--budget", type=positive_int, required=True,
                    help="total expert labels (agent-steps), demonstrations included")
-    p.add_argument("--seeds", type=positive_int, default=1)
-    p.add_argument("--seed", type=nonneg_int, default=0, help="base seed")
+    add_seeds(p)
     p.add_argument("--name", default=None, help="regime label in metrics (default METHOD@BUDGET)")
     d = InteractiveConfig()
     p.add_argument("--rounds", type=positive_int, default=d.rounds)
@@ -106,7 +105,7 @@ def register(sub) -> None:
     p.add_argument("--sft-labels", type=positive_int, default=d.sft_labels)
     p.add_argument("--sft-updates", type=positive_int, default=d.sft_updates)
     p.add_argument("--capacity", type=positive_int, default=d.capacity, help="buffer steps (ring)")
-    p.add_argument("--hidden", type=positive_int, nargs="+", default=list(d.hidden))
+    add_hidden(p, d.hidden)
     p.add_argument("--batch-size", type=positive_int, default=d.batch_size)
     p.add_argument("--lr", type=positive_float, default=None)
     p.add_argument("--eval-episodes", type=positive_int, default=d.eval_episodes)
@@ -131,14 +130,9 @@ def register(sub) -> None:
     k.add_argument("--demo-labels", type=nonneg_int, default=None,
                    help="labels of the budget spent on demonstrations")
     k.add_argument("--scratch", action="store_true", help="retrain from scratch every round")
-    p.add_argument("--out", default=None, help="run directory")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--resume", action="store_true",
-                   help="continue the run in --out (refused if any setting differs)")
-    g.add_argument("--overwrite", action="store_true",
-                   help="delete the run in --out and start afresh")
+    add_run_dir(p)
     p.add_argument("--tensorboard", default=None, metavar="DIR",
                    help="also write the metrics as TensorBoard scalars under DIR")
-    p.add_argument("--no-progress", action="store_true")
+    add_progress(p)
     p.add_argument("--no-diagnostics", action="store_true", help="skip the covariate-shift report")
     p.set_defaults(func=_run)

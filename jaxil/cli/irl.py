@@ -27,11 +27,13 @@ reward-model directory).
 
 from __future__ import annotations
 
+from jaxil.cli import adversarial
+
 import argparse
 import json
 from pathlib import Path
 
-from jaxil.cli.args import nonneg_float, nonneg_int, positive_float, positive_int, probability
+from jaxil.cli.args import add_hidden, add_progress, add_run_dir, add_seeds, nonneg_float, nonneg_int, positive_float, positive_int, probability
 
 SOURCES = ("init-sft", "init-demo", "sft-demo")
 MIXING = ("hyper", "sum", "none")
@@ -215,7 +217,8 @@ def _bon(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("irl", help="reward models from demonstrations: reward-model, bon",
+    p = sub.add_parser("irl", help="rewards learned from demonstrations: reward-model, bon, "
+                       "ppo, gail, airl",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     isub = p.add_subparsers(dest="irl_command", metavar="IRL_COMMAND", required=True)
 
@@ -226,8 +229,7 @@ def register(sub) -> None:
     r.add_argument("--source", choices=SOURCES, default="init-sft")
     r.add_argument("--mixing", choices=MIXING, default="hyper",
                    help="hyper: team reward (hypernetwork mixer); sum; none: per agent")
-    r.add_argument("--seeds", type=positive_int, default=1)
-    r.add_argument("--seed", type=nonneg_int, default=0, help="base seed")
+    add_seeds(r)
     r.add_argument("--updates", type=positive_int, default=1000)
     r.add_argument("--eval-every", type=positive_int, default=250)
     r.add_argument("--eval-episodes", type=positive_int, default=64,
@@ -236,19 +238,14 @@ def register(sub) -> None:
     r.add_argument("--gp-coef", type=nonneg_float, default=0.1, help="0: no gradient penalty")
     r.add_argument("--gamma", type=probability, default=1.0,
                    help="discount of trajectory scores (1: the plain sum, as r_c)")
-    r.add_argument("--hidden", type=positive_int, nargs="+", default=[64, 64])
+    add_hidden(r, (64, 64), help="reward-model widths")
     r.add_argument("--batch-size", type=positive_int, default=256)
     r.add_argument("--sft-hidden", type=positive_int, nargs="+", default=[128, 128])
     r.add_argument("--sft-updates", type=positive_int, default=2000)
     r.add_argument("--rollouts", type=positive_int, default=128,
                    help="episodes of π_0 and π_SFT per seed")
-    r.add_argument("--out", required=True, help="run directory")
-    g = r.add_mutually_exclusive_group()
-    g.add_argument("--resume", action="store_true",
-                   help="continue the run in --out (refused if any setting differs)")
-    g.add_argument("--overwrite", action="store_true",
-                   help="delete the run in --out and start afresh")
-    r.add_argument("--no-progress", action="store_true")
+    add_run_dir(r, required=True)
+    add_progress(r)
     r.set_defaults(func=_reward_model)
 
     b = isub.add_parser("bon", help="best-of-N with a trained reward model")
@@ -259,3 +256,5 @@ def register(sub) -> None:
     b.add_argument("--seed", type=nonneg_int, default=123)
     b.add_argument("--out", default=None, help="result file (default <reward>/bon.json)")
     b.set_defaults(func=_bon)
+    adversarial.add_commands(isub)
+    adversarial.add_aliases(sub)

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 import numpy as np
-from jaxil.cli.args import nonneg_int, positive_float, positive_int, probability
+from jaxil.cli.args import add_hidden, add_progress, nonneg_int, positive_float, positive_int, probability
 from jaxil.data.format import Dataset
 from jaxil.runs.io_atomic import atomic_write_text, check_file_writable
 from jaxil.algorithms.labelling.label import (
@@ -52,10 +52,10 @@ def _phase1_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top-frac", type=_fraction, default=None, help="... or this fraction, in (0, 1]")
     p.add_argument("--label-updates", type=positive_int, default=1000, help="O-MAPL updates")
     p.add_argument("--label-seeds", type=positive_int, default=3, help="O-MAPL seeds (ensembled)")
-    p.add_argument("--label-hidden", type=positive_int, nargs="+", default=[64, 64])
+    add_hidden(p, (64, 64), flag="--label-hidden", help="O-MAPL widths")
     p.add_argument("--pairs-per-batch", type=positive_int, default=8, help="O-MAPL batch (pairs)")
     p.add_argument("--seed", type=nonneg_int, default=0)
-    p.add_argument("--no-progress", action="store_true")
+    add_progress(p)
 
 
 def _check_phase1_args(args) -> Optional[Callable[[str], str]]:
@@ -202,11 +202,12 @@ def register(sub) -> None:
                    help="dataset recipe for the env (built under runs/data/ if missing)")
     q.add_argument("--dataset", default=None, help="a dataset file instead of the recipe")
     q.add_argument("--algo", default="misodice")
-    q.add_argument("--seeds", type=positive_int, default=4)
+    q.add_argument("--seeds", type=positive_int, default=4,
+                   help="seeds trained together in one program (default: 4)")
     q.add_argument("--updates", type=positive_int, default=2000)
     q.add_argument("--evals", type=positive_int, default=4)
     q.add_argument("--eval-episodes", type=positive_int, default=32)
-    q.add_argument("--hidden", type=positive_int, nargs="+", default=[128, 128])
+    add_hidden(q, (128, 128))
     q.add_argument("--batch-size", type=positive_int, default=256)
     q.add_argument("--no-compare", dest="compare", action="store_false",
                    help="skip the ground-truth-label and no-Phase-1 runs")

@@ -20,8 +20,7 @@ _MODULES = (
     "jaxil.cli.interactive",  # interactive
     "jaxil.cli.plot",  # plot
     "jaxil.cli.export",  # export marl-eval
-    "jaxil.cli.irl",  # irl reward-model, irl bon
-    "jaxil.cli.adversarial",  # irl ppo, gail, airl
+    "jaxil.cli.irl",  # irl reward-model, bon, ppo, gail, airl (and the aliases gail, airl)
 )
 
 

@@ -23,7 +23,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="continue from the latest checkpoint in --out (the settings must "
                         "match the run there)")
     p.add_argument("--stop-after-chunks", type=positive_int, default=None)
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", "--quiet", dest="quiet", action="store_true",
+                   help="no progress bar")
 
 
 def _run(args: argparse.Namespace) -> int:

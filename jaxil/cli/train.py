@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from jaxil.algorithms.offline import SWEEPABLE
+
 from jaxil.collect.recipes import load_dataset
 from jaxil.data.labels import expert_labels, labels_digest
 
@@ -16,7 +18,7 @@ from jaxil import envs
 from jaxil.envs.core import EnvSpec
 from jaxil.runs.checkpoint import Checkpointer
 from jaxil.algorithms.offline import LEARNERS, LearnerData, make_learner
-from jaxil.cli.args import nonneg_int, positive_int
+from jaxil.cli.args import add_hidden, add_progress, add_run_dir, add_seeds, nonneg_int, positive_int
 from jaxil.runs.rundir import check_run_dir
 from jaxil.nn.policy import BOX_HEADS
 from jaxil.runs.precision import PRECISIONS
@@ -24,7 +26,7 @@ from jaxil.runs.precision import PRECISIONS
 
 def _parse_grid(args) -> dict[str, list[float]]:
     grid = {}
-    for name in ("alpha", "gamma", "beta", "lr", "lr_actor", "lr_critic", "lr_disc", "gp_coef"):
+    for name in SWEEPABLE:
         v = getattr(args, name, None)
         if v:
             try:
@@ -141,19 +143,13 @@ def _common(p: argparse.ArgumentParser, sweep: bool) -> None:
     p.add_argument("--data-seed", type=nonneg_int, default=0, help="seed when building a recipe")
     p.add_argument("--labels", default="ground_truth",
                    help="expert labels: ground_truth | all | none | path (.npy/.json)")
-    p.add_argument("--seeds", type=positive_int, default=1 if not sweep else 4)
-    p.add_argument("--seed", type=nonneg_int, default=0, help="base seed")
+    add_seeds(p, 1 if not sweep else 4)
     p.add_argument("--updates", type=positive_int, default=2000)
     p.add_argument("--eval-every", type=positive_int, default=500)
     p.add_argument("--eval-episodes", type=positive_int, default=32)
     p.add_argument("--batch-size", type=positive_int, default=512)
-    p.add_argument("--hidden", type=positive_int, nargs="+", default=[256, 256])
-    p.add_argument("--out", default=None, help="run directory (metrics, checkpoints)")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--resume", action="store_true",
-                   help="continue the run in --out (refused if any setting differs)")
-    g.add_argument("--overwrite", action="store_true",
-                   help="delete the run in --out and start afresh")
+    add_hidden(p, (256, 256))
+    add_run_dir(p)
     p.add_argument("--profile", default=None, help="write a jax.profiler trace here")
     p.add_argument("--tensorboard", default=None, metavar="DIR",
                    help="also write the metrics as TensorBoard scalars under DIR (one run each)")
@@ -169,10 +165,11 @@ def _common(p: argparse.ArgumentParser, sweep: bool) -> None:
     p.add_argument("--box", choices=BOX_HEADS, default=None,
                    help="the policy's head on box actions (default: censored_gaussian; "
                         "jaxil.nn.policy): censored_gaussian, tanh_gaussian or beta")
-    p.add_argument("--no-progress", action="store_true")
+    add_progress(p)
     if sweep:
-        for name in ("alpha", "gamma", "beta", "lr", "lr-actor", "lr-critic", "lr-disc", "gp-coef"):
-            p.add_argument(f"--{name}", default=None, help="comma-separated values")
+        for name in SWEEPABLE:
+            p.add_argument(f"--{name.replace('_', '-')}", default=None,
+                           help="comma-separated values")
 
 
 def register(sub) -> None:

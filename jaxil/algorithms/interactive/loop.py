@@ -1,4 +1,4 @@
-"""One interactive round as a pure function, and the driver that runs many.
+"""One interactive round as a pure function, and the program that runs many.
 
 A round, for every run (regime × seed) at once (``vmap``), in ONE compiled
 program::
@@ -11,7 +11,8 @@ program::
 
 The student is a BC learner (:func:`jaxil.algorithms.offline.make_bc`), first trained
 on the SFT demonstration set; every run of a seed starts from the same SFT
-weights. The driver (:func:`run`) evaluates every ``eval_every`` rounds on
+weights. :func:`run` hands the rounds to the run engine
+(:mod:`jaxil.runs.engine`), which evaluates every ``eval_every`` rounds on
 fixed start states, writes ``metrics.jsonl`` and an orbax checkpoint, and
 ``resume=True`` continues a killed run and reproduces the uninterrupted one
 (all randomness is in the state or derived from the round index).
@@ -211,7 +212,7 @@ def demo_steps_for(labels: int, cum_labels: np.ndarray, lengths_cum: np.ndarray)
     return int(lengths_cum[k - 1]) if k else 0
 
 
-# ----------------------------------------------------------------------------- driver
+# ----------------------------------------------------------------------------- the program
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,7 +34,8 @@ discriminator, DemoDICE's two-sided form), PPO's ``ent_coef`` (entropy bonus),
 penalty towards π_SFT), and ``sft_updates`` (the policy starts as π_SFT, BC on
 the demonstrations, and π_SFT is the KL reference).
 
-The driver :func:`train_adversarial` runs chunks with a progress bar, writes
+:func:`train_adversarial` hands the chunks to the run engine
+(:mod:`jaxil.runs.engine`), which shows a progress bar, writes
 a run directory (:mod:`jaxil.runs.rundir`: ``run.json``, ``metrics.jsonl`` with
 one row per evaluation and seed, orbax checkpoints of the whole stacked
 state, ``results.json``), stops on a non-finite loss (:mod:`jaxil.runs.guard`) and
@@ -420,7 +421,7 @@ class Adversarial:
 
 
 # --------------------------------------------------------------------------
-# The program: init and chunk for one run (vmapped by the driver)
+# The program: init and chunk for one run (vmapped for the engine)
 # --------------------------------------------------------------------------
 class Program:
     """The PPO program with the adversarial hook, for one (env, configs)."""
@@ -469,7 +470,7 @@ def _compiled(env, ppo_config: PPOConfig, config: AdversarialConfig, compiler_it
 
 
 # --------------------------------------------------------------------------
-# The driver
+# Training: the program handed to the run engine
 # --------------------------------------------------------------------------
 def train_adversarial(
     env: MultiAgentEnv,

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxil.runs import guard
+from jaxil.runs import engine
 from jaxil.data.format import Dataset, canonical_json
 from jaxil.algorithms.offline import OMAPLConfig, PreferenceData, make_learner
 from jaxil.algorithms.offline.omapl import learned_returns
@@ -87,26 +87,26 @@ def fit_preferences(
         lay = RunsLayout(make_mesh(1, batch_devices), len(runs))
         states, data = lay.place(states), lay.replicate(data)
     step = chunk_fn(learner, chunk, lay.mesh) if lay else chunk_fn(learner, chunk)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
 
-        bar = tqdm(total=updates, unit="upd", desc=f"O-MAPL ×{seeds} ({data.num_pairs} pairs)")
-    history = []
+    def postfix(v):
+        return dict(acc=f"{v['pair_accuracy'].mean():.2f}",
+                    pref=f"{v['preference_loss'].mean():.3f}")
+
+    program = engine.Program(
+        name="O-MAPL (Phase 1 labelling)", step_key="update", num_chunks=updates // chunk,
+        steps_per_chunk=chunk, step_unit=chunk,
+        run_ids=[dict(run=r.index, seed=r.seed) for r in runs],
+        run_labels=[f"seed {r.seed}" for r in runs], init=lambda: states,
+        chunk=lambda s, c: step(s, data), evaluate=lambda s, c: {}, postfix=postfix,
+        fetch=lay.gather if lay else jax.device_get)
     t0 = time.perf_counter()
-    labels = [f"seed {r.seed}" for r in runs]
-    for c in range(updates // chunk):
-        states, metrics, health = step(states, data)
-        guard.check(jax.device_get(health), learner="O-MAPL (Phase 1 labelling)",
-                    run_labels=labels, first_step=c * chunk + 1, chunk_len=chunk,
-                    kept="no labels were written")
-        m = {k: float(np.mean(v)) for k, v in jax.tree.map(np.asarray, metrics).items()}
-        history.append(dict(update=(c + 1) * chunk, **m))
-        if bar:
-            bar.update(chunk)
-            bar.set_postfix(acc=f"{m['pair_accuracy']:.2f}", pref=f"{m['preference_loss']:.3f}")
-    if bar:
-        bar.close()
+    result = engine.run(program, progress=progress)
+    states = result.state
+    history = []
+    for u in sorted({r["update"] for r in result.rows}):
+        at = [r for r in result.rows if r["update"] == u]
+        names = [k for k in at[0] if k not in ("update", "run", "seed")]
+        history.append(dict(update=u, **{k: float(np.mean([r[k] for r in at])) for k in names}))
     if lay:  # back to one device, as an unsharded fit returns it
         states = jax.tree.map(jnp.asarray, lay.gather(states))
     scores = score_trajectories(learner.config, spec, states.params, states.hparams.gamma, dataset)

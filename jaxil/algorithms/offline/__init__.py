@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from jaxil.envs.core import EnvSpec
@@ -29,6 +30,13 @@ _DICE_MIXING = {"indd": "none", "misodice_vdn": "sum", "misodice": "hyper"}
 LEARNERS = tuple(_BC_BETA) + tuple(_DICE_MIXING)
 #: Learners that train on preference queries instead of labelled transitions.
 PREFERENCE_LEARNERS = ("omapl",)
+
+
+#: The hyper-parameter classes of the learners ``make_learner`` builds.
+HPARAMS = (BCHParams, DiceHParams)
+#: Every hyper-parameter a sweep may vary (a field of some class in HPARAMS);
+#: each learner checks the names of a grid against its own class.
+SWEEPABLE = tuple(sorted({f.name for cls in HPARAMS for f in dataclasses.fields(cls)}))
 
 
 def make_learner(name: str, spec: EnvSpec, **config) -> Learner:
@@ -68,5 +76,5 @@ def _build(name: str, spec: EnvSpec, config: dict) -> Learner:
 __all__ = [
     "BCConfig", "BCHParams", "DiceConfig", "DiceHParams", "Learner", "LearnerData",
     "LearnerState", "LEARNERS", "OMAPLConfig", "OMAPLHParams", "PREFERENCE_LEARNERS",
-    "PreferenceData", "jit_update_n", "make_learner", "unalias", "update_n", "update_n_checked",
+    "PreferenceData", "HPARAMS", "SWEEPABLE", "jit_update_n", "make_learner", "unalias", "update_n", "update_n_checked",
 ]

@@ -1,14 +1,14 @@
 """Training runs: many seeds and a hyper-parameter grid in ONE compiled program.
 
-``train(...)`` vmaps a learner over R = (grid points × seeds) runs. Each
-compiled call performs ``eval_every`` fused updates for every run
-(``update_n`` inside ``vmap``), then one vmapped evaluation in the real
-environment. Python runs only between chunks: progress bar, JSONL metrics,
-an orbax checkpoint of all runs. ``resume=True`` restarts from the newest
-checkpoint and reproduces the uninterrupted run exactly (every random key is
-carried in the state or derived from the chunk index); it refuses settings
-that differ from the recorded run (:mod:`jaxil.runs.rundir`). A non-finite loss or
-parameter stops the run before its chunk is written (:mod:`jaxil.runs.guard`).
+The offline learners' program (:func:`offline_program`) vmaps a learner over
+R = (grid points × seeds) runs. Each compiled call performs ``eval_every``
+fused updates for every run (``update_n`` inside ``vmap``), then one vmapped
+evaluation in the real environment. :func:`train` hands it to the run engine
+(:mod:`jaxil.runs.engine`), which owns what happens between chunks: progress
+bar, JSONL metrics, an orbax checkpoint of all runs, ``resume=True`` (exact:
+every random key is carried in the state or derived from the chunk index;
+settings that differ from the recorded run are refused), and the guard (a
+non-finite loss or parameter stops the run before its chunk is written).
 
 CLI: ``jaxil train``, ``jaxil sweep``, ``jaxil eval``.
 """
