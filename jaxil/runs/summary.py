@@ -1,0 +1,83 @@
+"""The results table of every program: evaluation rows grouped and summarised.
+
+A program's metrics rows (``metrics.jsonl``, one per evaluation and run)
+carry a step field (``update``, ``round`` or ``chunk``), the run's ids and
+``eval_return`` / ``eval_win_rate``. :func:`summarize_step` groups the rows
+of one step (the last by default) by a key (the grid point, the regime, or
+nothing) and gives each group's mean ± population std over its runs;
+:func:`format_table` prints such groups as a fixed-width table. Both serve
+``jaxil train``/``sweep``, ``jaxil interactive`` and the adversarial
+programs, so their ``results.json`` and tables read alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+
+def summarize_step(rows: Sequence[dict], step_key: str, *, group: Callable[[dict], str],
+                   group_name: str, order: Sequence[str] = (),
+                   means: Sequence[str] = (), step: Optional[int] = None,
+                   pick: Callable = max) -> tuple[Optional[int], list[dict]]:
+    """``(step, groups)``: the rows at ``step`` (default: ``pick`` over the
+    rows' steps, i.e. the last) grouped by ``group(row)``; each group is
+    ``{group_name: label, seeds, return_mean, return_std, win_mean, win_std,
+    <m>_mean for m in means, returns}``. Groups come in ``order`` (labels
+    not seen there follow in row order). No rows: ``(None, [])``."""
+    if not rows:
+        return None, []
+    if step is None:
+        step = pick(r[step_key] for r in rows)
+    at = [r for r in rows if r[step_key] == step]
+    by: dict[str, list[dict]] = {label: [] for label in order}
+    for r in sorted(at, key=lambda r: r.get("run", 0)):
+        by.setdefault(group(r), []).append(r)
+    table = []
+    for label, rs in by.items():
+        if not rs:
+            continue
+        ret = np.array([x["eval_return"] for x in rs], np.float64)
+        win = np.array([x["eval_win_rate"] for x in rs], np.float64)
+        entry = {group_name: label, "seeds": len(rs), "return_mean": float(ret.mean()),
+                 "return_std": float(ret.std()), "win_mean": float(win.mean()),
+                 "win_std": float(win.std())}
+        for m in means:
+            entry[f"{m}_mean"] = float(np.mean([x[m] for x in rs]))
+        entry["returns"] = ret.tolist()
+        table.append(entry)
+    return step, table
+
+
+def format_table(groups: Sequence[dict], columns: Sequence[tuple[str, str, int]]) -> str:
+    """A fixed-width table of :func:`summarize_step`'s groups.
+
+    ``columns``: ``(header, field, width)``; a field ``"return"`` or ``"win"``
+    prints ``mean ± std``; a string field is left-aligned, a number printed
+    with 0 decimals if its header is ``labels``, else 3.
+    """
+    def cell(g: dict, field: str, width: int) -> str:
+        if field in ("return", "win"):
+            return f"{g[field + '_mean']:>{width - 8}.3f} ± {g[field + '_std']:<5.3f}"
+        v = g[field]
+        if isinstance(v, str):
+            return f"{v:<{width}}"
+        if isinstance(v, int):
+            return f"{v:>{width}}"
+        return f"{v:>{width}.0f}" if field.startswith("labels") else f"{v:>{width}.3f}"
+
+    head = "".join(f"{h:<{w}}" if i == 0 or (groups and isinstance(groups[0].get(f), str))
+                   else f"{h:>{w}}" for i, (h, f, w) in enumerate(columns))
+    return "\n".join([head] + ["".join(cell(g, f, w) for _, f, w in columns) for g in groups])
+
+
+def returns_summary(rows: Sequence[dict], step_key: str, step: Any) -> dict:
+    """One evaluation over all runs: ``{step_key: step, return_mean,
+    return_std, returns, win_rate_mean}`` (the adversarial programs'
+    ``initial`` and ``final`` entries)."""
+    sel = [r for r in rows if r[step_key] == step]
+    ret = np.array([r["eval_return"] for r in sel], np.float64)
+    return {step_key: step, "return_mean": float(ret.mean()), "return_std": float(ret.std()),
+            "returns": ret.tolist(),
+            "win_rate_mean": float(np.mean([r["eval_win_rate"] for r in sel]))}
