@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from jaxil.envs.core import ContinuousActions, DiscreteActions, EnvSpec
-from jaxil.envs.rollout import Episodes
 from jaxil.data import (
     Dataset,
     DatasetError,
@@ -21,51 +20,10 @@ from jaxil.data import (
 )
 from jaxil.data import format as fmt
 
-SPEC = EnvSpec("test:disc", num_agents=2, obs_dim=3, state_dim=4,
-               action=DiscreteActions(num_actions=4, noop_action=0), max_steps=6, has_win=True)
+from helpers_data import FORMAT_SPEC as SPEC, make_dataset, make_episodes
+
 CSPEC = EnvSpec("test:cont", num_agents=2, obs_dim=3, state_dim=4,
                 action=ContinuousActions(dim=2, low=-1.0, high=1.0), max_steps=6)
-
-
-def make_episodes(spec: EnvSpec, num: int, seed: int = 0, T: int | None = None) -> Episodes:
-    """Random episodes that follow run_episodes' conventions (zero padding,
-    legal actions, one end flag or none when cut at T)."""
-    rng = np.random.default_rng(seed)
-    n, T = spec.num_agents, T or spec.max_steps
-    length = rng.integers(1, T + 1, num).astype(np.int32)
-    length[0] = T  # at least one trajectory fills the time axis
-    steps = np.arange(T)[None] < length[:, None]
-    entries = np.arange(T + 1)[None] <= length[:, None]
-    obs = rng.normal(size=(num, T + 1, n, spec.obs_dim)).astype(np.float32) * entries[..., None, None]
-    state = rng.normal(size=(num, T + 1, spec.state_dim)).astype(np.float32) * entries[..., None]
-    if spec.discrete:
-        avail = rng.random((num, T + 1, n, spec.num_actions)) < 0.6
-        avail[..., 0] = True
-        avail &= entries[..., None, None]
-        logits = np.where(avail[:, :T], rng.random(avail[:, :T].shape), -1.0)
-        actions = logits.argmax(-1).astype(np.int32) * steps[..., None]
-    else:
-        avail = np.zeros((num, T + 1, n, 0), bool)
-        actions = rng.uniform(-1, 1, (num, T, n, spec.action.dim)).astype(np.float32)
-        actions *= steps[..., None, None]
-    reward = rng.normal(size=(num, T)).astype(np.float32) * steps
-    last = np.arange(T)[None] == (length[:, None] - 1)
-    kind = np.arange(num) % 3  # 0 terminal, 1 truncated, 2 cut by the horizon
-    done = last & (kind == 0)[:, None]
-    truncated = last & (kind == 1)[:, None]
-    ret = np.zeros(num, np.float32)
-    for t in range(T):  # float32 accumulation, like the environment
-        ret = (ret + reward[:, t]).astype(np.float32)
-    return Episodes(obs=obs, global_state=state, avail_actions=avail, actions=actions,
-                    reward=reward, done=done, truncated=truncated, mask=steps,
-                    episode_return=ret, length=length, won=done.any(1) & (rng.random(num) < 0.5))
-
-
-def make_dataset(spec: EnvSpec = SPEC, num: int = 7, seed: int = 0, tier: str = "poor",
-                 source: str = "random", expert: bool = False) -> Dataset:
-    return Dataset.from_episodes(make_episodes(spec, num, seed), spec, tier=tier, source=source,
-                                 seed=seed, expert=expert, recipe="unit",
-                                 creation_args={"num": num, "seed": seed})
 
 
 def assert_same(a: Dataset, b: Dataset) -> None:

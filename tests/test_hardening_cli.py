@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from fast_compile import FAST_COMPILE
-from test_omapl import _dataset
+from helpers_data import omapl_dataset
 
 from jaxil import envs
 from jaxil.envs.core import DiscreteActions, EnvSpec, MultiAgentEnv, Step
@@ -360,7 +360,7 @@ def test_a_read_only_cache_is_refused_before_the_first_query(tmp_path, no_load, 
     assert msg.startswith(f"jaxil label: error: answer cache {cache} is not writable"), msg
     assert "--cache" in msg
 
-    ds = _dataset(0, 4, 4)
+    ds = omapl_dataset(0, 4, 4)
     pairs = sample_query_pairs(ds, 6, None, seed=0)
     with pytest.raises(PermissionError, match="answer cache .* is not writable"):
         ExternalOracle(judge, cache_path=cache, progress=False)(ds, pairs)

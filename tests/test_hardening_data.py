@@ -18,7 +18,7 @@ from jaxil.runs import io_atomic
 from jaxil.data import DatasetError, load, save
 from jaxil.data import format as fmt
 from jaxil.data.validate import METADATA_KEYS
-from test_data_format import SPEC, make_dataset
+from helpers_data import FORMAT_SPEC as SPEC, make_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -2,9 +2,10 @@
 
 Each test names the mutation of the learner it kills; each was checked by
 applying the mutation to a copy of the code and watching the test fail.
-The data are real trajectories (``Dataset`` → ``flatten_transitions``) of
-unequal lengths, half ending terminal, so ``done`` and ``init_obs`` carry
-information that a wrong mask or a wrong s0 source loses.
+The data (``fidelity_dataset`` in helpers_data.py) are real trajectories
+(``Dataset`` → ``flatten_transitions``) of unequal lengths, half ending
+terminal, so ``done`` and ``init_obs`` carry information that a wrong mask
+or a wrong s0 source loses.
 """
 
 import jax
@@ -12,49 +13,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxil.envs.core import DiscreteActions, EnvSpec
-from jaxil.envs.rollout import Episodes
 from jaxil import losses as L
-from jaxil.data import Dataset
-from jaxil.algorithms.offline import DiceConfig, LearnerData, make_learner
+from jaxil.algorithms.offline import DiceConfig, make_learner
 from jaxil.algorithms.offline.base import check_hparams
 from jaxil.algorithms.offline.dice import _Mixed
 from jaxil.nn.policy import PolicyNet, encode_actions
 
 from fast_compile import fast_call, fast_compile
-
-N, O, S, A, T = 3, 4, 6, 4, 12
-SPEC = EnvSpec("synthetic:fidelity", num_agents=N, obs_dim=O, state_dim=S,
-               action=DiscreteActions(A, noop_action=0), max_steps=T)
-
-
-def _dataset(seed=0, num=24) -> Dataset:
-    """``num`` trajectories: every third one T steps long, the others 1–3, so
-    a transition-uniform draw of s0 favours the long ones about 5:1. Expert
-    trajectories (every fourth) act a_i = argmax(o_i), the rest uniformly;
-    even trajectories end terminal (``done``), odd ones truncated."""
-    rng = np.random.default_rng(seed)
-    length = np.where(np.arange(num) % 3 == 0, T, rng.integers(1, 4, num)).astype(np.int32)
-    steps = np.arange(T)[None] < length[:, None]
-    entries = np.arange(T + 1)[None] <= length[:, None]
-    obs = rng.normal(size=(num, T + 1, N, O)).astype(np.float32) * entries[..., None, None]
-    state = rng.normal(size=(num, T + 1, S)).astype(np.float32) * entries[..., None]
-    expert = np.arange(num) % 4 == 0
-    good = obs[:, :T].argmax(-1)
-    actions = np.where(expert[:, None, None], good, rng.integers(0, A, (num, T, N)))
-    actions = (actions * steps[..., None]).astype(np.int32)
-    avail = np.ones((num, T + 1, N, A), bool) & entries[..., None, None]
-    reward = np.zeros((num, T), np.float32)
-    last = np.arange(T)[None] == (length[:, None] - 1)
-    done = last & (np.arange(num) % 2 == 0)[:, None]
-    ep = Episodes(obs=obs, global_state=state, avail_actions=avail, actions=actions, reward=reward,
-                  done=done, truncated=last & ~done, mask=steps, episode_return=reward.sum(1),
-                  length=length, won=done.any(1))
-    return Dataset.from_episodes(ep, SPEC, tier="mixed", source="synthetic", seed=seed, expert=expert)
-
-
-DS = _dataset()
-DATA = LearnerData.from_dataset(DS, DS.expert)
+from helpers_data import FIDELITY_DATA as DATA, FIDELITY_DS as DS, FIDELITY_N as N
+from helpers_data import FIDELITY_SPEC as SPEC, FIDELITY_T as T
 
 
 # ----------------------------------------------------------------------------- s0 source

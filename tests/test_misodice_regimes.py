@@ -24,7 +24,7 @@ from jaxil.runs.result_cache import ResultCache  # noqa: E402
 from jaxil.algorithms.offline import make_learner  # noqa: E402
 
 from fast_compile import fast_call  # noqa: E402
-from test_misodice_fidelity import DATA, SPEC  # noqa: E402
+from helpers_data import FIDELITY_DATA as DATA, FIDELITY_SPEC as SPEC  # noqa: E402
 
 GROUPS = dict(expert=list(range(100, 300)), noisy=list(range(300, 1300)),
               teacher=list(range(1300, 2300)), random=list(range(2300, 3300)))

@@ -8,64 +8,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxil.envs.core import ContinuousActions, DiscreteActions, EnvSpec
-from jaxil.envs.rollout import Episodes
-from jaxil.data import Dataset, concatenate
 from jaxil.algorithms.offline import OMAPLConfig, PreferenceData, make_learner, update_n
 from jaxil.algorithms.offline.omapl import _Nets
 from jaxil.algorithms.labelling.label import fit_preferences, label_metrics, top_labels
 from jaxil.data.preferences import pair_segments, sample_query_pairs, segment_returns
 
 from fast_compile import fast_call
-
-N, O, A, T = 2, 4, 3, 8
-SPEC = EnvSpec("synthetic:omapl", num_agents=N, obs_dim=O, state_dim=N * O,
-               action=DiscreteActions(A, noop_action=None), max_steps=T)
-CSPEC = EnvSpec("synthetic:omapl-c", num_agents=N, obs_dim=O, state_dim=N * O,
-                action=ContinuousActions(dim=2, low=-1.0, high=1.0), max_steps=T)
-
-
-def _episodes(rng, skill: np.ndarray, spec=SPEC) -> Episodes:
-    """Agents act a_i = argmax(o_i[:A]) with probability ``skill`` (per
-    trajectory), else uniformly; reward = fraction of agents acting right.
-    Episodes have random lengths (masking is exercised)."""
-    M = skill.shape[0]
-    obs = rng.normal(size=(M, T + 1, N, O)).astype(np.float32)
-    length = rng.integers(T // 2, T + 1, M).astype(np.int32)
-    steps = np.arange(T)[None] < length[:, None]
-    entries = np.arange(T + 1)[None] <= length[:, None]
-    obs *= entries[..., None, None]
-    good = obs[:, :T, :, :A].argmax(-1)
-    if spec.discrete:
-        rand = rng.integers(0, A, (M, T, N))
-        actions = np.where(rng.random((M, T, N)) < skill[:, None, None], good, rand).astype(np.int32)
-        reward = (actions == good).mean(-1).astype(np.float32) * steps
-        actions *= steps[..., None]
-        avail = np.ones((M, T + 1, N, A), bool) & entries[..., None, None]
-    else:
-        target = np.tanh(obs[:, :T, :, :2])
-        noise = rng.normal(size=(M, T, N, 2)) * (1.5 * (1 - skill))[:, None, None, None]
-        actions = np.clip(target + noise, -1, 1).astype(np.float32) * steps[..., None, None]
-        reward = (-np.abs(actions - target).sum((-1, -2)) / N).astype(np.float32) * steps
-        avail = np.zeros((M, T + 1, N, 0), bool)
-    last = np.arange(T)[None] == (length[:, None] - 1)
-    ret = np.zeros(M, np.float32)
-    for t in range(T):
-        ret = (ret + reward[:, t]).astype(np.float32)
-    return Episodes(obs=obs, global_state=obs.reshape(M, T + 1, N * O), avail_actions=avail,
-                    actions=actions, reward=reward, done=last, truncated=np.zeros_like(last),
-                    mask=steps, episode_return=ret, length=length, won=np.zeros(M, bool))
-
-
-def _dataset(seed=0, n_expert=30, n_poor=90, spec=SPEC) -> Dataset:
-    rng = np.random.default_rng(seed)
-    parts = [
-        Dataset.from_episodes(_episodes(rng, np.full(n_expert, 0.95), spec), spec, tier="expert",
-                              source="rule", seed=seed, expert=True),
-        Dataset.from_episodes(_episodes(rng, rng.uniform(0.0, 0.6, n_poor), spec), spec,
-                              tier="poor", source="noisy", seed=seed, expert=False),
-    ]
-    return concatenate(parts).shuffle(seed)
+from helpers_data import OMAPL_CSPEC as CSPEC, OMAPL_N as N, OMAPL_SPEC as SPEC
+from helpers_data import omapl_dataset as _dataset
 
 
 @functools.lru_cache(maxsize=None)

@@ -8,7 +8,7 @@ import types
 
 import numpy as np
 import pytest
-from test_omapl import _dataset
+from helpers_data import omapl_dataset
 
 from jaxil.cli.main import main
 from jaxil.data import load, save
@@ -20,7 +20,7 @@ FAST = ["--label-updates", "100", "--label-seeds", "1", "--label-hidden", "16",
 @pytest.fixture(scope="module")
 def ds_path(tmp_path_factory):
     p = tmp_path_factory.mktemp("phase1") / "mixed.npz"
-    save(_dataset(0), p)
+    save(omapl_dataset(0), p)
     return p
 
 
