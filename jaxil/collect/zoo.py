@@ -426,7 +426,7 @@ def no_expert_message(env_id: str) -> str:
         f"{env_id} has no expert: no trained teacher was found (looked for "
         f"{', '.join(str(r / n) for r in teacher_roots() for n in teacher_dir_names(env_id)[:1])}) "
         f"and jaxil has no scripted expert for it. Train one with `jaxil teach {env_id}` "
-        f"(or `python -m jaxil.teachers.presets --env {env_id} --out "
+        f"(or `jaxil teach --env {env_id} --out "
         f"runs/teachers/{env_id.replace(':', '_')}`) and pass its directory as teacher_dir / "
         f"--teacher."
     )

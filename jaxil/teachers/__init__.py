@@ -10,7 +10,7 @@
 - :mod:`jaxil.teachers.io`: run directories, ``load_teacher`` and the
   teachers shipped with jaxil.
 - :mod:`jaxil.teachers.presets`: per-environment presets and the command line
-  (``python -m jaxil.teachers.presets --env smax:3m --out runs/teachers/smax_3m``).
+  (``jaxil teach --env smax:3m --out runs/teachers/smax_3m``).
 """
 
 from jaxil.algorithms.rl.config import PPOConfig

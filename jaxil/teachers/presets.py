@@ -11,9 +11,9 @@ long they take.
 
 Command line::
 
-    python -m jaxil.teachers.presets --env smax:3m --out runs/teachers/smax_3m
-    python -m jaxil.teachers.presets --env smax:3m --out runs/teachers/smax_3m --resume
-    python -m jaxil.teachers.presets --env smax:2s3z --set total_timesteps=8000000 lr=0.001
+    jaxil teach --env smax:3m --out runs/teachers/smax_3m
+    jaxil teach --env smax:3m --out runs/teachers/smax_3m --resume
+    jaxil teach --env smax:2s3z --set total_timesteps=8000000 lr=0.001
 """
 
 from __future__ import annotations
