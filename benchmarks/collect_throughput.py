@@ -58,28 +58,23 @@ library versions, config, load average, rows) and prints a table.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import jax
+import numpy as np
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
+from jaxil import envs
+from jaxil.envs.policies import random_policy
+from jaxil.collect.zoo import TierPolicy, Zoo, episode_keys, noisy_params, noisy_policy
+from jaxil.nn.policy import PolicyNet
+from jaxil.runs import measure
 
-from jaxil import envs  # noqa: E402
-from benchmarks import common  # noqa: E402
-from jaxil.envs.policies import random_policy  # noqa: E402
-from jaxil.collect.zoo import TierPolicy, Zoo, episode_keys, noisy_params, noisy_policy  # noqa: E402
-from jaxil.nn.policy import PolicyNet  # noqa: E402
-
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
 DEFAULT_ENVS = ("smax:3m", "mpe:simple_spread_continuous", "jumanji:LevelBasedForaging-v0")
 DEFAULT_NUM_ENVS = (1, 64, 1024, 4096)
 POLICIES = ("neural", "random")
-#: A size is skipped when XLA's estimate of its buffers exceeds this share of the free memory.
-MEMORY_HEADROOM = 0.8
 
 
 # -- policies and the collector ---------------------------------------------------------
@@ -105,46 +100,11 @@ def make_zoo(env: envs.MultiAgentEnv, hidden: tuple[int, ...], seed: int) -> Zoo
     return Zoo(spec.env_id, {}, env, tiers)
 
 
-def free_memory_bytes() -> Optional[int]:
-    """Free memory of the default device (host ``MemAvailable`` on CPU)."""
-    dev = jax.devices()[0]
-    try:
-        stats = dev.memory_stats()
-    except Exception:  # noqa: BLE001 - not every backend has them
-        stats = None
-    if stats and "bytes_limit" in stats:
-        return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def _memory(compiled) -> dict[str, Optional[int]]:
-    try:
-        m = compiled.memory_analysis()
-    except Exception:  # noqa: BLE001
-        m = None
-    get = lambda k: int(getattr(m, k)) if m is not None and hasattr(m, k) else None  # noqa: E731
-    return {"xla_output_bytes": get("output_size_in_bytes"), "xla_temp_bytes": get("temp_size_in_bytes")}
-
-
-def _is_oom(e: BaseException) -> bool:
-    if isinstance(e, MemoryError):
-        return True
-    s = str(e).lower()
-    return any(k in s for k in ("resource_exhausted", "out of memory", "failed to allocate"))
-
-
 # -- one environment, one size ------------------------------------------------------------
 
 
-def measure(zoo: Zoo, num_envs: int, repeats: int, seed: int = 0,
-            policies: tuple[str, ...] = POLICIES) -> list[dict[str, Any]]:
+def measure_size(zoo: Zoo, num_envs: int, repeats: int, seed: int = 0,
+                 policies: tuple[str, ...] = POLICIES) -> list[dict[str, Any]]:
     """Rows (one per policy) of collecting ``num_envs`` episodes in one call."""
     spec = zoo.spec
     keys = episode_keys(np.arange(seed, seed + num_envs))
@@ -162,18 +122,16 @@ def measure(zoo: Zoo, num_envs: int, repeats: int, seed: int = 0,
     try:
         for p in policies:
             fn = zoo.collector(p, num_envs)
-            compiled, compile_s = common.compile_ahead(fn, zoo[p].params, keys)
-            mem = _memory(compiled)
+            compiled, compile_s = measure.compile_ahead(fn, zoo[p].params, keys)
+            mem = measure.xla_memory(compiled)
             rows[p].update(compile_s=compile_s, **mem)
-            need = (mem["xla_output_bytes"] or 0) + (mem["xla_temp_bytes"] or 0)
-            free = free_memory_bytes()
-            if free is not None and need > MEMORY_HEADROOM * free:
-                return skip(f"needs ~{need / 2**30:.1f} GiB (XLA output + temp), "
-                            f"{free / 2**30:.1f} GiB free")
+            reason = measure.memory_shortfall(mem)
+            if reason:
+                return skip(reason)
             calls[p] = compiled
         warm: dict[str, float] = {}
         for p in policies:  # warm-up; its output gives the episode lengths and sizes
-            w, _, out = common.time_once(calls[p], zoo[p].params, keys)
+            w, _, out = measure.time_once(calls[p], zoo[p].params, keys)
             warm[p] = w
             outs[p] = {
                 "valid_steps": int(np.asarray(out.length).sum()),
@@ -186,12 +144,12 @@ def measure(zoo: Zoo, num_envs: int, repeats: int, seed: int = 0,
         cpus = {p: [] for p in policies}
         for _ in range(max(repeats, 1)):  # alternate, so both see the same machine load
             for p in policies:
-                w, c, out = common.time_once(calls[p], zoo[p].params, keys)
+                w, c, out = measure.time_once(calls[p], zoo[p].params, keys)
                 del out
                 walls[p].append(w)
                 cpus[p].append(c)
     except Exception as e:  # noqa: BLE001
-        if _is_oom(e):
+        if measure.is_oom(e):
             return skip(f"out of memory: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
         raise
     finally:
@@ -199,7 +157,7 @@ def measure(zoo: Zoo, num_envs: int, repeats: int, seed: int = 0,
 
     padded = num_envs * spec.max_steps
     for p in policies:
-        t = common.Timing(walls[p], cpus[p], warm[p])
+        t = measure.Timing(walls[p], cpus[p], warm[p])
         o = outs[p]
         s, cs = t.median_s, max(t.cpu_median_s, 1e-12)
         rows[p].update(
@@ -276,10 +234,10 @@ def parse_args(argv=None):
 def main(argv=None) -> dict[str, Any]:
     args = parse_args(argv)
     t0 = time.perf_counter()
-    load = {"start": common.loadavg()}
+    load = {"start": measure.loadavg()}
     payload: dict[str, Any] = {
-        "machine": common.machine_info(),
-        "versions": common.library_versions(),
+        "machine": measure.machine_info(),
+        "versions": measure.library_versions(),
         "config": dict(vars(args)),
         "definitions": {
             "collector": "jaxil.collect.zoo.Zoo.collector: jit(vmap over episode keys of "
@@ -308,7 +266,7 @@ def main(argv=None) -> dict[str, Any]:
             continue
         zoo = make_zoo(env, tuple(args.hidden), args.seed)
         for n in args.num_envs:
-            new = measure(zoo, n, args.repeats, args.seed, tuple(args.policies))
+            new = measure_size(zoo, n, args.repeats, args.seed, tuple(args.policies))
             rows.extend(new)
             for r in new:
                 if not r.get("skipped"):
@@ -316,11 +274,11 @@ def main(argv=None) -> dict[str, Any]:
                           f"{r['trajectories_per_s']:.1f} traj/s, "
                           f"{r['valid_env_steps_per_s']:.0f} valid env-steps/s", flush=True)
             jax.clear_caches()  # keep one size's executables in memory at a time
-    load["end"] = common.loadavg()
+    load["end"] = measure.loadavg()
     payload.update(rows=rows, load=load, wall_s=time.perf_counter() - t0)
-    path = common.write_json(args.name, payload, args.out_dir)
+    path = measure.write_json(args.name, payload, args.out_dir or RESULTS_DIR)
     print()
-    print(common.format_table([r for r in rows if not r.get("skipped")], COLUMNS))
+    print(measure.format_table([r for r in rows if not r.get("skipped")], COLUMNS))
     for r in rows:
         if r.get("skipped"):
             print(f"skipped: {r['env']} E={r.get('num_envs', '-')} {r.get('policy', '')}: {r['skipped']}")

@@ -43,7 +43,6 @@ import os
 import platform
 import socket
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional
@@ -51,10 +50,8 @@ from typing import Any, Callable, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from jaxil import envs  # noqa: E402
-from jaxil.envs.policies import uniform_available  # noqa: E402
+from jaxil import envs
+from jaxil.envs.policies import uniform_available
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -17,7 +17,8 @@ Parts, each under its own time budget (what does not fit is listed under
 6. ``peer``: where ``JAXIL_OMAPL_PEER`` points at a copy of the O-MAPL
    authors' code (github.com/vietbt/OMAPL) and PyTorch is importable, their
    ``TrainerDiscrete.update`` timed at the same shapes, their code imported
-   at run time (none of it is copied here); skipped otherwise.
+   at run time by a child process (none of it is copied here); skipped
+   otherwise.
 
 ``summary`` holds the headlines: env-steps/s at the largest size, the
 paper-shape update time against the peer's, and the speedup of 256 vmapped
@@ -26,14 +27,20 @@ seeds over 256 sequential ones (256 × one seed's call time over the
 
     bash benchmarks/gpu_suite.sh                # the full suite (GPU)
     bash benchmarks/gpu_suite.sh --quick        # tiny sizes, about 2 minutes on a CPU (smoke test)
-    python benchmarks/gpu_suite.py --parts env,paper --out-dir /tmp/suite
+    python -m benchmarks.gpu_suite --parts env,paper --out-dir /tmp/suite
+
+The parts import the other benchmarks as ``benchmarks.<name>``, so the suite
+runs where the repository root is importable: from the root with
+``python -m``, or through ``gpu_suite.sh``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import io
+import json
 import os
 import sys
 import tempfile
@@ -42,13 +49,12 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import jax
+import jax.numpy as jnp
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+from jaxil.runs import measure
 
-from benchmarks import common  # noqa: E402
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 PARTS = ("env", "learners", "paper", "precision", "collect", "peer")
 PRECISIONS = ("fp32", "tf32", "bf16")
@@ -57,6 +63,8 @@ PRECISIONS = ("fp32", "tf32", "bf16")
 #: (a smoke test of every code path) has none: each part runs all of its points.
 BUDGETS = {"env": 150, "learners": 120, "paper": 60, "precision": 45, "collect": 45, "peer": 30}
 NO_BUDGET = 1e9
+#: The peer's child process (PyTorch start-up included) is stopped after this long.
+PEER_TIMEOUT_S = 1800.0
 
 
 def _quiet(fn: Callable, *args, **kwargs):
@@ -125,7 +133,7 @@ def _matmul_tflops(n: int, dtype, repeats: int) -> float:
     a = jax.random.normal(key, (n, n), dtype)
     b = jax.random.normal(jax.random.fold_in(key, 1), (n, n), dtype)
     f = jax.jit(lambda x, y: x @ y)
-    t = common.time_call(f, a, b, warmup=2, repeats=repeats)
+    t = measure.time_call(f, a, b, warmup=2, repeats=repeats)
     return 2 * n ** 3 / t.median_s / 1e12
 
 
@@ -156,8 +164,8 @@ def part_precision(args, budget: float, tmp: Path) -> dict[str, Any]:
             probe = _matmul_tflops(n_mm, jnp.float32, 5)
             fused = jax.jit(lambda s, d: update_n(learner, s, d, k))
             compiled = fused.lower(state, data).compile()
-            flops = common.xla_cost(compiled).get("flops")
-            t = common.time_call(compiled, state, data, warmup=1, repeats=3)
+            flops = measure.xla_cost(compiled).get("flops")
+            t = measure.time_call(compiled, state, data, warmup=1, repeats=3)
             # the K-th update's metrics from the same state and keys: the drift of K updates
             losses = {m: float(v) for m, v in jax.device_get(compiled(state, data)[1]).items()}
         if ref is None:
@@ -189,17 +197,26 @@ def part_collect(args, budget: float, tmp: Path) -> dict[str, Any]:
 
 def part_peer(args, budget: float, tmp: Path) -> dict[str, Any]:
     """The O-MAPL authors' PyTorch update at the paper shapes (8 pairs × 70
-    steps, N = 5, obs 124, state 780, 12 actions, their 256-unit networks)."""
+    steps, N = 5, obs 124, state 780, 12 actions, their 256-unit networks),
+    timed by :func:`peer_update` in a child process with their folder on its
+    ``PYTHONPATH`` (their modules import each other by top-level names:
+    ``config``, ``algos``, ``trainers``)."""
     root = os.environ.get("JAXIL_OMAPL_PEER")
     if not root:
         return {"skipped": "JAXIL_OMAPL_PEER is not set (point it at a copy of github.com/vietbt/OMAPL)"}
     if not (Path(root) / "trainers" / "omarl.py").exists():
         return {"skipped": f"JAXIL_OMAPL_PEER={root} holds no trainers/omarl.py"}
-    try:
-        import torch
-    except ImportError:
+    if importlib.util.find_spec("torch") is None:
         return {"skipped": "PyTorch is not installed"}
-    sys.path.insert(0, root)
+    pythonpath = os.pathsep.join(x for x in (root, os.environ.get("PYTHONPATH")) if x)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--peer-child"] + (["--quick"] if args.quick else [])
+    return measure.run_json_child(cmd, timeout_s=PEER_TIMEOUT_S, env={"PYTHONPATH": pythonpath})
+
+
+def peer_update(quick: bool) -> dict[str, Any]:
+    """:func:`part_peer`'s measurement, in the child process it starts."""
+    import torch
+
     try:
         from algos.omarl import PolicyDiscrete
         from config import Args
@@ -208,7 +225,7 @@ def part_peer(args, budget: float, tmp: Path) -> dict[str, Any]:
     except ImportError as e:
         return {"skipped": f"the peer's code did not import: {e}"}
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    B, T, N, O, S, A = (2, 10, 5, 32, 80, 12) if args.quick else (8, 70, 5, 124, 780, 12)
+    B, T, N, O, S, A = (2, 10, 5, 32, 80, 12) if quick else (8, 70, 5, 124, 780, 12)
     g = torch.Generator().manual_seed(0)
 
     def side():
@@ -229,7 +246,7 @@ def part_peer(args, budget: float, tmp: Path) -> dict[str, Any]:
                                           Args(device=device))
                 trainer.update(data)  # warm-up
                 times = []
-                for _ in range(3 if args.quick else 10):
+                for _ in range(3 if quick else 10):
                     if device == "cuda":
                         torch.cuda.synchronize()
                     t0 = time.perf_counter()
@@ -239,7 +256,7 @@ def part_peer(args, budget: float, tmp: Path) -> dict[str, Any]:
                     times.append(time.perf_counter() - t0)
             return {"device": device, "torch": torch.__version__, "ob_dim_arg": ob_dim,
                     "shapes": dict(pairs=B, steps=T, agents=N, obs=O, state=S, actions=A),
-                    "update_ms": 1e3 * common._median(times), "times_s": times}
+                    "update_ms": 1e3 * measure.median(times), "times_s": times}
         except RuntimeError as e:
             errors.append(f"ob_dim={ob_dim}: {str(e)[:300]}")
     return {"error": "; ".join(errors)}
@@ -293,6 +310,7 @@ def parse_args(argv=None):
     p.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset of " + ",".join(PARTS))
     p.add_argument("--out-dir", type=Path, default=None, help="where the JSON goes (default benchmarks/results)")
     p.add_argument("--name", default="gpu_suite", help="JSON file name prefix")
+    p.add_argument("--peer-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.parts = [x for x in args.parts.split(",") if x]
     bad = [x for x in args.parts if x not in PARTS]
@@ -303,8 +321,14 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.peer_child:  # part_peer's child process
+        print(json.dumps(peer_update(args.quick)))
+        return {}
+    if set(args.parts) - {"peer"} and importlib.util.find_spec("benchmarks") is None:
+        raise SystemExit("the suite's parts import the other benchmarks as benchmarks.<name>: run it from "
+                         "the repository root as `python -m benchmarks.gpu_suite` or `bash benchmarks/gpu_suite.sh`")
     t0 = time.perf_counter()
-    payload: dict[str, Any] = {"machine": common.machine_info(), "versions": common.library_versions(),
+    payload: dict[str, Any] = {"machine": measure.machine_info(), "versions": measure.library_versions(),
                                "config": {"quick": args.quick, "parts": args.parts}, "parts": {},
                                "errors": {}}
     m = payload["machine"]
@@ -324,7 +348,7 @@ def main(argv=None) -> dict[str, Any]:
             payload["parts"][part] = dict(payload["parts"][part], seconds=time.perf_counter() - t)
     payload["summary"] = summarize(payload["parts"])
     payload["wall_s"] = time.perf_counter() - t0
-    path = common.write_json(args.name + ("_quick" if args.quick else ""), payload, args.out_dir)
+    path = measure.write_json(args.name + ("_quick" if args.quick else ""), payload, args.out_dir or RESULTS_DIR)
     print(f"wrote {path} ({payload['wall_s']:.0f} s)")
     return payload
 

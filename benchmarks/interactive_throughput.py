@@ -74,28 +74,23 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as _dt
-import json
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
 
-if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import jax
+import numpy as np
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-
-from benchmarks import common  # noqa: E402
-from benchmarks.collect_throughput import MEMORY_HEADROOM, _is_oom, _memory, free_memory_bytes  # noqa: E402
-from jaxil.cli.interactive import load_expert  # noqa: E402
-from jaxil.algorithms.interactive.config import InteractiveConfig, regime, resolve_auto  # noqa: E402
-from jaxil.algorithms.interactive.loop import (Demos, InteractiveState, collect_demos, demo_steps_for,  # noqa: E402
+from jaxil.cli.interactive import load_expert
+from jaxil.algorithms.interactive.config import InteractiveConfig, regime, resolve_auto
+from jaxil.algorithms.interactive.loop import (Demos, InteractiveState, collect_demos, demo_steps_for,
                                     init_states, make_round, make_student, train_student)
-from jaxil.algorithms.interactive.rollout import SwitchRule, mixed_episodes  # noqa: E402
-from jaxil.algorithms.interactive.schedule import expert_probability  # noqa: E402
+from jaxil.algorithms.interactive.rollout import SwitchRule, mixed_episodes
+from jaxil.algorithms.interactive.schedule import expert_probability
+from jaxil.runs import measure
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 DEFAULT_NUM_ENVS = (1, 4, 16, 64, 256, 1024, 4096)
 QUICK_NUM_ENVS = (1, 4, 16)
@@ -197,17 +192,17 @@ def n_repeats(warm_s: float, args) -> int:
     return int(min(args.repeats, max(args.min_repeats, math.floor(args.target_s / max(warm_s, 1e-9)))))
 
 
-def alternate(calls: dict[str, tuple], n: int, warm: dict[str, float]) -> dict[str, common.Timing]:
+def alternate(calls: dict[str, tuple], n: int, warm: dict[str, float]) -> dict[str, measure.Timing]:
     """``n`` timed repeats of each ``name: (fn, args)``, in alternation."""
     walls = {k: [] for k in calls}
     cpus = {k: [] for k in calls}
     for _ in range(max(n, 1)):
         for k, (fn, a) in calls.items():
-            w, c, out = common.time_once(fn, *a)
+            w, c, out = measure.time_once(fn, *a)
             del out
             walls[k].append(w)
             cpus[k].append(c)
-    return {k: common.Timing(walls[k], cpus[k], warm[k]) for k in calls}
+    return {k: measure.Timing(walls[k], cpus[k], warm[k]) for k in calls}
 
 
 def check_intact(tree: Any, what: str) -> None:
@@ -217,12 +212,8 @@ def check_intact(tree: Any, what: str) -> None:
 
 def fits(compiled, label: str) -> Optional[str]:
     """A reason to skip when XLA's buffers would not fit in free memory."""
-    mem = _memory(compiled)
-    need = (mem["xla_output_bytes"] or 0) + (mem["xla_temp_bytes"] or 0)
-    free = free_memory_bytes()
-    if free is not None and need > MEMORY_HEADROOM * free:
-        return f"{label} needs ~{need / 2**30:.1f} GiB (XLA output + temp), {free / 2**30:.1f} GiB free"
-    return None
+    reason = measure.memory_shortfall(measure.xla_memory(compiled))
+    return f"{label} {reason}" if reason else None
 
 
 # -- 1. envs per round -------------------------------------------------------------------------
@@ -237,22 +228,22 @@ def measure_envs(s: Setup, state: InteractiveState, num_envs: int, update_call, 
                                updates_per_round=K)
     args_r = (state, s.demos, s.expert_params)
     try:
-        round_c, row["compile_round_s"] = common.compile_ahead(
+        round_c, row["compile_round_s"] = measure.compile_ahead(
             make_round(s.env, s.student, s.expert, cfg), *args_r)
-        rollout_c, row["compile_rollout_s"] = common.compile_ahead(
+        rollout_c, row["compile_rollout_s"] = measure.compile_ahead(
             make_round(s.env, s.student, s.expert, cfg1), *args_r)
         for c, label in ((round_c, "round"), (rollout_c, "rollout")):
             reason = fits(c, label)
             if reason:
                 print(f"  E={num_envs}: skipped ({reason})", flush=True)
                 return dict(row, skipped=reason)
-        row.update({f"round_{k}": v for k, v in _memory(round_c).items()})
+        row.update({f"round_{k}": v for k, v in measure.xla_memory(round_c).items()})
 
-        w_round, _, (after, metrics) = common.time_once(round_c, *args_r)
-        w_roll, _, out = common.time_once(rollout_c, *args_r)
+        w_round, _, (after, metrics) = measure.time_once(round_c, *args_r)
+        w_roll, _, out = measure.time_once(rollout_c, *args_r)
         del out
         args_u = (after, s.demos)
-        w_upd, _, out = common.time_once(update_call, *args_u)
+        w_upd, _, out = measure.time_once(update_call, *args_u)
         del out
         warm = dict(round=w_round, rollout=w_roll, update=w_upd)
         n = n_repeats(w_round + w_roll + w_upd, args)
@@ -261,7 +252,7 @@ def measure_envs(s: Setup, state: InteractiveState, num_envs: int, update_call, 
         check_intact(state, "the round's input state")
         lengths = round_lengths(s, state, num_envs) if args.loop_steps else None
     except Exception as e:  # noqa: BLE001
-        if _is_oom(e):
+        if measure.is_oom(e):
             reason = f"out of memory: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
             print(f"  E={num_envs}: skipped ({reason})", flush=True)
             return dict(row, skipped=reason)
@@ -315,17 +306,17 @@ def measure_runs(s: Setup, all_states: InteractiveState, runs: int, num_envs: in
     fn = jax.vmap(make_round(s.env, s.student, s.expert, cfg), in_axes=(0, None, None))
     a = (states, s.demos, s.expert_params)
     try:
-        compiled, row["compile_round_s"] = common.compile_ahead(fn, *a)
+        compiled, row["compile_round_s"] = measure.compile_ahead(fn, *a)
         reason = fits(compiled, "round")
         if reason:
             print(f"  runs={runs}: skipped ({reason})", flush=True)
             return dict(row, skipped=reason)
-        w, _, (_, metrics) = common.time_once(compiled, *a)
+        w, _, (_, metrics) = measure.time_once(compiled, *a)
         n = n_repeats(w, args)
         t = alternate(dict(round=(compiled, a)), n, dict(round=w))["round"]
         check_intact(states, "the vmapped round's input states")
     except Exception as e:  # noqa: BLE001
-        if _is_oom(e):
+        if measure.is_oom(e):
             reason = f"out of memory: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
             print(f"  runs={runs}: skipped ({reason})", flush=True)
             return dict(row, skipped=reason)
@@ -455,26 +446,16 @@ def parse_args(argv=None):
     return args
 
 
-def write(path: Path, name: str, payload: dict) -> Path:
-    """``payload`` as :func:`common.write_json` writes it, at ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"benchmark": name, "created": _dt.datetime.now().isoformat(timespec="seconds"), **payload}
-    with open(path, "w") as f:
-        json.dump(payload, f, indent=1, default=common._json_default)
-        f.write("\n")
-    return path
-
-
 def main(argv=None) -> dict[str, Any]:
     args = parse_args(argv)
     if args.cache_dir:
         jax.config.update("jax_compilation_cache_dir", args.cache_dir)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     t0 = time.perf_counter()
-    load = {"start": common.loadavg()}
+    load = {"start": measure.loadavg()}
     payload: dict[str, Any] = {
-        "machine": common.machine_info(),
-        "versions": common.library_versions(),
+        "machine": measure.machine_info(),
+        "versions": measure.library_versions(),
         "config": dict(vars(args)),
         "definitions": DEFINITIONS,
     }
@@ -491,7 +472,7 @@ def main(argv=None) -> dict[str, Any]:
 
     all_states = stacked_states(s, max([1] + args.runs), args.seed)
     state = jax.tree.map(lambda x: x[0], all_states)
-    update_call, update_compile_s = common.compile_ahead(
+    update_call, update_compile_s = measure.compile_ahead(
         lambda st, d: train_student(s.student, st, d, K, s.config.batch_size), state, s.demos)
     print(f"\n[envs per round] one run; update program compiled in {update_compile_s:.1f} s", flush=True)
     for n in args.num_envs:
@@ -503,7 +484,7 @@ def main(argv=None) -> dict[str, Any]:
                   f"{row['env_steps_per_s']:.0f} env-steps/s, {row['updates_per_s']:.0f} updates/s, "
                   f"rollout {row['rollout_share']:.0%} / update {row['update_share']:.0%}", flush=True)
         jax.clear_caches()  # keep one size's executables in memory at a time
-    load["after_envs"] = common.loadavg()
+    load["after_envs"] = measure.loadavg()
 
     if args.runs:
         print(f"\n[runs vmapped] E={args.runs_envs}", flush=True)
@@ -518,7 +499,7 @@ def main(argv=None) -> dict[str, Any]:
     for x in rows:
         if x["section"] == "runs" and not x.get("skipped") and one:
             x["per_run_vs_1"] = x["per_run_s"] / one["round_s"]
-    load["end"] = common.loadavg()
+    load["end"] = measure.loadavg()
 
     payload.update(
         setup=dict(env=s.env.spec.env_id, expert=s.source,
@@ -528,18 +509,17 @@ def main(argv=None) -> dict[str, Any]:
                    demos=dict(s.demo_summary, sft_steps=s.sft_steps, demo_steps=s.demo_steps),
                    sft_s=s.sft_s, update_compile_s=update_compile_s),
         rows=rows, load=load, wall_s=time.perf_counter() - t0)
-    path = (write(Path(args.out), args.name, payload) if args.out
-            else common.write_json(args.name, payload))
+    path = measure.write_json(args.name, payload, RESULTS_DIR, path=args.out)
     print()
     print(f"envs per round (one run, K={K}):")
     env_rows = [x for x in rows if x["section"] == "envs" and not x.get("skipped")]
     cols = [c for c in ENV_COLUMNS if c[0] != "loop_steps" or args.loop_steps]
-    print(common.format_table(env_rows, cols))
+    print(measure.format_table(env_rows, cols))
     notes = [x for x in rows if x.get("note")]
     runs_rows = [x for x in rows if x["section"] == "runs" and not x.get("skipped")]
     if runs_rows:
         print(f"\nruns vmapped (E={args.runs_envs}, K={K} each):")
-        print(common.format_table(runs_rows, RUN_COLUMNS))
+        print(measure.format_table(runs_rows, RUN_COLUMNS))
     for x in notes:
         print(f"note: {x['section']} E={x['num_envs']} runs={x['runs']}: {x['note']}")
     for x in rows:

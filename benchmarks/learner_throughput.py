@@ -15,11 +15,12 @@ random arrays with expert labels, so no environment is needed):
    the achieved GFLOP/s of a single update (``update_n`` with K = 1: sample +
    update in one call) and of K = 16 fused updates is set against the fp32
    matmul rate measured in between the repeats (1024² ``jnp.dot``), and
-   against :mod:`benchmarks.matmul_peak`'s MLP-shaped products and its
-   1-thread/all-thread child processes. O-MAPL at the same shapes: B = 8
-   trajectory pairs × 2 × T = 70 = 1120 joint transitions per update, as in
-   the O-MAPL authors' SMAC configuration (their PyTorch update: ≈200 ms on
-   one core of the reference machine).
+   against the MLP-shaped products of ``benchmarks/matmul_peak.py``
+   (:mod:`jaxil.runs.measure`) and its 1-thread/all-thread child processes.
+   O-MAPL at the same shapes: B = 8 trajectory pairs × 2 × T = 70 = 1120
+   joint transitions per update, as in the O-MAPL authors' SMAC
+   configuration (their PyTorch update: ≈200 ms on one core of the
+   reference machine).
 2. **Sweeps** around a base point (B = 512, N = 5, seeds = 1, K = 16), one
    axis at a time: batch size, number of agents (state = 156·N), seeds
    (``vmap`` over learner states, shared data) and K (updates fused in one
@@ -50,23 +51,22 @@ import collections
 import dataclasses
 import glob
 import re
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Optional
 
-if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import jax
+import jax.numpy as jnp
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+from jaxil.envs.core import DiscreteActions, EnvSpec
+from jaxil.data.sampling import Transitions
+from jaxil.data.sampling import Segments
+from jaxil.algorithms.offline import LearnerData, PreferenceData, make_learner, update_n
+from jaxil.nn.nets import MLP
+from jaxil.runs import measure
 
-from benchmarks import common, matmul_peak  # noqa: E402
-from jaxil.envs.core import DiscreteActions, EnvSpec  # noqa: E402
-from jaxil.data.sampling import Transitions  # noqa: E402
-from jaxil.data.sampling import Segments  # noqa: E402
-from jaxil.algorithms.offline import LearnerData, PreferenceData, make_learner, update_n  # noqa: E402
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 LEARNERS = ("bc_union", "indd", "misodice_vdn", "misodice")
 DICE = ("indd", "misodice_vdn", "misodice")
@@ -233,27 +233,27 @@ def build_call(name: str, spec: EnvSpec, point: Point, data: LearnerData, shapes
         state = jax.vmap(learner.init)(jax.random.split(key, point.seeds))
         call = jax.vmap(call, in_axes=(0, None))
     state = jax.block_until_ready(state)
-    compiled, compile_s = common.compile_ahead(call, state, data)
+    compiled, compile_s = measure.compile_ahead(call, state, data)
     return compiled, (state, data), compile_s
 
 
 class FlopCounter:
     """Flops per call from XLA's cost analysis, corrected for how this XLA
-    counts ``while`` loops (see :func:`common.xla_loop_flops_multiplier`)."""
+    counts ``while`` loops (see :func:`jaxil.runs.measure.xla_loop_flops_multiplier`)."""
 
     def __init__(self):
-        self.multiplier = common.xla_loop_flops_multiplier()
+        self.multiplier = measure.xla_loop_flops_multiplier()
         self.counts_trips = self.multiplier > 0.5
 
     def per_call(self, compiled, k: int) -> tuple[Optional[float], dict[str, float]]:
-        cost = common.xla_cost(compiled)
+        cost = measure.xla_cost(compiled)
         flops = cost.get("flops")
         if flops is None:
             return None, cost
         return (flops if self.counts_trips else flops * k), cost
 
 
-def row_metrics(name: str, point: Point, t: common.Timing, flops_call: Optional[float]) -> dict[str, Any]:
+def row_metrics(name: str, point: Point, t: measure.Timing, flops_call: Optional[float]) -> dict[str, Any]:
     per_s = point.seeds * point.k / t.median_s
     trans = per_s * transitions_per_update(name, point.batch)
     row = {
@@ -341,12 +341,12 @@ def run_sweeps(args, flops: FlopCounter, shapes: Shapes) -> tuple[list[dict], li
         spec, data = cache.get(p.agents)
         compiled, call_args, compile_s = build_call(name, spec, p, data, shapes)
         flops_call, cost = flops.per_call(compiled, p.k)
-        t = common.time_call(compiled, *call_args, warmup=1, repeats=args.repeats,
-                             min_repeats=args.repeats_min, target_s=args.target_s)
+        t = measure.time_call(compiled, *call_args, warmup=1, repeats=args.repeats,
+                              min_repeats=args.repeats_min, target_s=args.target_s)
         del compiled
         row = {"learner": name, "axis": axis, **dataclasses.asdict(p), "obs_dim": shapes.obs_dim,
                "state_dim": spec.state_dim, "compile_s": compile_s, **row_metrics(name, p, t, flops_call),
-               "bytes_accessed_per_call": cost.get("bytes accessed"), "loadavg": common.loadavg()}
+               "bytes_accessed_per_call": cost.get("bytes accessed"), "loadavg": measure.loadavg()}
         rows.append(row)
         if p == base:
             base_cost[name] = (compile_s, t.median_s)
@@ -357,7 +357,7 @@ def run_sweeps(args, flops: FlopCounter, shapes: Shapes) -> tuple[list[dict], li
 def _row_line(r: dict) -> str:
     return (f"  {r['learner']:13s} {r['axis']:6s} B={r['batch']:<5d} N={r['agents']:<3d} seeds={r['seeds']:<3d} "
             f"K={r['k']:<4d} compile {r['compile_s']:5.1f}s  {r['update_ms']:9.2f} ms/update  "
-            f"{common.si(r['updates_per_s'])} upd/s  {common.si(r['transitions_per_s'])} trans/s  "
+            f"{measure.si(r['updates_per_s'])} upd/s  {measure.si(r['transitions_per_s'])} trans/s  "
             f"{r.get('gflops', float('nan')):6.1f} GFLOP/s  load {r['loadavg'][0] if r['loadavg'] else '-'}")
 
 
@@ -365,31 +365,31 @@ def _row_line(r: dict) -> str:
 
 
 def time_against_probe(
-    compiled, call_args, probe: matmul_peak.PeakProbe, flops_call: float, repeats: int, warmup: bool = True
+    compiled, call_args, probe: measure.PeakProbe, flops_call: float, repeats: int, warmup: bool = True
 ) -> dict:
     """Alternate 1024² matmul probes and calls; per repeat, achieved GFLOP/s over
     the mean of the probes just before and after it. (Calls are compiled ahead
     of time, so a slow call may skip the warm-up.)"""
-    warm = common.time_once(compiled, *call_args)[0] if warmup else None
+    warm = measure.time_once(compiled, *call_args)[0] if warmup else None
     walls, cpus, ratios, peaks = [], [], [], []
     for _ in range(repeats):
         before = probe(3)
-        w, c, _ = common.time_once(compiled, *call_args)
+        w, c, _ = measure.time_once(compiled, *call_args)
         after = probe(3)
         peak = 0.5 * (before + after)
         walls.append(w)
         cpus.append(c)
         peaks.append(peak)
         ratios.append(flops_call / w / 1e9 / peak)
-    t = common.Timing(walls, cpus, warm)
+    t = measure.Timing(walls, cpus, warm)
     return {
         "timing": t.to_dict(),
         "gflops": flops_call / t.median_s / 1e9,
         "gflops_cpu": flops_call / max(t.cpu_median_s, 1e-12) / 1e9,
         "probe_gflops": peaks,
-        "probe_gflops_median": common._median(peaks),
+        "probe_gflops_median": measure.median(peaks),
         "ratio_to_probe": ratios,
-        "ratio_to_probe_median": common._median(ratios),
+        "ratio_to_probe_median": measure.median(ratios),
     }
 
 
@@ -406,9 +406,9 @@ def run_paper(args, flops: FlopCounter) -> dict[str, Any]:
                            "D_U batch per update = 2 x 1120 x N=5 = 11,200 agent-steps"),
     }
     print("\n[paper shapes] measuring the MLP-shaped matmul rate in this process ...", flush=True)
-    probe = matmul_peak.PeakProbe()
-    mm = matmul_peak.measure(matmul_peak.matmul_shapes(PAPER.batch * PAPER.agents), repeats=5, target_s=0.5)
-    out["matmul_in_process"] = {"rows": mm, "summary": matmul_peak.summarize(mm)}
+    probe = measure.PeakProbe()
+    mm = measure.matmul_rates(measure.mlp_matmul_shapes(PAPER.batch * PAPER.agents), repeats=5, target_s=0.5)
+    out["matmul_in_process"] = {"rows": mm, "summary": measure.summarize_matmul(mm)}
     out["learners"] = {}
     pref_data = None
     for name in args.paper_learners:
@@ -431,7 +431,7 @@ def run_paper(args, flops: FlopCounter) -> dict[str, Any]:
                           "update_ms": 1e3 * r["timing"]["median_s"] / k, "updates_per_s": upd_s,
                           "transitions_per_s": upd_s * transitions_per_update(name, batch),
                           "agent_steps_per_s": upd_s * transitions_per_update(name, batch) * PAPER.agents,
-                          "loadavg": common.loadavg(), **r}
+                          "loadavg": measure.loadavg(), **r}
             s = res[label]
             print(f"  {name:13s} {label:6s} K={k:<3d} compile {compile_s:5.1f}s  {s['update_ms']:8.1f} ms/update  "
                   f"{s['flops_per_update'] / 1e9:6.2f} GFLOP/update  {s['gflops']:6.1f} GFLOP/s  "
@@ -447,14 +447,42 @@ def run_paper(args, flops: FlopCounter) -> dict[str, Any]:
     return out
 
 
-def mlp_ceiling(probe: matmul_peak.PeakProbe, repeats: int) -> dict[str, Any]:
+def mlp_step(rows: int, in_dim: int = 129, hidden: tuple[int, ...] = (256, 256), k: int = 16, seed: int = 0):
+    """A compiled call of ``k`` plain gradient steps of one :class:`jaxil.nn.nets.MLP`
+    (``in_dim -> hidden -> 1``, squared-output loss, SGD) on a ``[rows, in_dim]``
+    batch, fused in a ``lax.scan`` like ``update_n``: the most a learner made
+    of such networks can get from XLA's dots, element-wise ops and layout
+    copies on this machine. Returns ``(compiled, args, flops_per_call)``."""
+    net = MLP(1, tuple(hidden))
+    kx, kp = jax.random.split(jax.random.PRNGKey(seed))
+    x = jax.random.normal(kx, (rows, in_dim), jnp.float32)
+    params = net.init(kp, x)
+
+    def loss(p, x):
+        return jnp.mean(net.apply(p, x) ** 2)
+
+    def call(params, x):
+        def body(p, _):
+            g = jax.grad(loss)(p, x)
+            return jax.tree.map(lambda w, d: w - 1e-3 * d, p, g), None
+
+        return jax.lax.scan(body, params, None, length=k)[0]
+
+    compiled, _ = measure.compile_ahead(call, params, x)
+    flops = measure.xla_cost(compiled).get("flops")
+    if flops is not None and measure.xla_loop_flops_multiplier() < 0.5:
+        flops *= k  # this XLA counts a while body once
+    return compiled, (params, x), flops
+
+
+def mlp_ceiling(probe: measure.PeakProbe, repeats: int) -> dict[str, Any]:
     """Bare 129-256-256-1 MLP gradient steps (K = 16 fused) at the paper's
     row counts (one batch of agent-steps, and the doubled gradient-penalty
     batch), timed against the same 1024² probe: what XLA gets on this machine
     from a network of the learners' shape with nothing else in the update."""
     res = {}
     for rows in (PAPER.batch * PAPER.agents, 2 * PAPER.batch * PAPER.agents):
-        compiled, call_args, flops_call = matmul_peak.mlp_step(rows, k=PAPER.k)
+        compiled, call_args, flops_call = mlp_step(rows, k=PAPER.k)
         r = time_against_probe(compiled, call_args, probe, flops_call, repeats)
         res[str(rows)] = {"rows": rows, "k": PAPER.k, "flops_per_step": flops_call / PAPER.k, **r}
         print(f"  bare MLP step rows={rows:<6d} {1e3 * r['timing']['median_s'] / PAPER.k:7.1f} ms/step  "
@@ -471,7 +499,7 @@ def paper_ablations(spec, data, shapes, flops, probe, args) -> dict[str, Any]:
     learner = make_dice(spec, DiceConfig(mixing="hyper", hidden=shapes.hidden, mixer_hidden=shapes.mixer_hidden,
                                          batch_size=PAPER.batch, grad_penalty=False))
     state = learner.init(jax.random.PRNGKey(0))
-    compiled, compile_s = common.compile_ahead(lambda s, d: update_n(learner, s, d, 1), state, data)
+    compiled, compile_s = measure.compile_ahead(lambda s, d: update_n(learner, s, d, 1), state, data)
     flops_call, _ = flops.per_call(compiled, 1)
     r = time_against_probe(compiled, (state, data), probe, flops_call, args.paper_repeats)
     res["misodice_no_grad_penalty"] = {"compile_s": compile_s, "flops_per_update": flops_call,
@@ -559,11 +587,11 @@ def op_profile(compiled, call_args, reps: int = 1) -> dict[str, Any]:
     except ImportError as e:  # pragma: no cover
         return {"error": f"no profile reader in this jax: {e}"}
     dots = hlo_dots(compiled.as_text())
-    common.time_once(compiled, *call_args)
+    measure.time_once(compiled, *call_args)
     with tempfile.TemporaryDirectory() as d:
         with jax.profiler.trace(d):
             for _ in range(reps):
-                common.time_once(compiled, *call_args)
+                measure.time_once(compiled, *call_args)
         files = glob.glob(f"{d}/**/*.xplane.pb", recursive=True)
         if not files:
             return {"error": "the profiler wrote no trace"}
@@ -693,11 +721,11 @@ def main(argv=None) -> dict[str, Any]:
         jax.config.update("jax_compilation_cache_dir", args.cache_dir)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     t0 = time.perf_counter()
-    load = {"start": common.loadavg()}
+    load = {"start": measure.loadavg()}
     flops = FlopCounter()
     payload: dict[str, Any] = {
-        "machine": common.machine_info(),
-        "versions": common.library_versions(),
+        "machine": measure.machine_info(),
+        "versions": measure.library_versions(),
         "config": {k: v for k, v in vars(args).items()},
         "definitions": {
             "updates_per_s": "learner updates per second, summed over vmapped seeds (seeds*K/median call time)",
@@ -716,7 +744,7 @@ def main(argv=None) -> dict[str, Any]:
 
     if not args.no_peak_subprocess:
         print("\n[matmul peak] child processes, all threads and 1 thread ...", flush=True)
-        payload["matmul_peak"] = matmul_peak.run(("all", "1"), PAPER.batch * PAPER.agents)
+        payload["matmul_peak"] = measure.matmul_peak_children(PAPER.batch * PAPER.agents, ("all", "1"))
         for th, res in payload["matmul_peak"].items():
             if "summary" in res:
                 s = res["summary"]
@@ -724,20 +752,20 @@ def main(argv=None) -> dict[str, Any]:
                       f"{s['mlp_best_gflops']:.1f}, best {s['peak_gflops']:.1f}")
             else:
                 print(f"  {th} threads: {res.get('error')}")
-        load["after_peak"] = common.loadavg()
+        load["after_peak"] = measure.loadavg()
 
     if not args.no_paper:
         payload["paper"] = run_paper(args, flops)
-        load["after_paper"] = common.loadavg()
+        load["after_paper"] = measure.loadavg()
 
     rows, skipped = [], []
     if args.axes:
         print(f"\n[sweeps] budget {args.budget_s:.0f} s (0 = none)", flush=True)
         rows, skipped = run_sweeps(args, flops, Shapes())
-    load["end"] = common.loadavg()
+    load["end"] = measure.loadavg()
     payload.update(rows=rows, skipped=skipped, load=load, wall_s=time.perf_counter() - t0)
     payload["summary"] = summary(payload)
-    path = common.write_json(args.name, payload, args.out_dir)
+    path = measure.write_json(args.name, payload, args.out_dir or RESULTS_DIR)
     report(payload)
     print(f"\nwrote {path} ({payload['wall_s']:.0f} s)")
     return payload
@@ -778,7 +806,7 @@ def report(payload: dict[str, Any]) -> None:
     rows = payload.get("rows", [])
     if rows:
         print("\nSweeps (one axis varied around the base point):")
-        print(common.format_table(rows, SWEEP_COLUMNS))
+        print(measure.format_table(rows, SWEEP_COLUMNS))
     if payload.get("skipped"):
         print(f"skipped for the time budget: " + ", ".join(
             f"{s['learner']} {s['axis']}(B={s['batch']},N={s['agents']},seeds={s['seeds']},K={s['k']}; ~{s['estimated_s']:.0f}s)"

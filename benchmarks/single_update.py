@@ -29,18 +29,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from jaxil.runs import measure
 
-from benchmarks import common  # noqa: E402
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 LEARNERS = ("omapl", "misodice")
 CALLS = ("fused", "single", "single_donated")
@@ -60,8 +57,9 @@ def child(args) -> dict[str, Any]:
             return {"error": "jaxil.runs.hostmem.retain() had no effect here (no glibc mallopt)"}
     import jax
 
-    from benchmarks.learner_throughput import (PAPER, PAPER_PAIRS, Shapes, _learner, synthetic_data,
-                                               synthetic_preferences, synthetic_spec)
+    # The child always runs as this script (run_child), so its sibling imports plainly.
+    from learner_throughput import (PAPER, PAPER_PAIRS, Shapes, _learner, synthetic_data, synthetic_preferences,
+                                    synthetic_spec)
     from jaxil.algorithms.offline import jit_update_n, update_n
 
     if args.quick:
@@ -100,7 +98,7 @@ def child(args) -> dict[str, Any]:
             per[c]["wall"].append((time.perf_counter() - t0) / (n * kc))
             per[c]["cpu"].append((time.process_time() - c0) / (n * kc))
             per[c]["faults"].append((_faults() - f0) / (n * kc))
-    med = common._median
+    med = measure.median
     rows = {c: {"update_ms": 1e3 * med(v["wall"]), "cpu_ms": 1e3 * med(v["cpu"]),
                 "faults_per_update": med(v["faults"]), "warmup_s": t_compile[c],
                 "wall_ms_rounds": [round(1e3 * x, 2) for x in v["wall"]]} for c, v in per.items()}
@@ -109,28 +107,19 @@ def child(args) -> dict[str, Any]:
         rows[c]["cpu_ratio_to_fused"] = rows[c]["cpu_ms"] / rows["fused"]["cpu_ms"]
     return {"learner": args.learner, "memory": args.memory, "cores": args.cores, "k": k,
             "rounds": args.rounds, "singles_per_round": args.singles, "calls": rows,
-            "loadavg_end": common.loadavg()}
+            "loadavg_end": measure.loadavg()}
 
 
 def run_child(learner: str, memory: str, cores: str, args) -> dict[str, Any]:
-    env = dict(os.environ)
-    pin = None
-    if cores == "1":
-        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + common.SINGLE_THREAD_XLA_FLAGS).strip()
-        cpu = min(os.sched_getaffinity(0))
-        pin = lambda: os.sched_setaffinity(0, {cpu})  # noqa: E731
+    """:func:`child` in a child process running this script (``cores == "1"``:
+    XLA's single-thread flags, pinned to one CPU)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--learner", learner,
            "--memory", memory, "--cores", cores, "--rounds", str(args.rounds),
            "--singles", str(args.singles), "--k", str(args.k)] + (["--quick"] if args.quick else [])
     try:
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout_s,
-                             preexec_fn=pin)
-    except subprocess.TimeoutExpired:
-        return {"learner": learner, "memory": memory, "cores": cores,
-                "error": f"timed out after {args.timeout_s:.0f} s"}
-    if out.returncode != 0:
-        return {"learner": learner, "memory": memory, "cores": cores, "error": out.stderr.strip()[-2000:]}
-    return json.loads(out.stdout.strip().splitlines()[-1])
+        return measure.run_json_child(cmd, one_cpu=cores == "1", timeout_s=args.timeout_s)
+    except measure.ChildError as e:
+        return {"learner": learner, "memory": memory, "cores": cores, "error": str(e)}
 
 
 def parse_args(argv=None):
@@ -184,10 +173,10 @@ def main(argv=None) -> dict[str, Any]:
                       f"{c['single_donated']['faults_per_update']:.0f}  load {r['loadavg_end']}", flush=True)
     import jax  # noqa: F401  (machine_info reads the backend)
 
-    payload = {"machine": common.machine_info(), "versions": common.library_versions(),
+    payload = {"machine": measure.machine_info(), "versions": measure.library_versions(),
                "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                "rows": rows, "wall_s": time.perf_counter() - t0}
-    path = common.write_json(args.name + ("_quick" if args.quick else ""), payload, args.out)
+    path = measure.write_json(args.name + ("_quick" if args.quick else ""), payload, args.out or RESULTS_DIR)
     print(f"wrote {path}")
     return payload
 

@@ -2,14 +2,10 @@
 
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # make `benchmarks` importable
-
-from benchmarks.collect_throughput import main  # noqa: E402
+from benchmarks.collect_throughput import main
 
 ENV = "mpe:simple_spread_continuous"  # short episodes (26 steps), among the fastest to compile
 

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # make `benchmarks` importable
+from benchmarks import gpu_suite
 
-from benchmarks import gpu_suite  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.xdist_group("gpu_suite")
 

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from experiments.irl.diagnose_sft import law_stats  # noqa: E402
+from experiments.irl.diagnose_sft import law_stats
 
 
 def test_law_stats_match_hand_computation():

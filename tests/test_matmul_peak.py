@@ -1,19 +1,14 @@
-"""benchmarks/matmul_peak.mlp_step: the bare-MLP yardstick counts and runs real steps."""
-
-import sys
-from pathlib import Path
+"""benchmarks/learner_throughput.mlp_step: the bare-MLP yardstick counts and runs real steps."""
 
 import jax
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # make `benchmarks` importable
-
-from benchmarks import matmul_peak  # noqa: E402
+from benchmarks.learner_throughput import mlp_step
 
 
 def test_mlp_step_flops_and_updates():
     rows, d, h, k = 64, 9, (16, 16), 3
-    compiled, (params, x), flops = matmul_peak.mlp_step(rows, in_dim=d, hidden=h, k=k)
+    compiled, (params, x), flops = mlp_step(rows, in_dim=d, hidden=h, k=k)
     fwd = 2.0 * rows * (d * h[0] + h[0] * h[1] + h[1] * 1)  # forward matmul flops of one step
     # forward + input/weight gradients ≈ 3 × the forward dots, plus element-wise ops
     assert 2.5 * fwd * k < flops < 4.5 * fwd * k

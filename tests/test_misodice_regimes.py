@@ -8,14 +8,10 @@ diagnostics measure what the learner's update uses.
 """
 
 import dataclasses
-import sys
-from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.misodice_regimes.run import (DICE, VARIANTS, auc, cell_indices, dice_weight_fn,  # noqa: E402
                                               main, make_cell_learner, plan, reuse_rows, row_key,

@@ -7,7 +7,7 @@
 
 Per environment (SMAX 3m, LevelBasedForaging, MPE spread) and seed (4), the
 demonstrations are ``--demos`` trajectories of the ε-noised expert of
-experiments/irl/common.py (seed s gets trajectories [s·d, (s+1)·d) of one
+jaxil.collect.demonstrations (seed s gets trajectories [s·d, (s+1)·d) of one
 dataset: disjoint sets). Every run starts from π_SFT (BC on its own
 demonstrations); GAIL and AIRL then alternate discriminator steps and PPO
 (jaxil.algorithms.irl.adversarial, one compiled program per chunk, the 4 seeds
@@ -32,11 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxil.collect.demonstrations import NOISED_EXPERTS, demonstrations
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from experiments.irl.common import ENVS, demonstrations  # noqa: E402
-
 OUT = ROOT / "experiments" / "irl" / "results"
 RUNS = ROOT / "runs" / "experiments" / "irl" / "adversarial"
 SEEDS = 4
@@ -82,7 +80,7 @@ def run_env(env_id: str, args) -> dict:
     from jaxil.algorithms.irl.adversarial import AdversarialConfig, demos_from_dataset, stack_demos, \
         train_adversarial
 
-    # B's 200-trajectory dataset of experiments/irl/common.py (shared with best-of-N)
+    # B's 200-trajectory dataset of jaxil.collect.demonstrations (shared with best-of-N)
     ds, info = demonstrations(env_id, num_demos=200, seed=0)
     if SEEDS * args.demos > 200:
         raise ValueError(f"--demos {args.demos} x {SEEDS} seeds exceeds the 200 trajectories")
@@ -192,7 +190,7 @@ def plot(results: list[dict], path: Path) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--envs", nargs="+", default=[e for e in ENVS if e != "smax:2s3z"],
+    p.add_argument("--envs", nargs="+", default=[e for e in NOISED_EXPERTS if e != "smax:2s3z"],
                    help="default: the issue's three (smax:2s3z joined best-of-N only)")
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     p.add_argument("--demos", type=int, default=10, help="demonstration trajectories per seed")

@@ -1,7 +1,7 @@
 """Best-of-N with learned rewards against an ε-noised demonstrator (issue 12).
 
 Per environment (SMAX 3m, LevelBasedForaging, MPE spread; demonstrations of
-:mod:`experiments.irl.common`) and for 4 seeds vmapped in every program:
+:mod:`jaxil.collect.demonstrations`) and for 4 seeds vmapped in every program:
 
 1. π_SFT = BC on the demonstrations; π_0 = the same network at its
    initialisation (:func:`jaxil.algorithms.irl.sources.fit_sft`).
@@ -33,7 +33,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 SOURCE_LABELS = {"init-sft": "Init–SFT", "init-demo": "Init–Demo", "sft-demo": "SFT–Demo",
                  "analytic": "r_c (analytic)"}
@@ -43,7 +42,7 @@ def run_env(env_id: str, args) -> dict:
     import jax
 
     from jaxil import envs
-    from experiments.irl.common import demonstrations
+    from jaxil.collect.demonstrations import demonstrations
     from jaxil.algorithms.irl import best_of_n as bon
     from jaxil.algorithms.irl.reward_model import SOURCES, RewardModel, RewardModelConfig, analytic_reward
     from jaxil.algorithms.irl.sources import fit_reward_model, fit_sft, rollouts, source_data
@@ -186,11 +185,11 @@ def plot(res: dict, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    from experiments.irl.common import ENVS
+    from jaxil.collect.demonstrations import NOISED_EXPERTS
 
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--envs", nargs="+", default=[e for e in ENVS if e != "smax:2s3z"],
+    p.add_argument("--envs", nargs="+", default=[e for e in NOISED_EXPERTS if e != "smax:2s3z"],
                    help="default: the issue's three (smax:2s3z: README.md, its own command)")
     p.add_argument("--seeds", type=int, default=4)
     p.add_argument("--demos", type=int, default=200)

@@ -39,7 +39,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 ENV_IDS = ("jumanji:LevelBasedForaging-v0", "mpe:simple_spread")
 
@@ -124,7 +123,7 @@ def run_env(env_id: str, args) -> dict:
 
     from jaxil import envs
     from jaxil.envs.experts import scripted_expert
-    from experiments.irl.common import demonstrations
+    from jaxil.collect.demonstrations import demonstrations
     from jaxil.data.format import Dataset
     from jaxil.collect.zoo import make_zoo
 

@@ -60,8 +60,6 @@ import jax.numpy as jnp
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-sys.path.insert(0, str(ROOT))
 
 from jaxil import envs  # noqa: E402
 from jaxil.runs import guard  # noqa: E402
@@ -77,7 +75,7 @@ from jaxil.data.preferences import dataset_id  # noqa: E402
 from jaxil.nn.policy import encode_actions  # noqa: E402
 from jaxil.runs.result_cache import ResultCache  # noqa: E402
 from jaxil.algorithms.offline.train import chunk_fn, expand_grid, init_runs  # noqa: E402
-from experiments.misodice_table.run import ALGOS, LABELS, VARIANTS as TABLE_VARIANTS  # noqa: E402
+from jaxil.collect.comparison import ALGOS, LABELS, VARIANTS as TABLE_VARIANTS  # noqa: E402
 
 ENVS = ("smax-3m", "smax-2s3z", "jumanji-LevelBasedForaging-v0")
 SOURCES = ("noisy", "teacher", "random")

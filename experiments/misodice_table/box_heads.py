@@ -31,11 +31,9 @@ from jaxil.nn import policy as policy_mod
 from jaxil.cli.args import positive_int
 from jaxil.algorithms.offline import LearnerData, make_learner
 from jaxil.algorithms.offline.train import expand_grid, train
+from jaxil.collect.comparison import tier_returns
 from jaxil.collect.recipes import load_dataset
 from jaxil.data.labels import expert_labels
-
-sys.path.insert(0, str(Path(__file__).parent))
-from run import tier_returns  # noqa: E402
 
 RECIPE = "mpe-simple_spread_continuous/misodice-200e-1000p"
 

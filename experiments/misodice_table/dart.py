@@ -24,7 +24,6 @@ noise-free environment, sampled and deterministic. Normalised as the table:
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import jax
@@ -38,10 +37,10 @@ from jaxil.cli.args import positive_int
 from jaxil.data import Dataset
 from jaxil.algorithms.offline import LearnerData, make_learner
 from jaxil.algorithms.offline.train import expand_grid, train
+from jaxil.collect.comparison import tier_returns
 
-sys.path.insert(0, str(Path(__file__).parent))
-from box_heads import RECIPE, spread_outcome, write_results  # noqa: E402
-from run import tier_returns  # noqa: E402
+# The MPE-spread helpers of this folder's box_heads.py (a script's own folder is importable).
+from box_heads import RECIPE, spread_outcome, write_results
 
 ENV = "mpe:simple_spread_continuous"
 

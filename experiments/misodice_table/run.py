@@ -27,20 +27,12 @@ from jaxil.algorithms.offline import LearnerData, make_learner
 from jaxil.data.preferences import dataset_id
 from jaxil.nn.policy import DEFAULT_BOX
 from jaxil.runs.result_cache import ResultCache
-from jaxil.collect.recipes import env_short, sidecar_path
+from jaxil.collect.comparison import ALGOS, LABELS, VARIANTS, tier_returns
+from jaxil.collect.recipes import env_short
 from jaxil.algorithms.offline.train import expand_grid, train
-from jaxil.collect.recipes import dataset_path, load_dataset
+from jaxil.collect.recipes import load_dataset
 from jaxil.data.labels import expert_labels
 
-ALGOS = ("bc_union", "bc_expert", "indd", "misodice_vdn", "misodice")
-LABELS = {"bc_union": "BC(D_U)", "bc_expert": "BC(D_E)", "indd": "INDD",
-          "misodice_vdn": "MisoDICE-VDN", "misodice": "MisoDICE"}
-#: Learners of the table with one setting changed: name -> (learner, overrides, label).
-VARIANTS = {
-    "misodice_strat": ("misodice", dict(policy_sampling="stratified"),
-                       "MisoDICE, stratified π batch"),
-}
-LABELS.update({k: v[2] for k, v in VARIANTS.items()})
 KIND = "misodice-200e-1000p"
 #: Rows that depart from the table's recipe (``kind``) or budget (at least
 #: ``min_updates``), and why; ``--plain-rows`` runs every row as the others.
@@ -54,15 +46,6 @@ ROW_OVERRIDES = {
 }
 DEFAULT_ENVS = ("smax-3m", "smax-2s3z", "smax-5m_vs_6m", "smax-smacv2_5_units",
                 "mpe-simple_spread_continuous", "jumanji-LevelBasedForaging-v0")
-
-
-def tier_returns(recipe: str, seed: int) -> dict:
-    """The dataset's measured tier returns (``.tiers.json`` sidecar), or {}."""
-    side = sidecar_path(dataset_path(recipe, seed))
-    if not side.exists():
-        return {}
-    tiers = json.loads(side.read_text())["tier_measurements"]["tiers"]
-    return {t: v["mean_return"] for t, v in tiers.items()}
 
 
 def normalised(r: dict, ref: dict) -> tuple[float, float] | None:

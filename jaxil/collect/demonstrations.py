@@ -1,0 +1,92 @@
+"""Demonstrations of ε-noised experts, built once and loaded after.
+
+A deliberately suboptimal demonstrator: the zoo's expert with per-agent
+ε-noise (:func:`jaxil.collect.zoo.noisy_policy`: each agent acts uniformly at
+random with probability ε at every step), collected by
+:func:`jaxil.collect.recipes.build` as the ``medium`` tier with its ε set
+explicitly (:data:`NOISED_EXPERTS`):
+
+=============================  ===================================  ====
+environment                    expert                               ε
+=============================  ===================================  ====
+smax:3m                        the shipped MAPPO teacher            0.4
+jumanji:LevelBasedForaging-v0  scripted BFS (``lbf-bfs-coop``)      0.7
+mpe:simple_spread              scripted assignment (``spread-...``)  0.6
+smax:2s3z                      the shipped MAPPO teacher            0.4
+=============================  ===================================  ====
+
+The ε are the zoo's medium tier of each environment
+(:data:`jaxil.collect.zoo.EPSILON` / ``EPSILON_OVERRIDES``, calibrated in
+data_report.md), written out here so that a set keeps its file and its
+contents. The expert is whatever the zoo finds (a local teacher under
+``runs/teachers/smax_3m`` overrides the shipped one, with a warning). The
+reward-learning studies of experiments/irl learn from these sets (their
+README says why smax:2s3z joined the other three).
+
+Usage::
+
+    from jaxil.collect.demonstrations import NOISED_EXPERTS, demonstrations
+    ds, info = demonstrations("smax:3m", num_demos=200, seed=0)
+    info["demo_return_mean"], info["expert_return_mean"], info["epsilon"]
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+
+from jaxil.data import load
+from jaxil.collect import recipes
+from jaxil.collect.comparison import tier_returns
+
+#: Where :func:`demonstrations` builds its sets (relative to the working directory).
+DATA_DIR = Path("runs") / "experiments" / "irl" / "data"
+
+#: env id -> (recipe env short name, ε of the noised expert)
+NOISED_EXPERTS: dict[str, tuple[str, float]] = {
+    "smax:3m": ("smax-3m", 0.4),
+    "jumanji:LevelBasedForaging-v0": ("jumanji-LevelBasedForaging-v0", 0.7),
+    "mpe:simple_spread": ("mpe-simple_spread", 0.6),
+    "smax:2s3z": ("smax-2s3z", 0.4),
+}
+
+
+def demo_path(env_id: str, num_demos: int, seed: int = 0,
+              data_dir: Union[str, os.PathLike] = DATA_DIR) -> Path:
+    """``<data_dir>/<env-short>-eps<ε>-<num_demos>d-seed<seed>.npz``."""
+    short, eps = NOISED_EXPERTS[env_id]
+    return Path(data_dir) / f"{short}-eps{eps}-{num_demos}d-seed{seed}.npz"
+
+
+def demonstrations(env_id: str, num_demos: int = 200, seed: int = 0, progress: bool = False,
+                   data_dir: Union[str, os.PathLike] = DATA_DIR) -> tuple[Any, dict]:
+    """``(dataset, info)``: ``num_demos`` trajectories of the ε-noised expert of
+    ``env_id``, built once under ``data_dir`` and loaded after.
+
+    ``info``: ``epsilon``, ``source`` (the demonstrator's name),
+    ``demo_return_mean/std`` (over the dataset), and the zoo's measurement of
+    the demonstrator, of the noise-free expert and of the random policy over
+    128 other episodes (``demonstrator_measured``, ``expert_return_mean``,
+    ``random_return_mean``).
+    """
+    if env_id not in NOISED_EXPERTS:
+        raise ValueError(f"noised-expert demonstrations cover {', '.join(NOISED_EXPERTS)}, not {env_id!r}")
+    short, eps = NOISED_EXPERTS[env_id]
+    path = demo_path(env_id, num_demos, seed, data_dir)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        recipes.build(f"{short}/medium", seed=seed, out_path=path, progress=progress,
+                      counts={"medium": int(num_demos)}, epsilons={"medium": eps})
+    ds = load(path)
+    tiers = tier_returns(path)
+    ret = np.asarray(ds.episode_return, np.float64)
+    info = dict(env_id=env_id, epsilon=eps, num_demos=int(num_demos), seed=int(seed),
+                path=str(path), source=ds.info.source_names[0],
+                demo_return_mean=float(ret.mean()), demo_return_std=float(ret.std()),
+                demonstrator_measured=tiers["medium"],
+                expert_return_mean=tiers["expert"],
+                random_return_mean=tiers["random"])
+    return ds, info
