@@ -56,7 +56,6 @@ def expert_labels(dataset, labels: str) -> Optional[np.ndarray]:
 
 
 def _labels_json(path: Path, dataset) -> Any:
-
     try:
         doc = json.loads(path.read_text())
     except json.JSONDecodeError as e:

@@ -248,7 +248,6 @@ def init_states(env, student: Learner, config: InteractiveConfig, hps: list[dict
     k_init, k_state, k_sft = jax.vmap(lambda k: jax.random.split(k, 3))(keys).transpose(1, 0, 2)
 
     def one(ki, ks, lr):
-
         ls = student.init(ki, BCHParams(beta=jnp.float32(0.0), lr=lr))
         return InteractiveState(student=ls, buffer=empty_buffer(env.spec, config.capacity),
                                 hp=jax.tree.map(lambda x: x[0], hp), labels=jnp.int32(0),

@@ -427,7 +427,6 @@ class Program:
     """The PPO program with the adversarial hook, for one (env, configs)."""
 
     def __init__(self, env: MultiAgentEnv, ppo_config: PPOConfig, config: AdversarialConfig):
-
         self.env, self.ppo_config, self.config = env, ppo_config, config
         self.adv = Adversarial(env.spec, make_actor(env.spec, ppo_config), ppo_config, config)
         self.ppo: PPO = make_ppo(env, ppo_config, self.adv.hook())

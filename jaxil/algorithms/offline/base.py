@@ -28,11 +28,10 @@ import numpy as np
 import optax
 from flax import struct
 
+from jaxil.data.sampling import (Transitions, flatten_transitions, sample_transitions_indexed,
+                                 sample_where)
 from jaxil.envs.policies import Policy
-
-from jaxil.data.sampling import Transitions, sample_transitions_indexed, sample_where
 from jaxil.runs.updates import fused_updates, scan_updates
-from jaxil.data.sampling import flatten_transitions
 
 
 @struct.dataclass
@@ -45,7 +44,6 @@ class LearnerData:
 
     @staticmethod
     def from_dataset(dataset, expert_flags=None) -> "LearnerData":
-
         trans = flatten_transitions(dataset, expert_flags)
         return LearnerData(union=trans.replace(expert=None), expert=trans.expert)
 
