@@ -12,7 +12,7 @@ from .core import (
 from .registry import list_envs as list  # noqa: A001 - mirrors gym/jumanji naming
 from .registry import make, register
 from .wrappers import ActionNoise, AutoReset
-from .rollout import Trajectory, rollout, run_episodes
+from .rollout import Episodes, Trajectory, episode_summary, rollout, run_episodes
 
 __all__ = [
     "ActionNoise",
@@ -21,10 +21,12 @@ __all__ = [
     "DiscreteActions",
     "EnvSpec",
     "EnvState",
+    "Episodes",
     "MultiAgentEnv",
     "TimeStep",
     "Trajectory",
     "check_actions",
+    "episode_summary",
     "list",
     "make",
     "register",

@@ -13,6 +13,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from .core import MultiAgentEnv
@@ -111,6 +112,18 @@ class Episodes:
     length: jax.Array  # [E]
     won: jax.Array  # [E]
     carry: Any = None  # [E, T, ...] the policy's carry after each act (record_carry)
+
+
+def episode_summary(eps: Episodes, has_win: bool) -> dict[str, Any]:
+    """The statistics every report of a batch of episodes gives, on the host
+    in float64: ``episodes``, ``return_mean``, ``return_std`` (population),
+    ``length_mean`` and, where the task has a win, ``win_rate``."""
+    ret = np.asarray(eps.episode_return, np.float64)
+    out = dict(episodes=int(ret.size), return_mean=float(ret.mean()),
+               return_std=float(ret.std()), length_mean=float(np.asarray(eps.length).mean()))
+    if has_win:
+        out["win_rate"] = float(np.asarray(eps.won).mean())
+    return out
 
 
 def run_episodes(

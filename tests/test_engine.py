@@ -154,6 +154,44 @@ def test_a_program_refuses_an_eval_cadence_that_does_not_divide_the_run():
         make_program(eval_every=4)
 
 
+def test_rows_every_chunk_with_uneven_checkpoints_and_timing_over_a_resume(tmp_path):
+    """``row_every_chunk`` writes a row per chunk, the evaluation only on the
+    chunks of ``eval_chunks`` (where the checkpoints are); ``timed`` rows
+    carry ``wall_time_s`` continued from the kept rows after a resume;
+    ``derive`` fields are computed from the finished row, whose step field
+    stays the engine's even when a metric has the same name. Fails if the
+    evaluation leaks into other rows, a checkpoint lands on an unevaluated
+    chunk, the wall clock restarts at zero on resume, or a metric overwrites
+    the step."""
+    kw = dict(eval_chunks=[2, 5, 6], row_every_chunk=True, timed=True,
+              derive=lambda r: {"chunk": r["update"] // 3})
+
+    def prog():
+        p = make_program(**kw)
+        chunk = p.chunk
+        p.chunk = lambda s, c: (lambda out: (out[0], dict(out[1], update=jnp.full(2, -1.0)),
+                                             out[2]))(chunk(s, c))
+        return p
+
+    full = engine.run(prog(), progress=False)
+    assert [r["chunk"] for r in full.rows[::2]] == [1, 2, 3, 4, 5, 6]
+    assert [r["update"] for r in full.rows[::2]] == [3, 6, 9, 12, 15, 18]
+    assert ["eval_return" in r for r in full.rows[::2]] == [False, True, False, False, True, True]
+    rd = engine.open_run(tmp_path / "r", {"toy": 1}, step_key="update")
+    engine.run(prog(), rundir=rd, progress=False, stop_after_chunks=4)
+    assert rd.checkpointer.latest_step() == 6
+    rd = engine.open_run(tmp_path / "r", {"toy": 1}, step_key="update", resume=True)
+    kept_wall = rd.rows[-1]["wall_time_s"]
+    assert [r["chunk"] for r in rd.rows[::2]] == [1, 2] and kept_wall > 0
+    rest = engine.run(prog(), rundir=rd, progress=False)
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.endswith("time_s")} for r in rows]
+    assert strip(rest.rows) == strip(full.rows)
+    walls = [r["wall_time_s"] for r in rest.rows[::2]]
+    assert walls == sorted(walls) and walls[2] > kept_wall
+    with pytest.raises(ValueError, match="eval_chunks must increase"):
+        make_program(eval_chunks=[2, 4])
+
+
 def test_summarize_step_groups_in_run_order_and_formats():
     """Groups by label in the given order with mean and population std over
     their runs. Fails if the std is the sample std (ddof=1) or the groups

@@ -33,19 +33,11 @@ def evaluate_policies(env_id: str, episodes: int, seed: int) -> list[dict]:
         run = jax.jit(lambda k, pol=pol: envs.run_episodes(env, pol, None, k, episodes))
         t0 = time.perf_counter()
         ep = jax.block_until_ready(run(jax.random.PRNGKey(seed)))
-        ret = np.asarray(ep.episode_return)
-        rows.append(
-            dict(
-                env=env_id,
-                policy=name,
-                episodes=episodes,
-                mean_return=float(ret.mean()),
-                std_return=float(ret.std()),
-                win_rate=float(np.asarray(ep.won).mean()),
-                mean_length=float(np.asarray(ep.length).mean()),
-                seconds=time.perf_counter() - t0,
-            )
-        )
+        s = envs.episode_summary(ep, has_win=True)
+        rows.append(dict(env=env_id, policy=name, episodes=episodes,
+                         mean_return=s["return_mean"], std_return=s["return_std"],
+                         win_rate=s["win_rate"], mean_length=s["length_mean"],
+                         seconds=time.perf_counter() - t0))
     return rows
 
 

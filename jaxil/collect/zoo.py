@@ -518,16 +518,14 @@ def measurement_seeds(seed: int, num_episodes: int) -> np.ndarray:
     )
 
 
-def summarize_episodes(eps: Any, has_win: bool) -> dict[str, Any]:
-    ret = np.asarray(eps.episode_return, np.float64)
-    out = dict(
-        episodes=int(ret.size),
-        mean_return=float(ret.mean()),
-        std_return=float(ret.std()),
-        mean_length=float(np.asarray(eps.length).mean()),
-    )
-    out["win_rate"] = float(np.asarray(eps.won).mean()) if has_win else None
-    return out
+def tier_summary(eps: Any, has_win: bool) -> dict[str, Any]:
+    """:func:`jaxil.envs.episode_summary` under the names of the tier
+    measurements (``mean_return``, ``std_return``, ``mean_length``;
+    ``win_rate`` None when the task has no win)."""
+    s = envs.episode_summary(eps, has_win)
+    return dict(episodes=s["episodes"], mean_return=s["return_mean"],
+                std_return=s["return_std"], mean_length=s["length_mean"],
+                win_rate=s.get("win_rate"))
 
 
 def measure_tiers(
@@ -577,7 +575,7 @@ def measure_tiers(
     try:
         for t in tiers:
             eps = zoo.collect(t, seeds, chunk, bar)
-            result[t] = dict(source=zoo[t].source, **summarize_episodes(eps, zoo.spec.has_win))
+            result[t] = dict(source=zoo[t].source, **tier_summary(eps, zoo.spec.has_win))
     finally:
         if own_bar:
             bar.close()

@@ -80,6 +80,17 @@ class Program:
         program gathers its runs here).
       restore: ``(checkpointer, like, step) -> state``.
       checkpoint_view: ``state -> tree``, what a checkpoint holds.
+      eval_chunks: the chunk counts (from 1) after which to evaluate and
+        checkpoint, instead of every ``eval_every`` (e.g. a few evenly
+        spaced checkpoints of a long run); the last must be ``num_chunks``.
+      row_every_chunk: a metrics row after every chunk (the chunk's
+        metrics), the evaluation joining the rows of evaluated chunks.
+      timed: rows carry ``chunk_time_s`` (the chunk, host sync included)
+        and ``wall_time_s`` (every chunk so far, over resumed sessions).
+      derive: ``row -> dict``, fields computed from a finished row (a
+        throughput from ``chunk_time_s``, a second step counter).
+      describe_step: ``step -> str``, a step as error messages name it
+        (default ``"<step_key> <step>"``).
     """
 
     name: str
@@ -101,9 +112,19 @@ class Program:
     fetch: Callable[[Any], Any] = jax.device_get
     restore: Callable[[Checkpointer, Any, int], Any] = _restore
     checkpoint_view: Callable[[Any], Any] = _same
+    eval_chunks: Optional[Sequence[int]] = None
+    row_every_chunk: bool = False
+    timed: bool = False
+    derive: Optional[Callable[[dict], dict]] = None
+    describe_step: Optional[Callable[[int], str]] = None
 
     def __post_init__(self):
-        if not 1 <= self.eval_every <= self.num_chunks or self.num_chunks % self.eval_every:
+        if self.eval_chunks is not None:
+            ev = list(self.eval_chunks)
+            if not ev or ev != sorted(set(ev)) or ev[0] < 1 or ev[-1] != self.num_chunks:
+                raise ValueError(f"eval_chunks must increase from >= 1 to the run's "
+                                 f"{self.num_chunks} chunks, got {ev}")
+        elif not 1 <= self.eval_every <= self.num_chunks or self.num_chunks % self.eval_every:
             raise ValueError(f"eval_every must divide the run's {self.num_chunks} chunks, got "
                              f"{self.eval_every}")
         if len(self.run_ids) != len(self.run_labels) or not self.run_ids:
@@ -170,7 +191,7 @@ def run(program: Program, *, rundir: Optional[RunDir] = None,
     logs: list[Logger] = [make(names, p.step_key, start * p.step_unit if start else None)
                           for make in loggers] if rundir is not None or checkpointer is None else []
 
-    def record(step: int, metrics: dict, evaluation: dict) -> dict:
+    def record(step: int, metrics: dict, evaluation: dict, extra: Optional[dict] = None) -> dict:
         # Means in the values' own dtype (float32 returns stay float32 until the
         # row), so rows read the same whichever program or version wrote them.
         values = {k: np.asarray(v) for k, v in p.fetch(evaluation).items()}
@@ -179,7 +200,11 @@ def run(program: Program, *, rundir: Optional[RunDir] = None,
         for ident in p.run_ids:
             i = ident["run"]
             row = {p.step_key: step, **ident}
-            row.update({k: _clean(float(np.mean(v[i]))) for k, v in values.items()})
+            row.update({k: _clean(float(np.mean(v[i]))) for k, v in values.items()
+                        if k not in row})  # the step and ids are the engine's
+            row.update(extra or {})
+            if p.derive is not None:
+                row.update(p.derive(row))
             new.append(row)
         rows.extend(new)
         if rundir is not None:
@@ -189,12 +214,16 @@ def run(program: Program, *, rundir: Optional[RunDir] = None,
         return values
 
     last_saved = start * p.step_unit if latest is not None else None
+    describe = p.describe_step or (lambda s: f"{p.step_key} {s}")
+    evaluated = (set(p.eval_chunks).__contains__ if p.eval_chunks is not None
+                 else lambda n: n % p.eval_every == 0)
+    wall = float(rows[-1].get("wall_time_s") or 0.0) if p.timed and rows else 0.0
 
     def kept() -> str:
         if last_saved is None or rundir is None and checkpointer is None:
             return "no checkpoint was written"
         where = rundir.path if rundir is not None else Path(ckpt.directory).parent
-        return f"the last good checkpoint ({p.step_key} {last_saved}) is kept in {where}"
+        return f"the last good checkpoint ({describe(last_saved)}) is kept in {where}"
 
     bar = None
     end = p.num_chunks if stop_after_chunks is None else min(p.num_chunks, stop_after_chunks)
@@ -208,10 +237,12 @@ def run(program: Program, *, rundir: Optional[RunDir] = None,
         if progress and (rundir is not None or checkpointer is None):
             from tqdm.auto import tqdm
 
+            runs = len(p.run_ids)
             bar = tqdm(total=p.num_chunks * p.step_unit, initial=start * p.step_unit,
-                       unit=p.step_key, dynamic_ncols=True,
-                       desc=f"{p.name} ×{len(p.run_ids)}")
+                       unit=p.step_key, unit_scale=p.step_unit >= 1000, dynamic_ncols=True,
+                       desc=p.name if runs == 1 else f"{p.name} ×{runs}")
         for c in range(start, end):
+            t_chunk = time.perf_counter()
             if profile_dir and c == start + 1:
                 with jax.profiler.trace(profile_dir):
                     state, metrics, health = jax.block_until_ready(p.chunk(state, c))
@@ -220,10 +251,14 @@ def run(program: Program, *, rundir: Optional[RunDir] = None,
             guard.check(p.fetch(health), learner=p.name, run_labels=list(p.run_labels),
                         first_step=c * p.steps_per_chunk + 1, chunk_len=p.steps_per_chunk,
                         kept=kept())
-            if (c + 1) % p.eval_every == 0:
+            elapsed = time.perf_counter() - t_chunk
+            wall += elapsed
+            evaluate = evaluated(c + 1)
+            if evaluate or p.row_every_chunk:
                 step = (c + 1) * p.step_unit
-                host = record(step, metrics, p.evaluate(state, c))
-                if ckpt is not None:
+                timing = dict(chunk_time_s=elapsed, wall_time_s=wall) if p.timed else None
+                host = record(step, metrics, p.evaluate(state, c) if evaluate else {}, timing)
+                if evaluate and ckpt is not None:
                     ckpt.save(step, p.checkpoint_view(state))
                     last_saved = step
                 if bar is not None and p.postfix is not None:

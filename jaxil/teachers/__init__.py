@@ -5,8 +5,10 @@
   ``make_train``); the losses live in :mod:`jaxil.losses` (``gae``,
   ``clipped_surrogate_loss``, ``clipped_value_loss``), the networks in
   :mod:`jaxil.nn.policy` and :mod:`jaxil.nn.nets`.
-- :mod:`jaxil.teachers.train`: the driver (``train_teacher``: chunks,
-  checkpoints, evaluations, resume).
+- :mod:`jaxil.teachers.train`: the teacher program and ``train_teacher``
+  (chunks, checkpoints, evaluations and resume, run by
+  :func:`jaxil.runs.engine.run`).
+- :mod:`jaxil.teachers.rundir`: the teacher directory as the engine writes it.
 - :mod:`jaxil.teachers.io`: run directories, ``load_teacher`` and the
   teachers shipped with jaxil.
 - :mod:`jaxil.teachers.presets`: per-environment presets and the command line

@@ -1,11 +1,13 @@
-"""The teacher driver: a PPO run in chunks, with a progress bar, metrics,
-checkpoints, evaluations and exact resume (:func:`train_teacher`).
+"""The teacher program: PPO in chunks, run by the run engine (:func:`train_teacher`).
 
-``train_teacher(env_id, config, seed, out_dir)`` loops over chunks of the
-compiled :func:`jaxil.algorithms.rl.ppo.make_ppo` program, writes ``metrics.jsonl``,
-saves the actor at several points, evaluates each checkpoint with
-:func:`envs.run_episodes`, writes ``teacher.json`` and resumes bit-for-bit from
-the last checkpoint. The directory layout is in :mod:`jaxil.teachers.io`.
+``train_teacher(env_id, config, seed, out_dir)`` builds a
+:class:`jaxil.runs.engine.Program` from the compiled
+:func:`jaxil.algorithms.rl.ppo.make_ppo` chunk and hands it to
+:func:`jaxil.runs.engine.run`, which owns the loop: the guard, one metrics row
+per chunk, a few evenly spaced checkpoints, each evaluated with
+:func:`jaxil.envs.run_episodes`, the progress bar and exact resume. The
+directory keeps the teacher layout of :mod:`jaxil.teachers.io`
+(:mod:`jaxil.teachers.rundir` maps it onto the engine).
 
 A run that cannot lie: the output directory is checked writable and free of
 other runs before any compilation; ``resume`` refuses any setting that differs
@@ -17,11 +19,7 @@ are written, so the directory keeps its last good checkpoint.
 from __future__ import annotations
 
 import functools
-import json
-import os
-import shutil
 import time
-from pathlib import Path
 from typing import Any, Optional
 
 import jax
@@ -31,41 +29,16 @@ import numpy as np
 from jaxil import envs
 from jaxil.envs.core import MultiAgentEnv
 from jaxil.envs.policies import random_policy
-from jaxil.runs import guard
-from jaxil.runs.checkpoint import restore_tree, save_tree
-from jaxil.runs.io_atomic import atomic_write_text
-from jaxil.runs.rundir import check_writable
+from jaxil.runs import engine
 from jaxil.algorithms.rl.config import PPOConfig
-from jaxil.teachers.io import (
-    ACTOR_FORMAT,
-    CKPT_DIR,
-    METRICS_FILE,
-    TEACHER_FILE,
-    jsonable_metrics,
-    list_checkpoints,
-    write_json,
-)
 from jaxil.algorithms.rl.ppo import RunnerState, make_ppo
+from jaxil.teachers.io import ACTOR_FORMAT
+from jaxil.teachers.rundir import STEP_KEY, evaluation_fields, open_teacher_dir
 
 
 # --------------------------------------------------------------------------
 # Evaluation
 # --------------------------------------------------------------------------
-def summarize_episodes(eps: Any, has_win: bool) -> dict[str, float]:
-    """Mean return (± std), mean length and win rate of an
-    :class:`envs.rollout.Episodes` batch."""
-    ret = np.asarray(eps.episode_return, np.float64)
-    out = dict(
-        episodes=int(ret.shape[0]),
-        return_mean=float(ret.mean()),
-        return_std=float(ret.std()),
-        length_mean=float(np.asarray(eps.length).mean()),
-    )
-    if has_win:
-        out["win_rate"] = float(np.asarray(eps.won).mean())
-    return out
-
-
 def evaluate(
     env: MultiAgentEnv, policy: Any, params: Any, key: jax.Array, num_episodes: int = 128
 ) -> dict[str, float]:
@@ -73,7 +46,7 @@ def evaluate(
     over ``num_episodes`` complete episodes of :func:`envs.run_episodes`
     (jitted; the compiled program is cached per ``(env, policy)`` object)."""
     eps = _jit_run_episodes(env, policy, num_episodes)(params, key)
-    return summarize_episodes(eps, env.spec.has_win)
+    return envs.episode_summary(eps, env.spec.has_win)
 
 
 @functools.lru_cache(maxsize=32)
@@ -82,7 +55,7 @@ def _jit_run_episodes(env, policy, num_episodes):
 
 
 # --------------------------------------------------------------------------
-# Driver: chunks, progress bar, metrics, checkpoints, resume
+# The program
 # --------------------------------------------------------------------------
 def checkpoint_chunks(num_chunks: int, num_checkpoints: int) -> list[int]:
     """Chunk indices (1-based) after which a checkpoint is saved: evenly
@@ -152,8 +125,8 @@ class _Program:
         run = self._eval[num_episodes]
         has_win = self.spec.has_win
         return dict(
-            eval_stochastic=summarize_episodes(run(params, jnp.bool_(False), key), has_win),
-            eval_deterministic=summarize_episodes(run(params, jnp.bool_(True), key), has_win),
+            eval_stochastic=envs.episode_summary(run(params, jnp.bool_(False), key), has_win),
+            eval_deterministic=envs.episode_summary(run(params, jnp.bool_(True), key), has_win),
         )
 
     @functools.lru_cache(maxsize=8)
@@ -163,7 +136,7 @@ class _Program:
         run = self._compile(
             lambda k: envs.run_episodes(self.env, policy, None, k, num_episodes), key
         )
-        return summarize_episodes(run(key), self.spec.has_win)
+        return envs.episode_summary(run(key), self.spec.has_win)
 
 
 @functools.lru_cache(maxsize=8)
@@ -171,6 +144,57 @@ def _program(
     env_id: str, env_kwargs_items: tuple, config: PPOConfig, compiler_items: tuple = ()
 ) -> _Program:
     return _Program(env_id, env_kwargs_items, config, compiler_items)
+
+
+def teacher_program(prog: _Program, config: PPOConfig, seed: int, *, eval_episodes: int,
+                    checkpoint_at: list[int], env_id: str, label: str) -> engine.Program:
+    """The :class:`jaxil.runs.engine.Program` of one teacher: one run, one
+    metrics row per chunk (the training rollouts' statistics, timed), a
+    checkpoint and evaluation after each chunk of ``checkpoint_at``. Rows and
+    checkpoints are keyed by env steps; the guard numbers updates."""
+    k_init, k_eval = jax.random.split(jax.random.PRNGKey(seed))
+    env_steps_per_chunk = config.updates_per_chunk * config.batch_size
+    compiled: dict[str, Any] = {}
+
+    def init() -> RunnerState:
+        runner = prog.init(k_init)
+        compiled["chunk"], compiled["compile_s"] = prog.checked_chunk(runner)
+        return runner
+
+    def chunk(runner: RunnerState, c: int):
+        runner, metrics, health = compiled["chunk"](runner)
+        if "reported" not in compiled:  # the first chunk of this session
+            compiled["reported"] = True
+            metrics = dict(metrics, compile_s=compiled["compile_s"])
+        return runner, metrics, health
+
+    def evaluate(runner: RunnerState, c: int) -> dict:
+        return evaluation_fields(prog.evaluate(runner.actor.params, k_eval, eval_episodes))
+
+    def derive(row: dict) -> dict:
+        return dict(chunk=row[STEP_KEY] // env_steps_per_chunk,
+                    update=row[STEP_KEY] // config.batch_size,
+                    env_steps_per_s=env_steps_per_chunk / row["chunk_time_s"])
+
+    def postfix(values: dict) -> dict:
+        ret = values["return_mean"][0]
+        out = {"ret": "-" if not np.isfinite(ret) else f"{ret:.3g}"}
+        if "win_rate" in values and np.isfinite(values["win_rate"][0]):
+            out["win"] = f"{values['win_rate'][0]:.2f}"
+        if "eval_stochastic/return_mean" in values:
+            out["eval"] = f"{values['eval_stochastic/return_mean'][0]:.3g}"
+        return out
+
+    return engine.Program(
+        name=f"the {config.algo.upper()} teacher of {env_id}", step_key=STEP_KEY,
+        num_chunks=config.num_chunks, steps_per_chunk=config.updates_per_chunk,
+        run_ids=[{"run": 0, "seed": int(seed)}], run_labels=[f"seed {seed} ({label})"],
+        init=init, chunk=chunk, evaluate=evaluate, step_unit=env_steps_per_chunk,
+        eval_chunks=checkpoint_at, row_every_chunk=True, timed=True, derive=derive,
+        postfix=postfix, summarize=lambda rows: {},
+        fetch=lambda tree: jax.tree.map(lambda x: np.asarray(x)[None], jax.device_get(tree)),
+        describe_step=lambda s: f"env step {s}, update {s // config.batch_size}",
+    )
 
 
 def train_teacher(
@@ -192,7 +216,8 @@ def train_teacher(
 
         out_dir/teacher.json         env id, algo, config, spec, random baseline,
                                      checkpoints with their evaluations
-        out_dir/metrics.jsonl        one line per chunk (training-rollout stats)
+        out_dir/metrics.jsonl        one row per chunk (training-rollout stats;
+                                     the evaluation too at checkpoints)
         out_dir/checkpoints/<env_steps>/actor/      orbax: actor params
         out_dir/checkpoints/<env_steps>/runner/     orbax: full RunnerState
                                                     (latest checkpoint only)
@@ -233,14 +258,8 @@ def train_teacher(
                                           or stop_after_chunks < 1):
         raise ValueError(f"stop_after_chunks must be an integer >= 1 (or None), "
                          f"got {stop_after_chunks!r}")
-    check_writable(Path(out_dir), "out_dir")
-    _refuse_foreign_run(out_dir)
-    session_start = time.time()
     env_kwargs = dict(env_kwargs or {})
     ckpt_chunks = checkpoint_chunks(config.num_chunks, num_checkpoints)
-    teacher_path = os.path.join(out_dir, TEACHER_FILE)
-    metrics_path = os.path.join(out_dir, METRICS_FILE)
-    existing = list_checkpoints(out_dir)
     header = dict(
         env_id=env_id,
         env_kwargs=env_kwargs,
@@ -254,195 +273,13 @@ def train_teacher(
         "eval_episodes reset keys for every checkpoint",
         checkpoint_chunks=ckpt_chunks,
     )
-    old = None
-    if existing:
-        if not resume:
-            raise FileExistsError(
-                f"{out_dir} already has checkpoints {existing}; pass resume=True "
-                f"(--resume) to continue, or choose an empty out_dir"
-            )
-        if not os.path.exists(teacher_path):
-            raise FileNotFoundError(
-                f"cannot resume {out_dir}: it holds checkpoints {existing} but no "
-                f"{TEACHER_FILE}, so their settings cannot be checked; choose an empty out_dir"
-            )
-        with open(teacher_path) as f:
-            old = json.load(f)
-        if old.get("actor_format", 1) != ACTOR_FORMAT:
-            raise ValueError(
-                f"cannot resume {out_dir}: it was written by an earlier jaxil (actor_format "
-                f"{old.get('actor_format', 1)}); its checkpoints still load for data, but train "
-                f"a new run in an empty out_dir to continue training"
-            )
-        # eval_episodes: the checkpoints of one run are evaluated alike (runs
-        # written before it was recorded are not compared on it).
-        keys = ("env_id", "env_kwargs", "seed", "config", "checkpoint_chunks") + (
-            ("eval_episodes",) if "eval_episodes" in old else ())
-        for k in keys:
-            if old.get(k) != json.loads(json.dumps(header[k])):
-                raise ValueError(
-                    f"cannot resume {out_dir}: its {k} is {old.get(k)!r} but this run has "
-                    f"{header[k]!r} (num_checkpoints and eval_episodes must match too); "
-                    f"rerun with the original settings, or choose another out_dir"
-                )
-
+    rundir = open_teacher_dir(out_dir, header, resume=resume,
+                              env_steps_per_chunk=config.updates_per_chunk * config.batch_size)
     prog = _program(env_id, tuple(sorted(env_kwargs.items())), config,
                     tuple(sorted((compiler_options or {}).items())))
-    spec = prog.spec
-    header["spec"] = spec.to_dict()
-    os.makedirs(os.path.join(out_dir, CKPT_DIR), exist_ok=True)
-    k_init, k_eval = jax.random.split(jax.random.PRNGKey(seed))
-
-    start_chunk, wall = 0, 0.0
-    if old is not None:
-        with_state = [s for s in existing
-                      if os.path.isdir(os.path.join(out_dir, CKPT_DIR, str(s), "runner"))]
-        if not with_state:
-            raise FileNotFoundError(f"no runner state to resume from in {out_dir}/{CKPT_DIR}")
-        step = with_state[-1]
-        like = jax.eval_shape(prog.ppo.init, k_init)
-        runner = restore_tree(os.path.join(out_dir, CKPT_DIR, str(step), "runner"), like)
-        start_chunk = int(runner.update) // config.updates_per_chunk
-        # Drop checkpoints and metrics written after the state we resume from.
-        for s in existing:
-            if s > step:
-                shutil.rmtree(os.path.join(out_dir, CKPT_DIR, str(s)))
-        wall = _truncate_metrics(metrics_path, start_chunk)
-        header["random_baseline"] = old.get("random_baseline")
-    else:
-        runner = prog.init(k_init)
-        if os.path.exists(metrics_path):
-            os.remove(metrics_path)
-        header["random_baseline"] = prog.random_baseline(eval_episodes, seed)
-        write_json(teacher_path, dict(header, checkpoints=[], complete=False))
-
-    def save_checkpoint(runner, chunk, wall):
-        step = int(runner.update) * config.batch_size
-        cdir = os.path.join(out_dir, CKPT_DIR, str(step))
-        params = runner.actor.params
-        save_tree(os.path.join(cdir, "actor"), params)
-        save_tree(os.path.join(cdir, "runner"), runner)
-        info = dict(step=step, update=int(runner.update), chunk=chunk, wall_time_s=wall,
-                    **prog.evaluate(params, k_eval, eval_episodes))
-        write_json(os.path.join(cdir, "checkpoint.json"), info)
-        # Keep the full runner state for the latest checkpoint only.
-        for s in list_checkpoints(out_dir):
-            rdir = os.path.join(out_dir, CKPT_DIR, str(s), "runner")
-            if s != step and os.path.isdir(rdir):
-                shutil.rmtree(rdir)
-        return info
-
-    def write_teacher(complete, wall):
-        ckpts = []
-        for s in list_checkpoints(out_dir):
-            with open(os.path.join(out_dir, CKPT_DIR, str(s), "checkpoint.json")) as f:
-                ckpts.append(json.load(f))
-        # wall_time_s: training chunks only (all sessions); session_elapsed_s:
-        # this call, with compilation, evaluations and checkpoint writes.
-        doc = dict(header, checkpoints=ckpts, complete=complete, wall_time_s=wall,
-                   session_elapsed_s=time.time() - session_start,
-                   env_steps=int(runner.update) * config.batch_size)
-        write_json(teacher_path, doc)
-        return doc
-
-    chunk_exec, compile_s = prog.checked_chunk(runner)
-    K = config.updates_per_chunk
-    learner = f"the {config.algo.upper()} teacher of {env_id}"
-    kept = _kept(out_dir, config)
-    end_chunk = config.num_chunks
-    if stop_after_chunks is not None:
-        end_chunk = min(end_chunk, stop_after_chunks)
-    steps_per_chunk = config.updates_per_chunk * config.batch_size
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(
-            total=config.env_steps, initial=start_chunk * steps_per_chunk, unit="step",
-            unit_scale=True, desc=f"{config.algo} {env_id}", dynamic_ncols=True,
-            mininterval=5.0,
-        )
-    try:
-        with open(metrics_path, "a") as mf:
-            for chunk in range(start_chunk + 1, end_chunk + 1):
-                t = time.time()
-                runner, m, health = chunk_exec(runner)
-                m, health = jax.device_get((m, health))
-                # Before this chunk's metrics line and checkpoint: a diverged
-                # chunk leaves no trace but the error.
-                guard.check(jax.tree.map(lambda x: np.asarray(x)[None], health),
-                            learner=learner, run_labels=[f"seed {seed} ({out_dir})"],
-                            first_step=(chunk - 1) * K + 1, chunk_len=K,
-                            kept=kept)
-                dt = time.time() - t
-                wall += dt
-                rec = dict(chunk=chunk, update=int(runner.update), **jsonable_metrics(m))
-                rec.update(env_steps_per_s=steps_per_chunk / dt, chunk_time_s=dt, wall_time_s=wall)
-                if chunk == start_chunk + 1:
-                    rec["compile_s"] = compile_s
-                mf.write(json.dumps(rec) + "\n")
-                mf.flush()
-                if bar is not None:
-                    post = {"ret": "-" if rec["return_mean"] is None else f"{rec['return_mean']:.3g}"}
-                    if rec.get("win_rate") is not None:
-                        post["win"] = f"{rec['win_rate']:.2f}"
-                    post["sps"] = f"{rec['env_steps_per_s']:.0f}"
-                    bar.set_postfix(post, refresh=False)
-                    bar.update(steps_per_chunk)
-                if chunk in ckpt_chunks:
-                    info = save_checkpoint(runner, chunk, wall)
-                    write_teacher(complete=False, wall=wall)
-                    kept = _kept(out_dir, config)
-                    if bar is not None:
-                        ev = info["eval_stochastic"]
-                        msg = f"checkpoint {info['step']}: eval return {ev['return_mean']:.3f}"
-                        if "win_rate" in ev:
-                            msg += f", win rate {ev['win_rate']:.3f}"
-                        bar.write(msg)
-    finally:
-        if bar is not None:
-            bar.close()
-    return write_teacher(complete=int(runner.update) == config.num_updates, wall=wall)
-
-
-def _refuse_foreign_run(out_dir: str) -> None:
-    """Refuse a directory that holds a run other than a teacher's: a teacher
-    would remove its ``metrics.jsonl`` and mix its files with ours."""
-    d = Path(out_dir)
-    foreign = [f for f in ("run.json", "results.json") if (d / f).exists()]
-    if not (d / TEACHER_FILE).exists():
-        foreign += [f for f in (METRICS_FILE,) if (d / f).exists()]
-        ck = d / CKPT_DIR
-        if ck.is_dir() and any(ck.iterdir()):
-            foreign.append(CKPT_DIR + "/")
-    if foreign:
-        raise FileExistsError(
-            f"{out_dir} holds {', '.join(foreign)}: the files of another kind of run (a "
-            f"`jaxil train` run directory?), not of a teacher; choose another --out"
-        )
-
-
-def _kept(out_dir: str, config: PPOConfig) -> str:
-    """What a diverged run leaves behind (for its error message)."""
-    steps = list_checkpoints(out_dir)
-    if not steps:
-        return "no checkpoint was written (it diverged before the first)"
-    return (f"{out_dir} keeps its last good checkpoint (env step {steps[-1]}, update "
-            f"{steps[-1] // config.batch_size})")
-
-
-def _truncate_metrics(path: str, upto_chunk: int) -> float:
-    """Keep metric lines of chunks <= upto_chunk; return their wall time."""
-    if not os.path.exists(path):
-        return 0.0
-    keep, wall = [], 0.0
-    with open(path) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            rec = json.loads(line)
-            if rec["chunk"] <= upto_chunk:
-                keep.append(line if line.endswith("\n") else line + "\n")
-                wall = rec.get("wall_time_s", wall)
-    atomic_write_text(path, "".join(keep))
-    return wall
+    rundir.begin(prog.spec.to_dict(), None if rundir.latest is not None
+                 else prog.random_baseline(eval_episodes, seed))
+    program = teacher_program(prog, config, seed, eval_episodes=eval_episodes,
+                              checkpoint_at=ckpt_chunks, env_id=env_id, label=str(out_dir))
+    engine.run(program, rundir=rundir, progress=progress, stop_after_chunks=stop_after_chunks)
+    return rundir.doc
