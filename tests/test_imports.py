@@ -295,3 +295,47 @@ def test_the_graph_sees_function_level_and_submodule_imports(tmp_path):
     (pkg / "a.py").write_text("")
     (pkg / "b.py").write_text("import pkg.c\nthing = 1\n")
     assert find_cycle(import_graph(tmp_path, {"pkg": "pkg"})) == ["pkg", "pkg.b", "pkg.c", "pkg"]
+
+
+# ----------------------------------------------------------------------- tests
+TESTS = ROOT / "tests"
+# Test folders that are not a package of the library.
+TEST_ONLY = {"helpers", "benchmarks", "experiments"}
+
+
+def _test_folder_package(folder: Path) -> Optional[str]:
+    """The library package a test folder mirrors (``tests/algorithms/irl``
+    -> ``jaxil.algorithms.irl``, ``tests/envs`` -> ``jaxil.envs``), or None."""
+    parts = folder.relative_to(TESTS).parts
+    name = "jaxil." + ".".join(parts)
+    source = ROOT / "envs" if parts[0] == "envs" else ROOT / "jaxil" / Path(*parts)
+    return name if (source / "__init__.py").exists() else None
+
+
+def _imported_top_names(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_the_test_tree_mirrors_the_package_and_no_test_imports_another():
+    """Every test module sits in the folder of the package it tests (or at
+    the top for package-wide checks, or under ``benchmarks``/``experiments``
+    for the scripts), and imports shared code only from ``helpers``. Fails
+    when a test lands in a folder that names no package, or imports another
+    test module (``from test_teachers import ...``) for its data or its side
+    effects."""
+    local = {p.stem for p in TESTS.rglob("*.py")} - {"conftest"}
+    for path in TESTS.rglob("test_*.py"):
+        folder = path.parent
+        if folder != TESTS and folder.relative_to(TESTS).parts[0] not in TEST_ONLY:
+            assert _test_folder_package(folder), f"{path}: no package {folder.name} to mirror"
+        for name in _imported_top_names(path):
+            top = name.split(".")[0]
+            assert not (top in local and top != "helpers"), (
+                f"{path.relative_to(ROOT)} imports the test module {name}; move what it "
+                "shares into tests/helpers/")

@@ -34,7 +34,8 @@ preset, 5 updates per chunk).
 For the DICE learners every evaluation also records, on fixed batches of the
 cell's data, the normalised policy weights (largest, effective sample size,
 the share of weight on true expert transitions) and the discriminator's AUC
-for true expert vs other transitions (:func:`dice_diagnostics`).
+for true expert vs other transitions
+(:func:`jaxil.algorithms.offline.diagnostics.dice_diagnostics`).
 
 BC(D_E) reads only the expert transitions, so it is trained once per
 (environment, expert count, labels) and shared by the sources with the same
@@ -53,26 +54,23 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
 
 from jaxil import envs  # noqa: E402
-from jaxil.runs import guard  # noqa: E402
+from jaxil.runs import engine  # noqa: E402
 from jaxil.data import load, save  # noqa: E402
 from jaxil.data.format import Dataset, concatenate  # noqa: E402
 from jaxil.collect.recipes import build as build_recipe, sidecar_path  # noqa: E402
 from jaxil.collect.zoo import (CHECKPOINT_BANDS, TierPolicy, Zoo, noisy_params,  # noqa: E402
                             noisy_policy)
 from jaxil.algorithms.offline import LearnerData, make_learner  # noqa: E402
-from jaxil.losses import bounded_reward, dice_advantage, dice_weights  # noqa: E402
-from jaxil.nn.mixed_net import MixedNet  # noqa: E402
+from jaxil.algorithms.offline.diagnostics import dice_diagnostics, diagnostic_batches  # noqa: E402
 from jaxil.data.preferences import dataset_id  # noqa: E402
-from jaxil.nn.policy import encode_actions  # noqa: E402
 from jaxil.runs.result_cache import ResultCache  # noqa: E402
 from jaxil.algorithms.offline.train import chunk_fn, expand_grid, init_runs  # noqa: E402
 from jaxil.collect.comparison import ALGOS, LABELS, VARIANTS as TABLE_VARIANTS  # noqa: E402
@@ -289,127 +287,49 @@ def _evaluator(env, hidden: tuple, shared: bool, episodes: int):
                             in_axes=(0, None)))
 
 
-def diagnostic_batches(data: LearnerData, truth: np.ndarray, groups: int, batch: int,
-                       seed: int = 0) -> tuple[Any, np.ndarray]:
-    """``groups`` fixed batches of ``batch`` union transitions (uniform, as
-    the learners draw them) ``[G, B, ...]`` and their ground-truth expert
-    flags ``[G, B]`` (``truth`` per transition)."""
-    k = int(data.union.reward.shape[0])
-    idx = np.random.default_rng([seed, 0x64696167]).integers(0, k, (groups, batch))
-    b = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)[idx]), data.union)
-    return b, np.asarray(truth)[idx]
-
-
-def dice_weight_fn(learner, spec):
-    """``(params, hparams, batch [G, B]) -> (logit, weights)`` of one run: the
-    discriminator's (team) logit and the normalised DICE weights
-    ω = exp(e/(1+α)) / mean_B(·) of each batch of B, as the learner's update
-    computes them (``[G, B]``, or ``[G, B, N]`` per agent for INDD)."""
-    cfg = learner.config
-    disc = MixedNet(spec.num_agents, cfg.mixing, cfg.hidden, cfg.mixer_hidden, cfg.shared)
-    nu = MixedNet(spec.num_agents, cfg.mixing, cfg.hidden, cfg.mixer_hidden, cfg.shared)
-    per_agent = cfg.mixing == "none"
-    to_reward = bounded_reward if cfg.reward == "bounded" else (lambda x: x)
-
-    def one(params, hp, b):  # b: one batch [B, ...]
-        x = jnp.concatenate([b.obs, encode_actions(spec, b.actions)], -1)
-        logit = disc(params["disc"], x, b.global_state)
-        r = to_reward(logit)
-        v = nu(params["nu"], b.obs, b.global_state)
-        v_next = nu(params["nu"], b.next_obs, b.next_global_state)
-        if per_agent:
-            done = jnp.broadcast_to(b.done[:, None], r.shape)
-            adv = jax.vmap(dice_advantage, in_axes=(1, 1, 1, 1, None), out_axes=1)(
-                r, v, v_next, done, hp.gamma)
-            w = jax.vmap(dice_weights, in_axes=(1, None), out_axes=1)(adv, hp.alpha)
-        else:
-            w = dice_weights(dice_advantage(r, v, v_next, b.done, hp.gamma), hp.alpha)
-        return logit, w
-
-    return lambda params, hp, batches: jax.vmap(one, in_axes=(None, None, 0))(params, hp, batches)
-
-
-@functools.lru_cache(maxsize=64)
-def _jit_weights(learner, spec):
-    return jax.jit(jax.vmap(dice_weight_fn(learner, spec), in_axes=(0, 0, None)))
-
-
-def auc(scores: np.ndarray, positive: np.ndarray) -> float:
-    """Probability that a positive outranks a negative (ties count ½): the
-    Mann–Whitney statistic over average ranks."""
-    scores, positive = np.asarray(scores, np.float64).ravel(), np.asarray(positive, bool).ravel()
-    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
-    if not n_pos or not n_neg:
-        return float("nan")
-    _, inv, counts = np.unique(scores, return_inverse=True, return_counts=True)
-    r = (np.cumsum(counts) - (counts - 1) / 2)[inv]  # 1-based average ranks
-    return float((r[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
-
-
-def weight_stats(w: np.ndarray, truth: np.ndarray) -> dict:
-    """Per-batch statistics of normalised weights ``w [G, B]`` (or
-    ``[G, B, N]``, one set per agent), averaged over batches (and agents):
-    ``weight_max`` (median over batches of the largest weight), ``ess``
-    ((Σω)²/(B·Σω²): 1 for uniform weights, 1/B when one sample has them
-    all), ``expert_share`` (Σ over true expert samples of ω / Σω) beside
-    ``expert_fraction`` (the share of expert samples, what uniform weights
-    would give)."""
-    w = np.asarray(w, np.float64)
-    if w.ndim == 3:  # per agent: statistics of each agent's weights, then averaged
-        per = [weight_stats(w[..., i], truth) for i in range(w.shape[-1])]
-        return {k: float(np.mean([p[k] for p in per])) for k in per[0]}
-    B = w.shape[1]
-    s = w.sum(1)
-    ess = s ** 2 / (B * np.maximum((w ** 2).sum(1), 1e-300))
-    share = (w * truth).sum(1) / np.maximum(s, 1e-300)
-    return dict(weight_max=float(np.median(w.max(1))), ess=float(ess.mean()),
-                expert_share=float(share.mean()), expert_fraction=float(np.mean(truth)))
-
-
-def dice_diagnostics(learner, spec, states, batches, truth: np.ndarray) -> list[dict]:
-    """Per run: :func:`weight_stats` of its weights on ``batches`` and the
-    AUC of its discriminator logit (INDD: the mean over agents) for true
-    expert vs other transitions."""
-    logit, w = jax.device_get(_jit_weights(learner, spec)(states.params, states.hparams, batches))
-    out = []
-    for r in range(np.asarray(w).shape[0]):
-        lg = np.asarray(logit[r])
-        lg = lg.mean(-1) if lg.ndim == 3 else lg
-        d = weight_stats(w[r], truth)
-        d["disc_auc"] = auc(lg, truth)
-        d["logit_gap"] = float(lg[truth].mean() - lg[~truth].mean()) if truth.any() else float("nan")
-        out.append(d)
-    return out
-
-
 def train_row(learner, env, data: LearnerData, args, points: list, diag=None) -> dict:
-    """``--seeds`` runs of ``learner`` in one program (seeds vmapped), chunks
-    of ``--chunk`` fused updates, evaluated (and diagnosed, for DICE) at
-    each of ``points``. The evaluation keys depend only on the update, so
-    every learner meets the same episodes at the same point."""
+    """``--seeds`` runs of ``learner`` in one program (seeds vmapped) run by
+    the engine: chunks of ``--chunk`` fused updates, evaluated (and
+    diagnosed, for DICE: ``diag(states) -> {name: [R]}``) at each of
+    ``points``. The evaluation keys depend only on the update, so every
+    learner meets the same episodes at the same point."""
+    if any(u % args.chunk for u in points):
+        raise ValueError(f"every evaluation point must be a multiple of --chunk {args.chunk}, "
+                         f"got {points}")
     runs = expand_grid({}, args.seeds)
-    states = init_runs(learner, runs, args.seed)
     step = chunk_fn(learner, args.chunk)
-    evaluate = evaluator(learner, env, args.eval_episodes)
-    labels = [f"seed {r.seed}" for r in runs]
-    curve, t0 = [], time.perf_counter()
-    for c in range(1, points[-1] // args.chunk + 1):
-        states, metrics, health = step(states, data)
-        guard.check(jax.device_get(health), learner=learner.name, run_labels=labels,
-                    first_step=(c - 1) * args.chunk + 1, chunk_len=args.chunk, kept="nothing")
-        u = c * args.chunk
-        if u not in points:
-            continue
-        key = jax.random.fold_in(jax.random.PRNGKey(args.seed + 10_000), u)
-        ep = evaluate(states.params, key)
-        ret, won = (np.asarray(x, np.float64).mean(1) for x in jax.device_get(
-            (ep.episode_return, ep.won)))
-        m = {k: np.asarray(v).tolist() for k, v in jax.device_get(metrics).items()}
-        point = dict(update=u, returns=ret.tolist(), wins=won.tolist(), metrics=m)
+    episodes = evaluator(learner, env, args.eval_episodes)
+
+    def evaluate(states, c):
+        key = jax.random.fold_in(jax.random.PRNGKey(args.seed + 10_000), (c + 1) * args.chunk)
+        ep = episodes(states.params, key)
+        ret, won = (np.asarray(x, np.float64) for x in jax.device_get((ep.episode_return, ep.won)))
+        out = {"eval_return": ret, "eval_win_rate": won}
         if diag is not None:
-            point["diag"] = diag(states)
+            out.update({f"diag/{k}": v for k, v in diag(states).items()})
+        return out
+
+    result = engine.run(engine.Program(
+        name=learner.name, step_key="update", num_chunks=points[-1] // args.chunk,
+        steps_per_chunk=args.chunk, step_unit=args.chunk,
+        run_ids=[dict(run=r.index, seed=r.seed) for r in runs],
+        run_labels=[f"seed {r.seed}" for r in runs],
+        init=lambda: init_runs(learner, runs, args.seed),
+        chunk=lambda states, c: step(states, data), evaluate=evaluate,
+        eval_chunks=[u // args.chunk for u in points]), progress=False)
+    curve = []
+    for u in points:
+        at = sorted((r for r in result.rows if r["update"] == u), key=lambda r: r["run"])
+        names = [k for k in at[0] if k not in ("update", "run", "seed", "eval_return",
+                                               "eval_win_rate") and not k.startswith("diag/")]
+        point = dict(update=u, returns=[r["eval_return"] for r in at],
+                     wins=[r["eval_win_rate"] for r in at],
+                     metrics={k: [r[k] for r in at] for k in names})
+        if diag is not None:
+            point["diag"] = [{k.removeprefix("diag/"): v for k, v in r.items()
+                              if k.startswith("diag/")} for r in at]
         curve.append(point)
-    return dict(curve=curve, seconds=time.perf_counter() - t0)
+    return dict(curve=curve, seconds=result.summary["wall_seconds"])
 
 
 # ----------------------------------------------------------------------------- Phase 1
@@ -551,8 +471,9 @@ class Env:
             learner = make_cell_learner(algo, self.spec, args)
             diag = None
             if algo in DICE:
-                diag = functools.partial(dice_diagnostics, learner, self.spec, batches=batches,
-                                         truth=btruth)
+                def diag(states, learner=learner, batches=batches, truth=btruth):
+                    return dice_diagnostics(learner, states.params, states.hparams, batches,
+                                            truth)
             if algo == "bc_union":
                 data = LearnerData(union=data.union, expert=None)
             self.cache.put(key, train_row(learner, self.env, data, args,

@@ -66,6 +66,9 @@ class Learner(NamedTuple):
     act: Callable[..., jax.Array]
     default_hparams: Callable[[], Any]
     policy: Callable[[bool], Policy]  # policy(deterministic) over the learner params
+    # DICE learners: (params, hparams, union batch) -> (discriminator logit,
+    # policy weights) as their update computes them; None for the others.
+    weigh: Optional[Callable[[Any, Any, Any], tuple[jax.Array, jax.Array]]] = None
 
 
 class Range(NamedTuple):

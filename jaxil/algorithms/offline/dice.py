@@ -280,6 +280,22 @@ def make_dice(spec: EnvSpec, config: DiceConfig = DiceConfig(), alpha: float = 0
                             in_axes=1, out_axes=1)(adv)
         return dice_weights(adv, alpha, log_ratio=log_ratio)
 
+    to_reward = bounded_reward if config.reward == "bounded" else (lambda logit: logit)
+
+    def score_union(params, hp, u):
+        """``(logit, reward, advantage)`` of union batch ``u``: the
+        discriminator's logit, the (stop-gradient) reward it gives and the
+        DICE advantage under ν."""
+        logit = disc(params["disc"], disc_input(u), u.global_state)
+        reward = jax.lax.stop_gradient(to_reward(logit))
+        return logit, reward, advantages(params["nu"], u, reward, hp.gamma)
+
+    def weigh(params, hp, u):
+        """``(logit, weights)`` of union batch ``u`` as the policy step of an
+        unstratified update weighs it."""
+        logit, _, adv = score_union(params, hp, u)
+        return logit, weights(adv, hp.alpha)
+
     def loss_fn(params, hp: DiceHParams, batch):
         e, u, s0, gp_key, log_ratio = (batch.expert, batch.union, batch.init,
                                        batch.penalty_key, batch.log_ratio)
@@ -288,7 +304,7 @@ def make_dice(spec: EnvSpec, config: DiceConfig = DiceConfig(), alpha: float = 0
         # 1. discriminator
         x_e, x_u = disc_input(e), disc_input(u)
         l_e = disc(params["disc"], x_e, e.global_state)
-        l_u = disc(params["disc"], x_u, u.global_state)
+        l_u, reward, adv = score_union(params, hp, u)
         if per_agent:
             d_loss = jnp.sum(jax.vmap(discriminator_loss, in_axes=(1, 1))(l_e, l_u))
         else:
@@ -307,10 +323,7 @@ def make_dice(spec: EnvSpec, config: DiceConfig = DiceConfig(), alpha: float = 0
                 return disc(params["disc"], x, s)
 
             gp = gradient_penalty(logit_fn, (x_e, e.global_state), (x_u, u.global_state), gp_key)
-        to_reward = bounded_reward if config.reward == "bounded" else (lambda logit: logit)
-        reward = jax.lax.stop_gradient(to_reward(l_u))
         # 2. value
-        adv = advantages(params["nu"], u, reward, hp.gamma)
         init = u if s0 is None else s0
         nu_0 = nu(params["nu"], init.init_obs, init.init_global_state)
         if per_agent:
@@ -371,7 +384,7 @@ def make_dice(spec: EnvSpec, config: DiceConfig = DiceConfig(), alpha: float = 0
 
     act, policy = pi.learner_fns()
 
-    return Learner(name, config, init, sample, update, act, default_hparams, policy)
+    return Learner(name, config, init, sample, update, act, default_hparams, policy, weigh)
 
 
 def _adtype(spec: EnvSpec):

@@ -13,9 +13,9 @@ from jaxil.algorithms.offline.omapl import _Nets
 from jaxil.algorithms.labelling.label import fit_preferences, label_metrics, top_labels
 from jaxil.data.preferences import pair_segments, sample_query_pairs, segment_returns
 
-from fast_compile import fast_call
-from helpers_data import OMAPL_CSPEC as CSPEC, OMAPL_N as N, OMAPL_SPEC as SPEC
-from helpers_data import omapl_dataset as _dataset
+from helpers.fast_compile import fast_call
+from helpers.data import OMAPL_CSPEC as CSPEC, OMAPL_N as N, OMAPL_SPEC as SPEC
+from helpers.data import omapl_dataset as _dataset
 
 
 @functools.lru_cache(maxsize=None)

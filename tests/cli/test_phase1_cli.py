@@ -8,7 +8,7 @@ import types
 
 import numpy as np
 import pytest
-from helpers_data import omapl_dataset
+from helpers.data import omapl_dataset
 
 from jaxil.cli.main import main
 from jaxil.data import load, save

@@ -25,7 +25,7 @@ from jaxil.algorithms.irl.reward_model import (
     source_roles,
 )
 from jaxil.nn.policy import PolicyNet
-from fast_compile import fast_call  # XLA level 0: compiling is most of these tests
+from helpers.fast_compile import fast_call  # XLA level 0: compiling is most of these tests
 
 N, O, S, A = 3, 5, 7, 4
 SPEC = EnvSpec("test:rm", N, O, S, DiscreteActions(A), max_steps=6)

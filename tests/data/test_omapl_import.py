@@ -17,7 +17,7 @@ from jaxil.data.omapl_h5 import import_omapl_h5, load_preferences, save_preferen
 from jaxil.algorithms.offline import PreferenceData, make_learner, update_n  # noqa: E402
 from jaxil.algorithms.labelling.label import score_trajectories  # noqa: E402
 
-from fast_compile import fast_call  # noqa: E402
+from helpers.fast_compile import fast_call  # noqa: E402
 
 ENV = "smax:3m"
 SPEC = envs.make(ENV).spec

@@ -6,7 +6,7 @@ JAX fixes its device count when it starts, so the sharded runs train in a
 subprocess (this file run as a script) with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` and
 ``JAX_PLATFORMS=cpu``; the same subprocess trains the one-device reference,
-with the same flags (XLA optimisation level 0, as in tests/fast_compile.py,
+with the same flags (XLA optimisation level 0, as in tests/helpers/fast_compile.py,
 for both). Tiny runs: mpe:simple_spread random-policy data, BC on D_E,
 hidden 8, batch 16, 10 updates, evaluation of 2 episodes every 5.
 
@@ -43,7 +43,7 @@ import pytest
 
 pytestmark = pytest.mark.xdist_group("sharding")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RTOL, ATOL = 1e-5, 1e-6
 FAST = ["--updates", "10", "--eval-every", "5", "--eval-episodes", "2", "--batch-size", "16",
         "--hidden", "8", "--no-progress"]

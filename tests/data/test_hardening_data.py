@@ -18,9 +18,9 @@ from jaxil.runs import io_atomic
 from jaxil.data import DatasetError, load, save
 from jaxil.data import format as fmt
 from jaxil.data.validate import METADATA_KEYS
-from helpers_data import FORMAT_SPEC as SPEC, make_dataset
+from helpers.data import FORMAT_SPEC as SPEC, make_dataset
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # A registered id on the toy spec: the registry check is membership only.
 SMAX_SPEC = dataclasses.replace(SPEC, env_id="smax:3m")

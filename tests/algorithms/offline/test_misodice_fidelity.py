@@ -19,9 +19,9 @@ from jaxil.algorithms.offline.base import check_hparams
 from jaxil.algorithms.offline.dice import _Mixed
 from jaxil.nn.policy import PolicyNet, encode_actions
 
-from fast_compile import fast_call, fast_compile
-from helpers_data import FIDELITY_DATA as DATA, FIDELITY_DS as DS, FIDELITY_N as N
-from helpers_data import FIDELITY_SPEC as SPEC, FIDELITY_T as T
+from helpers.fast_compile import fast_call, fast_compile
+from helpers.data import FIDELITY_DATA as DATA, FIDELITY_DS as DS, FIDELITY_N as N
+from helpers.data import FIDELITY_SPEC as SPEC, FIDELITY_T as T
 
 
 # ----------------------------------------------------------------------------- s0 source
@@ -237,7 +237,7 @@ def test_dice_update_matches_numpy_reference(algo, cfg):
         same = lambda k: all(np.array_equal(a, b) for a, b in  # noqa: E731
                              zip(jax.tree.leaves(p_big[k]), jax.tree.leaves(p_off[k])))
         assert same("disc") and same("policy") and not same("nu")
-    else:  # (MisoDICE's joint penalty is unchanged: tests/test_losses.py)
+    else:  # (MisoDICE's joint penalty is unchanged: tests/losses/test_losses.py)
         assert config.shared and "nu_grad_penalty" not in m
 
 

@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from fast_compile import FAST_COMPILE
-from helpers_data import omapl_dataset
+from helpers.fast_compile import FAST_COMPILE
+from helpers.data import omapl_dataset
 
 from jaxil import envs
 from jaxil.envs.core import DiscreteActions, EnvSpec, MultiAgentEnv, Step

@@ -2,7 +2,7 @@
 
 The losses are checked against float64 numpy references on random inputs,
 with and without jit; the reward hook of the PPO teacher trainer on the tiny
-environments of tests/helpers_teachers.py; the GAIL driver's kill-and-resume
+environments of tests/helpers/teachers.py; the GAIL driver's kill-and-resume
 against an uninterrupted run.
 """
 
@@ -183,8 +183,8 @@ def test_kl_penalty_estimates_the_kl_in_expectation():
 # The reward hook of the teacher trainer
 # --------------------------------------------------------------------------
 from jaxil import envs  # noqa: E402
-import helpers_teachers as tt  # noqa: E402  (registers the toy environments)
-from fast_compile import FAST_COMPILE, fast_call  # noqa: E402
+from helpers import teachers as tt  # noqa: E402  (registers the toy environments)
+from helpers.fast_compile import FAST_COMPILE, fast_call  # noqa: E402
 from jaxil.teachers import make_train  # noqa: E402
 from jaxil.algorithms.rl.ppo import RewardHook  # noqa: E402
 
@@ -372,7 +372,7 @@ def test_cli_gail_killed_with_sigkill_resumes_exactly(spread_demos, tmp_path):
     of an uncommitted chunk kept would differ)."""
     import sys
 
-    from cli_kill import kill_then_resume
+    from helpers.cli_kill import kill_then_resume
 
     args = [sys.executable, "-m", "jaxil.cli.main", "gail", "--env", "mpe:simple_spread",
             "--demos", str(spread_demos), "--num-demos", "3", "--demos-per-seed",

@@ -30,8 +30,8 @@ from jaxil.teachers import (
 from jaxil.teachers.train import _program, checkpoint_chunks
 from jaxil.teachers.presets import preset
 
-from fast_compile import FAST_COMPILE, fast_call
-from helpers_teachers import TINY  # registers toy:masked and toy:continuous
+from helpers.fast_compile import FAST_COMPILE, fast_call
+from helpers.teachers import TINY  # registers toy:masked and toy:continuous
 
 
 # Compilation dominates these tests on a CPU: XLA level 0 (fast_compile.py).

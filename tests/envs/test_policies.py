@@ -8,7 +8,7 @@ import pytest
 from jaxil import envs
 from jaxil.envs.policies import as_policy, epsilon_mixture, random_policy
 from jaxil.envs.smax import heuristic_policy
-from fast_compile import fast_call
+from helpers.fast_compile import fast_call
 
 EPISODES = 256  # per policy; one compiled program per policy for the module
 

@@ -16,7 +16,7 @@ import pytest
 
 from jaxil import envs
 from jaxil.envs.jumanji import CleanerEnv, ConnectorEnv, LevelBasedForagingEnv, RobotWarehouseEnv
-from fast_compile import fast_call
+from helpers.fast_compile import fast_call
 
 LBF = "jumanji:LevelBasedForaging-v0"
 RWARE = "jumanji:RobotWarehouse-v0"

@@ -346,7 +346,7 @@ def smax_rollouts():
         a, hc = h.act(params, obs, avail, k1, hc)
         return jnp.where(use_h, a, r(params, obs, avail, k2)), (hc, use_h)
 
-    from fast_compile import fast_call  # XLA level 0: compiling is most of this fixture
+    from helpers.fast_compile import fast_call  # XLA level 0: compiling is most of this fixture
 
     ep = fast_call(lambda key: envs.run_episodes(env, Policy(init, act), None, key, 48),
                    jax.random.PRNGKey(0))

@@ -20,7 +20,7 @@ from jaxil.algorithms.offline import HPARAMS, SWEEPABLE
 from jaxil.cli.main import build_parser
 from jaxil.cli.train import _parse_grid
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

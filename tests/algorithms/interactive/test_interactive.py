@@ -516,7 +516,7 @@ def test_cli_run_killed_with_sigkill_resumes_exactly(tmp_path):
     redraws keys, or keeps rows of an uncommitted round fails)."""
     import sys
 
-    from cli_kill import kill_then_resume
+    from helpers.cli_kill import kill_then_resume
 
     args = [sys.executable, "-m", "jaxil.cli.main", "interactive", "dagger", "--env", "mpe:simple_spread",
             "--expert", "scripted", "--budget", "1200", "--sft-labels", "150", "--rounds", "6",

@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks import gpu_suite
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.xdist_group("gpu_suite")
 

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fast_compile import fast_call, fast_compile
+from helpers.fast_compile import fast_call, fast_compile
 from jaxil.algorithms.interactive.diagnostics import disagreement_by_t, mmd2_by_t
 
 jit_param = pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
@@ -160,7 +160,7 @@ def _np_mmd2_by_t(x, x_mask, y, y_mask, bin_edges, sigma):
 
 
 def _fast_mmd2(x, x_mask, y, y_mask, bin_edges, bandwidth):
-    """``jax.jit(mmd2_by_t)`` at XLA level 0 (tests/fast_compile.py), for
+    """``jax.jit(mmd2_by_t)`` at XLA level 0 (tests/helpers/fast_compile.py), for
     tests whose claim is not about the default compile path."""
     return fast_call(lambda *a: mmd2_by_t(*a, bin_edges, bandwidth), x, x_mask, y, y_mask)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # A program whose temporary buffer (a 128 MB product, fed to a second one) is far
 # above glibc's mmap threshold; prints the fewest minor page faults of calls 4-6.

@@ -13,7 +13,7 @@ from jaxil.data import Dataset, concatenate
 from jaxil.data.sampling import Transitions
 from jaxil.algorithms.offline import LEARNERS, DiceConfig, LearnerData, make_learner, update_n
 
-from fast_compile import fast_call
+from helpers.fast_compile import fast_call
 
 SPEC = EnvSpec("synthetic:test", num_agents=3, obs_dim=6, state_dim=5,
                action=DiscreteActions(4, noop_action=0), max_steps=10)

@@ -20,7 +20,7 @@ from jaxil.data import (
 )
 from jaxil.data import format as fmt
 
-from helpers_data import FORMAT_SPEC as SPEC, make_dataset, make_episodes
+from helpers.data import FORMAT_SPEC as SPEC, make_dataset, make_episodes
 
 CSPEC = EnvSpec("test:cont", num_agents=2, obs_dim=3, state_dim=4,
                 action=ContinuousActions(dim=2, low=-1.0, high=1.0), max_steps=6)

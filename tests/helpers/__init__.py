@@ -1,0 +1,2 @@
+"""Shared test helpers: datasets, toy environments and teachers, fast XLA
+compilation, and the kill-and-resume driver of the CLI tests."""
