@@ -98,11 +98,15 @@ def _without_empty(tree: Any) -> Any:
 
 def _refill_empty(restored: Any, like: Any) -> Any:
     """Undo :func:`_without_empty`: zero-size leaves of ``like`` come back as
-    zeros of their shape and dtype, the others from ``restored``."""
-    leaves, treedef = jax.tree.flatten(like)
-    got = jax.tree.leaves(restored, is_leaf=lambda x: x is None)
+    zeros of their shape and dtype, the others from ``restored``. Both trees
+    are read with ``None`` as an item, so a field that is None in ``like``
+    (an environment state without a goal) keeps the two aligned."""
+    is_none = lambda x: x is None  # noqa: E731
+    items, treedef = jax.tree.flatten(like, is_leaf=is_none)
+    got = jax.tree.leaves(restored, is_leaf=is_none)
     return jax.tree.unflatten(treedef, [
-        jnp.zeros(np.shape(x), x.dtype) if np.size(x) == 0 else g for x, g in zip(leaves, got)])
+        None if x is None else jnp.zeros(np.shape(x), x.dtype) if np.size(x) == 0 else g
+        for x, g in zip(items, got, strict=True)])
 
 
 def _place_like(x: Any, template: Any) -> Any:

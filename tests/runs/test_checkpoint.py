@@ -34,6 +34,27 @@ def test_zero_size_leaves_round_trip(tmp_path):
     assert got["buffer"].avail.shape == (8, n, 0)
 
 
+def test_a_none_field_before_an_empty_leaf_keeps_the_leaves_in_place(tmp_path):
+    """An MPE runner state: the environment's state has a field that is None
+    (no goal) before the empty legal-action mask of an environment whose
+    actions are all legal. The refill used to count the None as a leaf of the
+    restored tree but not of the template, so every leaf after it moved by
+    one and `--resume` of GAIL/AIRL on MPE failed with "does not match the
+    state". The state must come back leaf for leaf."""
+    env = envs.make("mpe:simple_spread")
+    state, _ = env.reset(jax.random.PRNGKey(0))
+    assert state.avail_actions.size == 0
+    assert any(x is None for x in jax.tree.leaves(state.inner, is_leaf=lambda x: x is None))
+    ck = Checkpointer(tmp_path / "ck")
+    ck.save(1, {"env": state, "after": jnp.arange(4.0)})
+    got = ck.restore(jax.tree.map(jnp.zeros_like, {"env": state, "after": jnp.arange(4.0)}))
+    ck.close()
+    assert jax.tree.structure(got) == jax.tree.structure({"env": state, "after": jnp.arange(4.0)})
+    for a, b in zip(jax.tree.leaves({"env": state, "after": jnp.arange(4.0)}), jax.tree.leaves(got)):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_restored_arrays_are_placed_as_the_template(tmp_path):
     """Orbax returns committed arrays. A resumed run's programs then differ from
     the original run's (committed arguments change the compile key), so every
