@@ -394,7 +394,7 @@ def build(
         zoo=_portable(zoo.describe()),
         tier_measurements=measured,
     )
-    if r.action_noise:  # absent otherwise: plain builds stay byte-identical to earlier ones
+    if r.action_noise:  # absent otherwise, so a noise-free build's bytes do not depend on it
         args["action_noise"] = dict(
             sigma=r.action_noise, wrapper="envs.ActionNoise",
             semantics="executed action = clip(recorded action + sigma * (high - low) * N(0, 1)); "

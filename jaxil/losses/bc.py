@@ -33,7 +33,7 @@ def weighted_bc_loss(
 
         L = − Σ_b m_b · w_b · Σ_i log π_i(a_bi | o_bi) / max(Σ_b m_b, 1)
 
-    (DESIGN.md "Behaviour cloning" and the MisoDICE policy step
+    (the MisoDICE policy step
     ``L_π = −E_{D_U}[ω(s,a)·Σ_i log π_i(a_i|o_i)]``). Plain BC is
     ``weights = ones``. Agents are summed, samples averaged over the valid
     (unmasked) ones.

@@ -17,12 +17,12 @@ Note where the clip sits in their code: ``torch.clamp`` acts on z, which
 enters the exponential only; the linear term ``w̄·V/β`` is unclipped. So
 outside the clip range the gradient is the linear term's, ``w̄/β``, which
 pulls a V that overshoots (ẑ < −c, V > Q̄ + c·β/w̄) back down, where a
-clipped linear term (``exp(z) − z − 1``, XQL's form and jaxil's before)
-is flat and leaves V there. (Its mirror image: for ẑ > c, V < Q̄ − c·β/w̄,
-the same constant w̄/β pushes V further down where the unclipped loss would
-pull it up hard; the clip buys a bounded gradient at that price. With the
-authors' β = 10 and c = 10 this needs w̄·(Q̄ − V) > 100.) ``clip_linear=True``
-keeps the flat form. jaxil's form is O(1) near the optimum, and it is
+clipped linear term (``exp(z) − z − 1``, XQL's form) is flat and leaves V
+there. (Its mirror image: for ẑ > c, V < Q̄ − c·β/w̄, the same constant w̄/β
+pushes V further down where the unclipped loss would pull it up hard; the
+clip buys a bounded gradient at that price. With the authors' β = 10 and
+c = 10 this needs w̄·(Q̄ − V) > 100.) ``clip_linear=True`` keeps the flat
+form. jaxil's form is O(1) near the optimum, and it is
 evaluated as ``expm1(z) − ẑ`` to avoid cancellation near z = 0.
 """
 

@@ -40,9 +40,10 @@ STALE_AFTER_S = 24 * 3600.0
 
 _HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 _OWNED = re.compile(r"^(?P<host>[0-9a-f]{8})-(?P<pid>\d+)-[0-9a-f]+\.(?P<kind>tmp|old)$")
-# Names the helpers of earlier versions used: ``.x.<pid>.tmp`` (owner known,
-# host assumed this one); ``.x.tmp``, mkstemp's ``.x.<8 chars>.tmp`` and the
-# vault's ``.x.tmp-<hex>`` / ``.x.old-<hex>`` (no owner: always stale).
+# Temporary names that earlier jaxil versions leave behind, recognised so that
+# they are cleaned up too: ``.x.<pid>.tmp`` (owner known, host assumed this
+# one); ``.x.tmp``, mkstemp's ``.x.<8 chars>.tmp`` and the vault's
+# ``.x.tmp-<hex>`` / ``.x.old-<hex>`` (no owner: always stale).
 _LEGACY_PID = re.compile(r"^(?P<pid>\d+)\.tmp$")
 _LEGACY = re.compile(r"^(tmp|[a-z0-9_]{8}\.tmp|(tmp|old)-[0-9a-f]{8})$")
 

@@ -1,11 +1,11 @@
 """Per-environment teacher presets and the training command line.
 
-The presets are sized for a small CPU budget (3-6M environment steps,
-6-21 minutes each on the 2-core development VM); they start from JaxMARL's SMAX MAPPO sweep
-(lr 2e-3, 64 envs x 128 steps, 4 epochs x 4 minibatches, clip 0.2, γ 0.99,
-λ 0.95) with a feed-forward 64x64 network instead of a GRU and an entropy
-bonus of 0.01 (JaxMARL's IPPO SMAX value; without it the policy collapsed to
-near-determinism early on 3m and plateaued at ~0.85 win rate).
+The presets are sized for a small CPU budget (3-6M environment steps each);
+they start from JaxMARL's SMAX MAPPO sweep (lr 2e-3, 64 envs x 128 steps,
+4 epochs x 4 minibatches, clip 0.2, γ 0.99, λ 0.95) with a feed-forward 64x64
+network instead of a GRU and an entropy bonus of 0.01 (JaxMARL's IPPO SMAX
+value; without it the policy collapses to near-determinism early on 3m and
+plateaus at ~0.85 win rate).
 ``teachers_report.md`` at the repository root records what they reach and how
 long they take.
 

@@ -40,8 +40,8 @@ from jaxil.teachers.io import (
 
 STEP_KEY = "env_steps"
 EVAL_MODES = ("eval_stochastic", "eval_deterministic")
-# What must match on resume (eval_episodes only where the run recorded it:
-# runs written before it was recorded are not compared on it).
+# What must match on resume (eval_episodes only where the run's teacher.json
+# records it; a run directory without it is not compared on it).
 RESUME_KEYS = ("env_id", "env_kwargs", "seed", "config", "checkpoint_chunks")
 
 

@@ -1,4 +1,4 @@
-"""Rewards learned from demonstrations (issue 12).
+"""Rewards learned from demonstrations.
 
 - :mod:`jaxil.algorithms.irl.reward_model`: discriminator reward models trained on two
   sample sources (Init–SFT, Init–Demo, SFT–Demo): local logits mixed by the

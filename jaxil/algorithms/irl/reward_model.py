@@ -2,7 +2,7 @@
 
 A reward model is a discriminator between *negative* and *positive* samples
 of state-action steps; its logit is the reward (Sun & van der Schaar, "Inverse
-RL from demonstrations", arXiv 2405.15624; ``../shared/REFERENCES.md``). The
+RL from demonstrations", arXiv 2405.15624). The
 sources (:data:`SOURCES`, negatives → positives):
 
 - ``"init-sft"``: rollouts of the initial policy π_0 → rollouts of π_SFT

@@ -30,8 +30,8 @@ Faithfulness switches (DemoDICE: Kim et al. 2022, github.com/geon-hyeong/
 imitation-dice ``demodice.py`` and ``lfd_mujoco.py``):
 - ``init_sampling="trajectory"`` (default): the s0 of (1−γ)·E[ν(s0)] is drawn
   uniformly over trajectories, as DemoDICE does; ``"transition"`` reads the
-  s0 of the sampled union transitions (jaxil before: weights each
-  trajectory's s0 by its length).
+  s0 of the sampled union transitions (which weights each trajectory's s0
+  by its length).
 - ``reward="bounded"``: DemoDICE's reward, the logit of a clipped
   discriminator ``log(σ(ℓ)+ε) − log(σ(−ℓ)(1−ε)+ε²)`` ∈ [−6.9, 13.8]
   (:func:`jaxil.losses.bounded_reward`); default ``"logit"`` (R = ℓ).
@@ -147,8 +147,9 @@ class DiceConfig:
     box: str = DEFAULT_BOX["state"]  # the policy's head on box actions (jaxil.nn.policy)
     policy_sampling: str = "union"
 
-    #: Fields left out of the run identity while they hold these values (they
-    #: were added later; runs made before them keep their identity and resume).
+    #: Fields left out of the run identity while they hold these values, so a
+    #: run directory written by a jaxil without the field keeps its identity
+    #: and resumes.
     IDENTITY_DEFAULTS: ClassVar[dict] = {"policy_sampling": "union"}
 
     def __post_init__(self):

@@ -58,7 +58,7 @@ class OMAPLConfig:
     batch_size: int = 32  # preference pairs per update
     max_grad_norm: float = 1.0
     value_clip: float = 10.0
-    value_clip_mode: str = "authors"  # or "flat" (XQL's form; jaxil before)
+    value_clip_mode: str = "authors"  # or "flat" (XQL's form)
     box: str = DEFAULT_BOX["state"]  # the policy's head on box actions (jaxil.nn.policy)
 
     def __post_init__(self):
