@@ -378,7 +378,11 @@ def build(
         perm = np.random.default_rng([int(seed), _SHUFFLE_SALT]).permutation(len(ds))
         ds = ds.select(perm)
     args = dict(
-        builder="jaxil.collect.recipes.build",
+        # The builder's recorded name is part of every file's bytes. It stays
+        # the name recipe files have always recorded, so a recipe builds the
+        # same bytes whatever the package layout (this function is
+        # jaxil.collect.recipes.build).
+        builder="jaxil.data.recipes.build",
         recipe=r.name,
         env_id=r.env_id,
         env_kwargs=env_kwargs,
