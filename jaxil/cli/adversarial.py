@@ -25,7 +25,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from jaxil.cli.args import add_hidden, add_progress, add_run_dir, add_seeds, discount, nonneg_float, nonneg_int, positive_float, positive_int
+from jaxil.cli.args import (add_hidden, add_loggers, add_progress, add_run_dir, add_seeds,
+                            discount, make_loggers, nonneg_float, nonneg_int, positive_float,
+                            positive_int)
 
 
 def _load_demos(args, spec) -> Any:
@@ -108,6 +110,7 @@ def _run(args) -> int:
     from jaxil.algorithms.irl.adversarial import AdversarialConfig, format_summary, train_adversarial
 
     method = args.method
+    logs = make_loggers(args, args.out)
     env = envs.make(args.env)
     ppo = _ppo_config(args)
     reward_params, rm_info = None, {}
@@ -140,7 +143,7 @@ def _run(args) -> int:
         env, ppo, config, demos, seeds=args.seeds, base_seed=args.seed,
         reward_params=reward_params, out_dir=args.out, resume=args.resume,
         overwrite=args.overwrite, eval_every=args.eval_every,
-        stop_after_chunks=args.stop_after_chunks, progress=not args.no_progress,
+        stop_after_chunks=args.stop_after_chunks, progress=not args.no_progress, loggers=logs,
         run_info=dict(demos=args.demos, num_demos=args.num_demos, tier=args.tier, **rm_info))
     print(format_summary(summary))
     if args.out:
@@ -213,6 +216,7 @@ def _add_arguments(p: argparse.ArgumentParser, method: str) -> None:
     e.add_argument("--stop-after-chunks", type=positive_int, default=None,
                    help=argparse.SUPPRESS)  # tests and time-boxed runs
     add_progress(e)
+    add_loggers(p)
     p.set_defaults(func=_run, method=method)
 
 

@@ -4,15 +4,19 @@
 time with the allowed range in its one-line message (exit status 2), before
 any data is loaded or built. The flags that several commands share
 (``--out``/``--resume``/``--overwrite``, ``--seeds``/``--seed``,
-``--hidden``, ``--no-progress``) are declared once here, so they read and
-check alike everywhere.
+``--hidden``, ``--no-progress``, the loggers ``--tensorboard`` and
+``--wandb``) are declared once here, so they read and check alike
+everywhere.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Optional
+
+from jaxil.runs import loggers as L
 
 
 def _number(kind: type, lo: float, hi: float, lo_open: bool, hi_open: bool) -> Callable:
@@ -71,3 +75,47 @@ def add_hidden(p, default, flag: str = "--hidden", help: str = "hidden layer wid
 def add_progress(p) -> None:
     """``--no-progress``: no progress bar."""
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+_LOGGER_FLAGS = ("tensorboard", "wandb", "wandb_entity", "wandb_group", "wandb_mode")
+
+
+def add_loggers(p) -> None:
+    """``--tensorboard DIR`` and ``--wandb PROJECT`` (with ``--wandb-entity``,
+    ``--wandb-group``, ``--wandb-mode``): where the metrics rows go besides
+    ``metrics.jsonl`` (:mod:`jaxil.runs.loggers`); :func:`make_loggers` turns
+    them into logger factories."""
+    g = p.add_argument_group("loggers (besides metrics.jsonl)")
+    g.add_argument("--tensorboard", default=None, metavar="DIR",
+                   help="also write the metrics as TensorBoard scalars under DIR (one run each)")
+    g.add_argument("--wandb", default=None, metavar="PROJECT",
+                   help="also log the metrics to the Weights & Biases project PROJECT (one W&B "
+                        "run each, all in one group; needs jaxil[wandb])")
+    g.add_argument("--wandb-entity", default=None, metavar="ENTITY",
+                   help="W&B user or team of the project (default: wandb's)")
+    g.add_argument("--wandb-group", default=None, metavar="GROUP",
+                   help="W&B group of the runs (default: the --out directory's name)")
+    g.add_argument("--wandb-mode", choices=L.WANDB_MODES, default=None,
+                   help="online (default), offline (upload later with `wandb sync`) or disabled")
+
+
+def make_loggers(args, run_dir: Optional[str | Path] = None) -> list[L.LoggerFactory]:
+    """The logger factories of :func:`add_loggers`' flags, for a run in
+    ``run_dir`` (the directory whose name groups the W&B runs and which keeps
+    their ids for ``--resume``). Every other flag goes into the W&B config.
+    Refuses a missing wandb, or a ``--wandb-*`` flag without ``--wandb``,
+    before any work."""
+    out: list[L.LoggerFactory] = []
+    if args.tensorboard:
+        out.append(L.tensorboard(args.tensorboard))
+    if args.wandb:
+        config = {k: v for k, v in vars(args).items()
+                  if k not in _LOGGER_FLAGS and not callable(v)}
+        out.append(L.wandb(args.wandb, entity=args.wandb_entity, group=args.wandb_group,
+                           mode=args.wandb_mode, run_dir=run_dir, config=config))
+    else:
+        given = [f for f in _LOGGER_FLAGS[2:] if getattr(args, f) is not None]
+        if given:
+            raise ValueError(f"--{given[0].replace('_', '-')} applies to W&B logging; add "
+                             "--wandb PROJECT")
+    return out

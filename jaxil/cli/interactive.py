@@ -20,7 +20,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from jaxil.cli.args import add_hidden, add_progress, add_run_dir, add_seeds, nonneg_int, positive_float, positive_int, probability
+from jaxil.cli.args import (add_hidden, add_loggers, add_progress, add_run_dir, add_seeds,
+                            make_loggers, nonneg_int, positive_float, positive_int, probability)
 from jaxil.algorithms.interactive.config import METHODS, InteractiveConfig, regime
 from jaxil.algorithms.interactive.labels import VERIFIERS
 from jaxil.algorithms.interactive.schedule import BETA_SCHEDULES, SWITCHES
@@ -67,6 +68,7 @@ def _knobs(args, spec) -> dict[str, Any]:
 def _run(args) -> int:
     from jaxil.algorithms.interactive.loop import format_table, run
 
+    logs = make_loggers(args, args.out)
     env, policy, params, source = load_expert(args.env, args.expert)
     config = InteractiveConfig(
         hidden=tuple(args.hidden), batch_size=args.batch_size, rounds=args.rounds,
@@ -77,7 +79,7 @@ def _run(args) -> int:
     name = args.name or f"{args.method}@{args.budget}"
     summary = run(env, policy, params, [(name, knobs)], seeds=args.seeds, config=config,
                   base_seed=args.seed, out_dir=args.out, resume=args.resume,
-                  overwrite=args.overwrite, tensorboard=args.tensorboard,
+                  overwrite=args.overwrite, loggers=logs,
                   eval_every=args.eval_every, progress=not args.no_progress,
                   diagnostics=not args.no_diagnostics,
                   run_info=dict(method=args.method, expert=source, budget=args.budget))
@@ -131,8 +133,7 @@ def register(sub) -> None:
                    help="labels of the budget spent on demonstrations")
     k.add_argument("--scratch", action="store_true", help="retrain from scratch every round")
     add_run_dir(p)
-    p.add_argument("--tensorboard", default=None, metavar="DIR",
-                   help="also write the metrics as TensorBoard scalars under DIR")
+    add_loggers(p)
     add_progress(p)
     p.add_argument("--no-diagnostics", action="store_true", help="skip the covariate-shift report")
     p.set_defaults(func=_run)

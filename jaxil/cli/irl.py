@@ -33,7 +33,10 @@ import argparse
 import json
 from pathlib import Path
 
-from jaxil.cli.args import add_hidden, add_progress, add_run_dir, add_seeds, nonneg_float, nonneg_int, positive_float, positive_int, probability
+from jaxil.runs.loggers import prefixed
+from jaxil.cli.args import (add_hidden, add_loggers, add_progress, add_run_dir, add_seeds,
+                            make_loggers, nonneg_float, nonneg_int, positive_float, positive_int,
+                            probability)
 
 SOURCES = ("init-sft", "init-demo", "sft-demo")
 MIXING = ("hyper", "sum", "none")
@@ -50,9 +53,10 @@ def _load(args):
     return ds, env
 
 
-def _pipeline(args, *, resume: bool, overwrite: bool, progress: bool):
+def _pipeline(args, *, resume: bool, overwrite: bool, progress: bool, loggers=()):
     """π_SFT, π_0, source rollouts and held-out π_SFT rollouts (deterministic
-    given the arguments, so a resumed run rebuilds the same data)."""
+    given the arguments, so a resumed run rebuilds the same data); π_SFT's
+    runs log as ``sft-<name>`` to ``loggers``."""
     import jax
 
     from jaxil.algorithms.irl.sources import fit_sft, rollouts
@@ -64,7 +68,8 @@ def _pipeline(args, *, resume: bool, overwrite: bool, progress: bool):
                   batch_size=args.batch_size, updates=args.sft_updates,
                   eval_every=args.sft_updates, out_dir=out / "sft", resume=resume,
                   overwrite=overwrite, progress=progress,
-                  data_identity=dict(dataset_id=dataset_id(ds)))
+                  data_identity=dict(dataset_id=dataset_id(ds)),
+                  loggers=[prefixed(f, "sft-") for f in loggers])
     policy = sft.policy()
     key = jax.random.PRNGKey(args.seed + 7919)
     samples = {"init": rollouts(env, policy, sft.init_params, jax.random.fold_in(key, 1),
@@ -89,10 +94,11 @@ def _reward_model(args) -> int:
         raise ValueError(f"--updates ({args.updates}) must be a multiple of --eval-every "
                          f"({args.eval_every})")
     check_run_dir(args.out, resume=args.resume, overwrite=args.overwrite)  # before any work
+    logs = make_loggers(args, args.out)
     cfg = RewardModelConfig(mixing=args.mixing, hidden=tuple(args.hidden),
                             batch_size=args.batch_size, grad_penalty=args.gp_coef > 0)
     ds, env, sft, samples, key = _pipeline(args, resume=args.resume, overwrite=args.overwrite,
-                                           progress=not args.no_progress)
+                                           progress=not args.no_progress, loggers=logs)
     rm = RewardModel(ds.spec, cfg)
     data = source_data(args.source, ds.spec, ds, samples)
     # held-out π_SFT rollouts from shared start states: the ρ of every evaluation
@@ -119,7 +125,7 @@ def _reward_model(args) -> int:
         rm, data, seeds=list(sft.seeds), base_seed=args.seed, hparams=hp, updates=args.updates,
         eval_every=args.eval_every, out_dir=args.out, resume=args.resume,
         overwrite=args.overwrite, progress=not args.no_progress, identity=identity, info=info,
-        evaluate=evaluate, label=f"reward model {args.source}")
+        evaluate=evaluate, label=f"reward model {args.source}", loggers=logs)
     last = [r for r in rows if r["update"] == args.updates]
     summary = dict(source=args.source, env_id=ds.spec.env_id, updates=args.updates,
                    seeds=list(sft.seeds), sft_eval_return=sft.summary["points"][0]["returns"],
@@ -245,6 +251,7 @@ def register(sub) -> None:
     r.add_argument("--rollouts", type=positive_int, default=128,
                    help="episodes of π_0 and π_SFT per seed")
     add_run_dir(r, required=True)
+    add_loggers(r)
     add_progress(r)
     r.set_defaults(func=_reward_model)
 

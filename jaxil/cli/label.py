@@ -8,9 +8,11 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 import numpy as np
-from jaxil.cli.args import add_hidden, add_progress, nonneg_int, positive_float, positive_int, probability
+from jaxil.cli.args import (add_hidden, add_loggers, add_progress, make_loggers, nonneg_int,
+                            positive_float, positive_int, probability)
+from jaxil.runs.loggers import LoggerFactory, prefixed
 from jaxil.data.format import Dataset
 from jaxil.runs.io_atomic import atomic_write_text, check_file_writable
 from jaxil.algorithms.labelling.label import (
@@ -55,6 +57,7 @@ def _phase1_args(p: argparse.ArgumentParser) -> None:
     add_hidden(p, (64, 64), flag="--label-hidden", help="O-MAPL widths")
     p.add_argument("--pairs-per-batch", type=positive_int, default=8, help="O-MAPL batch (pairs)")
     p.add_argument("--seed", type=nonneg_int, default=0)
+    add_loggers(p)
     add_progress(p)
 
 
@@ -78,7 +81,8 @@ def _check_phase1_args(args) -> Optional[Callable[[str], str]]:
     return ext
 
 
-def _run_phase1(ds: Dataset, args, ext: Optional[Callable[[str], str]] = None) -> LabelOutcome:
+def _run_phase1(ds: Dataset, args, ext: Optional[Callable[[str], str]] = None,
+                loggers: Sequence[LoggerFactory] = ()) -> LabelOutcome:
     if ext is None and args.external:
         ext = load_callable(args.external)
     oracle = make_oracle(args.oracle, flip_rate=args.flip_rate, seed=args.seed, external=ext,
@@ -94,7 +98,8 @@ def _run_phase1(ds: Dataset, args, ext: Optional[Callable[[str], str]] = None) -
     out = phase1(ds, oracle, queries=args.queries, segment_len=args.segment_len, top_k=top_k,
                  top_frac=args.top_frac, seeds=args.label_seeds, updates=args.label_updates,
                  seed=args.seed, progress=not args.no_progress,
-                 hidden=tuple(args.label_hidden), batch_size=args.pairs_per_batch)
+                 hidden=tuple(args.label_hidden), batch_size=args.pairs_per_batch,
+                 loggers=loggers)
     rep = out.oracle["report"]
     if rep:
         print("oracle report: " + json.dumps({k: v for k, v in rep.items() if k != "failed"}))
@@ -126,8 +131,9 @@ def _label_cmd(args) -> int:
     check_file_writable(out, "--out")
     check_file_writable(out.with_suffix(".labels.json"), "--out's sidecar")
     ext = _check_phase1_args(args)
+    logs = make_loggers(args)
     ds = load_dataset(args.dataset)
-    outcome = _run_phase1(ds, args, ext)
+    outcome = _run_phase1(ds, args, ext, logs)
     side = write_labels(ds, outcome, out, _provenance(ds, args, args.dataset))
     print(f"wrote {out} and {side}")
     return 0
@@ -148,6 +154,7 @@ def _pipeline_cmd(args) -> int:
     if args.out:  # before the dataset, Phase 1 and the training runs
         check_writable(Path(args.out))
     ext = _check_phase1_args(args)
+    logs = make_loggers(args, args.out)
     env_id = args.env if ":" in args.env else args.env.replace("-", ":", 1)
     ds = load_dataset(args.dataset or f"{env_short(env_id)}/{args.recipe}")
     if ds.spec.env_id != env_id:
@@ -158,7 +165,7 @@ def _pipeline_cmd(args) -> int:
                          "was it recorded with non-default env kwargs?")
     print(f"dataset {ds.info.recipe}: {ds.num_trajectories} trajectories, "
           f"{int(ds.expert.sum())} expert (hidden from Phase 1)")
-    outcome = _run_phase1(ds, args, ext)
+    outcome = _run_phase1(ds, args, ext, [prefixed(f, "omapl-") for f in logs])
     settings = {"phase1": outcome.labels}
     if args.compare:
         settings.update(ground_truth=np.asarray(ds.expert, bool),
@@ -169,7 +176,8 @@ def _pipeline_cmd(args) -> int:
         s = train(learner, env, LearnerData.from_dataset(ds, labels),
                   runs=expand_grid({}, args.seeds), num_updates=args.updates,
                   eval_every=args.updates // args.evals, eval_episodes=args.eval_episodes,
-                  base_seed=args.seed, progress=not args.no_progress)
+                  base_seed=args.seed, progress=not args.no_progress,
+                  loggers=[prefixed(f, f"{name}-") for f in logs])
         results[name] = {k: s["points"][0][k] for k in
                          ("return_mean", "return_std", "win_mean", "win_std", "returns")}
     summary = dict(env=ds.spec.env_id, recipe=ds.info.recipe, algo=args.algo, seeds=args.seeds,

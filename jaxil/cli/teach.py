@@ -6,7 +6,7 @@ from jaxil.teachers.presets import _parse_sets, preset
 
 import argparse
 import json
-from jaxil.cli.args import nonneg_int, positive_int
+from jaxil.cli.args import add_loggers, make_loggers, nonneg_int, positive_int
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,6 +25,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop-after-chunks", type=positive_int, default=None)
     p.add_argument("--no-progress", "--quiet", dest="quiet", action="store_true",
                    help="no progress bar")
+    add_loggers(p)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -40,6 +41,7 @@ def _run(args: argparse.Namespace) -> int:
     cfg = preset(args.env, **overrides)
     out = args.out or f"runs/teachers/{args.env.replace(':', '_')}"
     check_writable(Path(out))
+    logs = make_loggers(args, out)
     if args.resume and not list_checkpoints(out):
         print(f"--resume: {out} holds no checkpoint yet; starting afresh")
     print(f"{args.env} -> {out}: {cfg}")
@@ -49,6 +51,7 @@ def _run(args: argparse.Namespace) -> int:
         args.env, cfg, args.seed, out,
         num_checkpoints=args.num_checkpoints, eval_episodes=args.eval_episodes,
         resume=args.resume, stop_after_chunks=args.stop_after_chunks, progress=not args.quiet,
+        loggers=logs,
     )
     for c in doc["checkpoints"]:
         print(json.dumps({"step": c["step"], "stochastic": c["eval_stochastic"],

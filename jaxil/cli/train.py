@@ -18,7 +18,8 @@ from jaxil import envs
 from jaxil.envs.core import EnvSpec
 from jaxil.runs.checkpoint import Checkpointer
 from jaxil.algorithms.offline import LEARNERS, LearnerData, make_learner
-from jaxil.cli.args import add_hidden, add_progress, add_run_dir, add_seeds, nonneg_int, positive_int
+from jaxil.cli.args import (add_hidden, add_loggers, add_progress, add_run_dir, add_seeds,
+                            make_loggers, nonneg_int, positive_int)
 from jaxil.runs.rundir import check_run_dir
 from jaxil.nn.policy import BOX_HEADS
 from jaxil.runs.precision import PRECISIONS
@@ -45,6 +46,7 @@ def _run(args, sweep: bool) -> int:
     if args.updates % args.eval_every:
         raise ValueError(f"--updates ({args.updates}) must be a multiple of --eval-every "
                          f"({args.eval_every})")
+    logs = make_loggers(args, args.out)
     writer = distributed.is_writer()  # jax.distributed is set up before the CLI imports envs
     if args.out and writer:  # before any work: a bad --out must not cost a dataset build
         check_run_dir(args.out, resume=args.resume, overwrite=args.overwrite)
@@ -80,7 +82,7 @@ def _run(args, sweep: bool) -> int:
         overwrite=args.overwrite, base_seed=args.seed, progress=not args.no_progress,
         profile_dir=args.profile, run_info=dict(dataset=args.dataset, labels=args.labels),
         data_identity=dict(dataset_id=dataset_id(ds), labels=labels_digest(labels)),
-        tensorboard=args.tensorboard, devices=args.devices, batch_devices=args.batch_devices,
+        loggers=logs, devices=args.devices, batch_devices=args.batch_devices,
         precision=args.precision,
     )
     if not writer:
@@ -151,8 +153,6 @@ def _common(p: argparse.ArgumentParser, sweep: bool) -> None:
     add_hidden(p, (256, 256))
     add_run_dir(p)
     p.add_argument("--profile", default=None, help="write a jax.profiler trace here")
-    p.add_argument("--tensorboard", default=None, metavar="DIR",
-                   help="also write the metrics as TensorBoard scalars under DIR (one run each)")
     p.add_argument("--devices", type=positive_int, default=None, metavar="N",
                    help="split the runs over N devices (default: all, at most one per run); "
                         "results agree with one device's to float32 round-off")
@@ -165,6 +165,7 @@ def _common(p: argparse.ArgumentParser, sweep: bool) -> None:
     p.add_argument("--box", choices=BOX_HEADS, default=None,
                    help="the policy's head on box actions (default: censored_gaussian; "
                         "jaxil.nn.policy): censored_gaussian, tanh_gaussian or beta")
+    add_loggers(p)
     add_progress(p)
     if sweep:
         for name in SWEEPABLE:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +30,7 @@ from jaxil import envs
 from jaxil.envs.core import MultiAgentEnv
 from jaxil.envs.policies import random_policy
 from jaxil.runs import engine
+from jaxil.runs.loggers import LoggerFactory
 from jaxil.algorithms.rl.config import PPOConfig
 from jaxil.algorithms.rl.ppo import RunnerState, make_ppo
 from jaxil.teachers.io import ACTOR_FORMAT
@@ -209,6 +210,7 @@ def train_teacher(
     stop_after_chunks: Optional[int] = None,
     progress: bool = True,
     compiler_options: Optional[dict] = None,
+    loggers: Sequence[LoggerFactory] = (),
 ) -> dict:
     """Train an IPPO/MAPPO teacher chunk by chunk and write it to ``out_dir``.
 
@@ -238,7 +240,9 @@ def train_teacher(
     (as a kill would), for tests and time-boxed runs.
     ``compiler_options`` go to XLA (``jax.stages.Lowered.compile``), e.g.
     ``{"xla_backend_optimization_level": 0}`` halves CPU compile time for smoke
-    runs (and slows the run down).
+    runs (and slows the run down). ``loggers``: where the metrics rows go
+    besides ``metrics.jsonl`` (:mod:`jaxil.runs.loggers`; the run is named
+    ``<env_id>-seed<seed>``).
 
     Returns the ``teacher.json`` content.
 
@@ -281,5 +285,6 @@ def train_teacher(
                  else prog.random_baseline(eval_episodes, seed))
     program = teacher_program(prog, config, seed, eval_episodes=eval_episodes,
                               checkpoint_at=ckpt_chunks, env_id=env_id, label=str(out_dir))
-    engine.run(program, rundir=rundir, progress=progress, stop_after_chunks=stop_after_chunks)
+    engine.run(program, rundir=rundir, progress=progress, stop_after_chunks=stop_after_chunks,
+               loggers=loggers, log_names=[f"{env_id}-seed{seed}"])
     return rundir.doc

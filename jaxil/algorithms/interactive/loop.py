@@ -42,7 +42,7 @@ from jaxil.algorithms.interactive.schedule import expert_probability
 from jaxil.algorithms.offline.base import Learner, LearnerState, with_learning_rate
 from jaxil.algorithms.offline.bc import BCBatch, BCConfig, BCHParams, make_bc
 from jaxil.runs.rundir import check_run_dir
-from jaxil.runs import engine, loggers
+from jaxil.runs import engine, loggers as run_loggers
 from jaxil.runs.updates import fused_updates
 from jaxil.runs.engine import open_run
 from jaxil.runs.summary import format_table as fmt_table, summarize_step
@@ -291,6 +291,7 @@ def run(
     diagnostics: bool = True,
     run_info: Optional[dict] = None,
     tensorboard: Optional[str | Path] = None,
+    loggers: Sequence[run_loggers.LoggerFactory] = (),
 ) -> dict:
     """Run every regime × ``seeds`` seeds together; returns the summary
     (also ``results.json`` in ``out_dir``) and the final ``states``.
@@ -300,7 +301,10 @@ def run(
     same ``config.eval_episodes`` start states (one fixed reset key).
     The run directory (``out_dir``) has the identity, resume and overwrite
     rules of :mod:`jaxil.runs.rundir`; a non-finite loss or parameter stops the
-    run before its round is recorded (:mod:`jaxil.runs.guard`).
+    run before its round is recorded (:mod:`jaxil.runs.guard`). ``loggers``:
+    where the metrics rows go besides ``metrics.jsonl``
+    (:mod:`jaxil.runs.loggers`); ``tensorboard``: also write them as
+    TensorBoard scalars there.
     """
     if out_dir:  # refuse a bad --out before the demonstrations and the SFT
 
@@ -376,7 +380,8 @@ def run(
         summarize=lambda rows: dict(summarize(rows, runs), demos=info["demos"]),
         postfix=postfix)
     result = engine.run(program, rundir=rd, progress=progress,
-                        loggers=[loggers.tensorboard(tensorboard)] if tensorboard else (),
+                        loggers=[*loggers, *([run_loggers.tensorboard(tensorboard)]
+                                             if tensorboard else [])],
                         log_names=[f"run{r.index}-{r.name}-seed{r.seed}" for r in runs])
     summary, states = result.summary, result.state
     if diagnostics:  # after results.json is written, so that its failure loses no result

@@ -77,6 +77,7 @@ from jaxil.algorithms.rl.config import PPOConfig
 from jaxil.algorithms.rl.ppo import PPO, RewardBatch, RewardHook, make_ppo
 from jaxil.runs import engine
 from jaxil.runs.engine import open_run
+from jaxil.runs.loggers import LoggerFactory
 from jaxil.runs.rundir import check_run_dir
 from jaxil.runs.summary import returns_summary
 from jaxil.runs.checkpoint import params_digest
@@ -488,6 +489,7 @@ def train_adversarial(
     progress: bool = True,
     run_info: Optional[dict] = None,
     compiler_options: Optional[dict] = None,
+    loggers: Sequence[LoggerFactory] = (),
 ) -> dict:
     """Train ``seeds`` runs of ``config.method`` together and return the
     summary (``results.json`` in ``out_dir``) with the final ``states``.
@@ -501,6 +503,8 @@ def train_adversarial(
     run at chunk 0 (the initial policy, π_SFT: BC) and every ``eval_every``
     chunks; each writes one metrics row per run and a checkpoint.
     ``stop_after_chunks`` stops early (as a kill would) for tests.
+    ``loggers``: where the metrics rows go besides ``metrics.jsonl``
+    (:mod:`jaxil.runs.loggers`; runs named ``run<i>-seed<s>``).
 
     Raises:
       jaxil.runs.guard.NonFiniteError: a loss or parameter became NaN/inf (the
@@ -550,8 +554,8 @@ def train_adversarial(
 
     def init():
         # The runs are initialised one at a time (one compiled program) and
-        # stacked: a vmapped init of SMAX 3m with π_SFT stalled XLA:CPU (every
-        # thread waiting, no progress; reproduced twice), the vmapped chunk runs.
+        # stacked: a vmapped init of SMAX 3m with π_SFT stalls XLA:CPU (every
+        # thread waiting, no progress), while the vmapped chunk runs.
         init_one = compiled("init", prog.init, keys[0], demos_of(0), reward_params)
         states, sft["losses"], sft["health"] = jax.tree.map(
             lambda *xs: jnp.stack(xs), *[init_one(keys[i], demos_of(i), reward_params)
@@ -593,7 +597,8 @@ def train_adversarial(
         eval_at_start=True, save_at_start=True, run_ids=ids, run_labels=labels, init=init,
         chunk=chunk, evaluate=evaluate, initial_metrics=initial_metrics,
         summarize=summarize_rows, postfix=postfix)
-    result = engine.run(program, rundir=rd, progress=progress,
+    result = engine.run(program, rundir=rd, progress=progress, loggers=loggers,
+                        log_names=[f"run{i['run']}-seed{i['seed']}" for i in ids],
                         stop_after_chunks=stop_after_chunks)
     summary = dict(result.summary)
     summary["states"] = result.state

@@ -30,6 +30,7 @@ from jaxil.algorithms.offline.base import Learner
 from jaxil.algorithms.offline.train import expand_grid, init_runs, train
 from jaxil.runs import engine
 from jaxil.runs.engine import open_run
+from jaxil.runs.loggers import LoggerFactory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,10 +52,11 @@ def fit_sft(dataset: Dataset, *, seeds: int, base_seed: int = 0, hidden: Sequenc
             batch_size: int = 512, updates: int = 2000, eval_every: int = 500,
             lr: Optional[float] = None,
             eval_episodes: int = 32, out_dir: Optional[str | Path] = None, resume: bool = False,
-            overwrite: bool = False, progress: bool = True, data_identity: Optional[dict] = None
-            ) -> SFT:
+            overwrite: bool = False, progress: bool = True, data_identity: Optional[dict] = None,
+            loggers: Sequence[LoggerFactory] = ()) -> SFT:
     """BC on every trajectory of ``dataset`` for ``seeds`` seeds (one program);
-    ``lr``: Adam's learning rate (None: the BC learner's default)."""
+    ``lr``: Adam's learning rate (None: the BC learner's default); ``loggers``:
+    where the metrics rows go besides ``metrics.jsonl`` (:mod:`jaxil.runs.loggers`)."""
 
     spec = dataset.spec
     env = envs.make(spec.env_id)
@@ -66,7 +68,7 @@ def fit_sft(dataset: Dataset, *, seeds: int, base_seed: int = 0, hidden: Sequenc
     summary = train(learner, env, data, runs=runs, num_updates=updates, eval_every=eval_every,
                     eval_episodes=eval_episodes, out_dir=out_dir, resume=resume,
                     overwrite=overwrite, base_seed=base_seed, progress=progress,
-                    data_identity=data_identity, run_info=dict(role="pi_SFT"))
+                    data_identity=data_identity, run_info=dict(role="pi_SFT"), loggers=loggers)
     states = summary.pop("states")
     init = init_runs(learner, runs, base_seed)
     return SFT(learner, states.params, init.params, tuple(r.seed for r in runs), summary)
@@ -135,7 +137,8 @@ def fit_reward_model(rm, data: RewardData, *, seeds: Sequence[int], base_seed: i
                      out_dir: Optional[str | Path] = None, resume: bool = False,
                      overwrite: bool = False, progress: bool = True,
                      identity: Optional[dict] = None, info: Optional[dict] = None,
-                     evaluate: Any = None, label: str = "reward model"):
+                     evaluate: Any = None, label: str = "reward model",
+                     loggers: Sequence[LoggerFactory] = ()):
     """Train one reward model per seed on stacked ``data [R]`` in one program.
 
     Each chunk is ``eval_every`` fused updates (:meth:`RewardModel.update_n`,
@@ -145,7 +148,9 @@ def fit_reward_model(rm, data: RewardData, *, seeds: Sequence[int], base_seed: i
     [R]}`` if given), an orbax checkpoint of the stacked state. With
     ``out_dir`` the run directory of :mod:`jaxil.runs.rundir` (identity = ``identity``
     plus the model config, seeds, ``eval_every``; ``resume`` continues from
-    the newest checkpoint and reproduces the uninterrupted run).
+    the newest checkpoint and reproduces the uninterrupted run). ``loggers``:
+    where the metrics rows go besides ``metrics.jsonl``
+    (:mod:`jaxil.runs.loggers`; runs named ``run<i>-seed<s>``).
 
     Returns ``(states [R], rows)``.
     """
@@ -180,5 +185,6 @@ def fit_reward_model(rm, data: RewardData, *, seeds: Sequence[int], base_seed: i
         chunk=lambda st, c: chunk(st, data),
         evaluate=lambda st, c: {} if evaluate is None else evaluate(st.params),
         postfix=postfix)
-    result = engine.run(program, rundir=rd, progress=progress)
+    result = engine.run(program, rundir=rd, progress=progress, loggers=loggers,
+                        log_names=[f"run{i}-seed{s}" for i, s in enumerate(seeds)])
     return result.state, result.rows

@@ -19,13 +19,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxil.runs import engine
+from jaxil.runs.loggers import LoggerFactory
 from jaxil.data.format import Dataset, canonical_json
 from jaxil.algorithms.offline import OMAPLConfig, PreferenceData, make_learner
 from jaxil.algorithms.offline.omapl import learned_returns
@@ -58,6 +59,7 @@ def fit_preferences(
     hparams: Optional[dict[str, float]] = None,
     progress: bool = True,
     batch_devices: int = 1,
+    loggers: Sequence[LoggerFactory] = (),
     **config,
 ) -> PreferenceFit:
     """Train O-MAPL on the answered queries (NaN answers dropped), ``seeds``
@@ -68,6 +70,8 @@ def fit_preferences(
     ``batch_devices``: split each update's batch of pairs over this many
     devices (data-parallel, :mod:`jaxil.runs.sharding`; ``batch_size`` must
     divide by it); the fit agrees with one device's to float32 round-off.
+    ``loggers``: where the metrics rows go (:mod:`jaxil.runs.loggers`; runs
+    named ``run<i>-seed<s>``; the fit writes no run directory).
     """
 
     if updates <= 0 or chunk <= 0:
@@ -100,7 +104,8 @@ def fit_preferences(
         chunk=lambda s, c: step(s, data), evaluate=lambda s, c: {}, postfix=postfix,
         fetch=lay.gather if lay else jax.device_get)
     t0 = time.perf_counter()
-    result = engine.run(program, progress=progress)
+    result = engine.run(program, progress=progress, loggers=loggers,
+                        log_names=[f"run{r.index}-seed{r.seed}" for r in runs])
     states = result.state
     history = []
     for u in sorted({r["update"] for r in result.rows}):

@@ -30,7 +30,7 @@ from jaxil.envs.core import EnvSpec
 from jaxil.runs.checkpoint import Checkpointer
 from jaxil.algorithms.offline import LearnerData, update_n_checked
 from jaxil.algorithms.offline.base import Learner, check_hparams
-from jaxil.runs import engine, loggers
+from jaxil.runs import engine, loggers as run_loggers
 from jaxil.runs.engine import open_run
 from jaxil.runs.summary import format_table as fmt_table, summarize_step
 from jaxil.runs.precision import matmul_precision
@@ -81,11 +81,10 @@ def run_hparams(learner: Learner, runs: list[RunSpec]) -> list[Any]:
 
 def config_identity(learner: Learner, spec: EnvSpec) -> dict:
     """The learner's config as its run identity records it. The box head is
-    left out on discrete actions, where it does nothing: runs on discrete
-    environments keep the identity they had before the config named a head,
-    and still resume. So is a field added later while it holds the value its
-    config class names in ``IDENTITY_DEFAULTS`` (the behaviour runs made
-    before it had)."""
+    left out on discrete actions, where it does nothing, so run directories
+    whose identity names no head still resume. So is a config field while it
+    holds the value its class names in ``IDENTITY_DEFAULTS``: run directories
+    written by a jaxil without that field keep their identity."""
     config = dataclasses.asdict(learner.config)
     if spec.discrete:
         config.pop("box", None)
@@ -162,6 +161,7 @@ def train(
     run_info: Optional[dict] = None,
     data_identity: Optional[dict] = None,
     tensorboard: Optional[str | Path] = None,
+    loggers: Sequence[run_loggers.LoggerFactory] = (),
     devices: Optional[int] = None,
     batch_devices: int = 1,
     precision: str = "default",
@@ -173,9 +173,12 @@ def train(
     (:func:`jaxil.runs.engine.run`). ``data_identity`` (JSON-able: e.g. the
     dataset's content id and the labels' digest) joins the run's identity, so
     ``resume`` refuses other data; ``run_info`` is recorded in ``run.json``
-    without being compared. ``tensorboard``: also write the metrics as
-    TensorBoard scalars there. ``devices``: split the runs over this many
-    devices (default: all, at most one per run; :mod:`jaxil.runs.sharding`).
+    without being compared. ``loggers``: where the metrics rows go besides
+    ``metrics.jsonl`` (:mod:`jaxil.runs.loggers`, e.g.
+    ``[loggers.wandb("project", run_dir=out_dir)]``); ``tensorboard``: also
+    write the metrics as TensorBoard scalars there. ``devices``: split the
+    runs over this many devices (default: all, at most one per run;
+    :mod:`jaxil.runs.sharding`).
     One device is the unsharded program; checkpoints and metrics do not
     depend on the count. ``batch_devices``: split each run's batch over this
     many devices as well (data-parallel; the batch size must divide by it),
@@ -209,7 +212,7 @@ def train(
                         eval_episodes=eval_episodes, base_seed=base_seed,
                         deterministic_eval=deterministic_eval, env_id=env.spec.env_id,
                         spec=env.spec.to_dict(), data=data_identity or {})
-        if precision != "default":  # runs from before --precision keep their identity
+        if precision != "default":  # identities without a precision stay valid
             identity["precision"] = precision
         if writer:
             rd = open_run(out_dir, identity, step_key="update", resume=resume,
@@ -231,7 +234,8 @@ def train(
     with precision_ctx:
         result = engine.run(program, rundir=rd, checkpointer=None if writer else ckpt,
                             resume_step=latest, progress=progress and writer,
-                            loggers=[loggers.tensorboard(tensorboard)] if tensorboard else (),
+                            loggers=[*loggers, *([run_loggers.tensorboard(tensorboard)]
+                                                 if tensorboard else [])],
                             log_names=[f"run{r.index}-seed{r.seed}-{r.grid_label}" for r in runs],
                             profile_dir=profile_dir)
     summary = dict(result.summary)
