@@ -4,7 +4,7 @@ The public API, importable from here::
 
     import jaxil
     env = jaxil.make_env("smax:3m")                       # an environment
-    ds = jaxil.load_dataset("smax_3m/misodice-200e-1000p")  # a file, or a recipe (built once)
+    ds = jaxil.load_dataset("smax-3m/misodice-200e-1000p")  # a file, or a recipe (built once)
     data = jaxil.LearnerData.from_dataset(ds, ds.expert)  # on-device, expert labels
     learner = jaxil.make_learner("misodice", ds.spec)     # a learner (pure functions)
     out = jaxil.train(learner, env, data, runs=jaxil.expand_grid({}, seeds=4),
