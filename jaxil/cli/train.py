@@ -92,6 +92,17 @@ def _run(args, sweep: bool) -> int:
     return 0
 
 
+def _run_kind(identity: dict) -> str:
+    """Which command wrote a run directory, from its identity's keys."""
+    if "regimes" in identity:
+        return "a `jaxil interactive`"
+    if "ppo" in identity and "method" in identity:
+        return f"a `jaxil irl {identity['method']}`"
+    if "source" in identity and "sft" in identity:
+        return "a `jaxil irl reward-model`"
+    return "another kind of"
+
+
 def _eval(args) -> int:
     out = Path(args.run)
     try:
@@ -105,6 +116,10 @@ def _eval(args) -> int:
     if info is None:
         raise ValueError(f"{out / 'run.json'} records no identity (written by an older jaxil); "
                          "retrain the run")
+    if "learner" not in info or "runs" not in info:
+        raise ValueError(f"{out} is {_run_kind(info)} run directory; `jaxil eval` evaluates the "
+                         "runs of `jaxil train` and `jaxil sweep` (their results.json has the "
+                         "others' final evaluation)")
     env = envs.make(info["env_id"])
     spec = env.spec
     recorded = EnvSpec.from_dict(info["spec"])

@@ -265,6 +265,12 @@ def run(program: Program, *, rundir: Optional[RunDir] = None,
                     bar.set_postfix(p.postfix(host), refresh=False)
             if bar is not None:
                 bar.update(p.step_unit)
+    except BaseException:
+        # A stopped run (the guard, Ctrl-C) still releases its directory, so
+        # the same process, or another, can resume it.
+        if rundir is not None:
+            rundir.close()
+        raise
     finally:
         for log in logs:
             log.close()

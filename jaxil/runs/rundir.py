@@ -18,14 +18,30 @@ A run directory holds::
   (a kill between a metrics append and its checkpoint, or before the first
   checkpoint, leaves such rows), so the resumed run rewrites them exactly;
 - the directory is checked writable up front, so no work is lost to a
-  permission error at the end.
+  permission error at the end;
+- one process at a time: :func:`check_run_dir` and :func:`open_run_dir`
+  take an advisory lock (``.lock``, ``fcntl.flock``) that the process holds
+  until :meth:`RunDir.close` or its exit, so a second run on the same
+  directory is refused with the holder named; the operating system drops
+  the lock of a killed process, so a stale lock never blocks ``--resume``
+  (on platforms without ``fcntl`` there is no lock);
+- ``run.json`` records the library versions that wrote the run (jaxil,
+  JAX, flax, optax, orbax). A resume under other versions goes ahead with a
+  one-line warning: the run's identity, which decides what it computes, is
+  checked exactly, while another JAX or XLA may change only the last bits
+  of a float, so refusing would strand a long run after an upgrade;
+- a metrics file whose last line a kill cut short is repaired on resume (the
+  cut row is dropped) and the repair is reported.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import shutil
+import socket
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -35,20 +51,105 @@ from jaxil.runs.checkpoint import Checkpointer
 from jaxil.runs.io_atomic import atomic_write_text
 
 RUN_FILES = ("run.json", "metrics.jsonl", "results.json")
+LOCK_FILE = ".lock"
+#: The distributions whose versions a run directory records.
+VERSIONED = ("jaxil", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint")
 
 
-def read_jsonl(path: Path) -> list[dict]:
+def note(message: str) -> None:
+    """A one-line notice on standard error (a repair or a version change)."""
+    print(f"jaxil: {message}", file=sys.stderr, flush=True)
+
+
+def read_jsonl(path: Path, *, report: bool = False) -> list[dict]:
     """The complete rows of a JSONL file ([] if absent); stops at a line cut
-    by a kill."""
+    by a kill (``report``: say so on standard error)."""
     if not path.exists():
         return []
     rows = []
-    for line in path.read_text().splitlines():
+    lines = path.read_text().splitlines()
+    for i, line in enumerate(lines):
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError:
+            if report:
+                note(f"{path}: dropped {len(lines) - i} unreadable line(s) after row {i} (a "
+                     "line cut by a kill); the resumed run rewrites them")
             break
     return rows
+
+
+def library_versions() -> dict[str, Optional[str]]:
+    """The installed versions of :data:`VERSIONED` (None where absent)."""
+    out = {}
+    for name in VERSIONED:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def check_versions(recorded: Optional[dict], where: Path) -> dict[str, Optional[str]]:
+    """The current versions; a one-line warning when ``recorded`` (a resumed
+    run's) differs."""
+    now = library_versions()
+    if recorded:
+        changed = [f"{k} {recorded.get(k)} -> {now.get(k)}" for k in VERSIONED
+                   if k in recorded and recorded.get(k) != now.get(k)]
+        if changed:
+            note(f"resuming {where} under other library versions ({'; '.join(changed)}): the "
+                 "settings are the same, but the result may differ from an uninterrupted run "
+                 "in the last bits")
+    return now
+
+
+class RunDirInUse(OSError):
+    """Another process holds the run directory's lock."""
+
+
+_LOCKS: dict[Path, Any] = {}
+
+
+def lock_run_dir(path: Path) -> None:
+    """Hold the advisory lock of run directory ``path`` for this process
+    (a no-op if it already does, or without ``fcntl``).
+
+    Raises:
+      RunDirInUse: another process holds it (named in the message).
+    """
+    key = Path(path).resolve()
+    if key in _LOCKS:
+        return
+    try:
+        import fcntl
+    except ImportError:  # no advisory locks here (Windows)
+        return
+    f = open(key / LOCK_FILE, "a+")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise RunDirInUse(f"{path} is in use by {holder}; wait for that run to end, or choose "
+                          "another --out") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"process {os.getpid()} on {socket.gethostname()} "
+            f"({' '.join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:160]})")
+    f.flush()
+    _LOCKS[key] = f
+
+
+def unlock_run_dir(path: Path) -> None:
+    """Release this process's lock of ``path`` (if it holds one)."""
+    f = _LOCKS.pop(Path(path).resolve(), None)
+    if f is not None:
+        import fcntl
+
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        f.close()
 
 
 def write_jsonl_atomic(path: Path, rows: list[dict]) -> None:
@@ -122,6 +223,7 @@ class RunDir:
 
     def close(self) -> None:
         self.checkpointer.close()
+        unlock_run_dir(self.path)
 
 
 def holds_run(path: Path) -> bool:
@@ -157,6 +259,7 @@ def check_run_dir(path: str | os.PathLike, *, resume: bool = False,
                          "the run, overwrite deletes it")
     path = Path(path)
     check_writable(path)
+    lock_run_dir(path)
     if holds_run(path) and not (resume or overwrite):
         raise FileExistsError(f"{path} already holds a run; pass --resume to continue it, "
                               "--overwrite to start afresh, or choose another --out")
@@ -202,11 +305,15 @@ def open_run_dir(path: str | os.PathLike, identity: dict, *, resume: bool = Fals
                              f"{'; '.join(changes)}. Rerun with the original settings, or "
                              "pass --overwrite (or another --out) to start afresh")
     ckpt = Checkpointer(path / "checkpoints")
+    recorded = None
     if resume:
         latest = ckpt.latest_step()
         keep = -1 if latest is None else latest
-        rows = [r for r in read_jsonl(path / "metrics.jsonl") if r[step_key] <= keep]
+        rows = [r for r in read_jsonl(path / "metrics.jsonl", report=True) if r[step_key] <= keep]
+        if run_json.exists():
+            recorded = json.loads(run_json.read_text()).get("versions")
     write_jsonl_atomic(path / "metrics.jsonl", rows)
-    atomic_write_text(run_json, json.dumps(dict(identity=identity, **(info or {})), indent=2,
-                                      default=str))
+    versions = check_versions(recorded, path)
+    atomic_write_text(run_json, json.dumps(dict(identity=identity, **(info or {}),
+                                                versions=versions), indent=2, default=str))
     return RunDir(path, ckpt, latest, rows, step_key)

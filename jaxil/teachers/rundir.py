@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from jaxil.runs.checkpoint import restore_tree, save_tree
-from jaxil.runs.rundir import RunDir, check_writable, read_jsonl, write_jsonl_atomic
+from jaxil.runs.rundir import (RunDir, check_versions, check_writable, lock_run_dir,
+                                read_jsonl, write_jsonl_atomic)
 from jaxil.teachers.io import (
     ACTOR_FORMAT,
     CKPT_DIR,
@@ -201,9 +202,11 @@ def open_teacher_dir(out_dir: str | os.PathLike, header: dict, *, resume: bool,
     """
     path = Path(out_dir)
     check_writable(path, "out_dir")
+    lock_run_dir(path)
     _refuse_foreign_run(path)
     existing = list_checkpoints(path)
     if not existing:
+        header["versions"] = check_versions(None, path)
         return TeacherRunDir(path, header, None, [], env_steps_per_chunk)
     if not resume:
         raise FileExistsError(f"{path} already has checkpoints {existing}; pass resume=True "
@@ -218,7 +221,8 @@ def open_teacher_dir(out_dir: str | os.PathLike, header: dict, *, resume: bool,
         if s > latest:
             shutil.rmtree(path / CKPT_DIR / str(s))
     upto = latest // env_steps_per_chunk
-    rows = [r for r in read_jsonl(path / METRICS_FILE) if r["chunk"] <= upto]
+    rows = [r for r in read_jsonl(path / METRICS_FILE, report=True) if r["chunk"] <= upto]
     write_jsonl_atomic(path / METRICS_FILE, rows)
     header["random_baseline"] = old.get("random_baseline")
+    header["versions"] = check_versions(old.get("versions"), path)
     return TeacherRunDir(path, header, latest, rows, env_steps_per_chunk)

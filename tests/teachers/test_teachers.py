@@ -440,3 +440,22 @@ def test_shipped_teachers_are_found_without_runs_and_a_local_run_overrides(tmp_p
     with pytest.warns(UserWarning, match="not the one shipped"):
         zoo = Z.make_zoo("smax:3m", cache=False)
     assert zoo["expert"].details["teacher_dir"] == str(local)
+
+
+def test_teach_resume_after_a_cut_metrics_line(uninterrupted, tmp_path, capsys):
+    """A crash that cut the last line of a teacher's metrics.jsonl: --resume
+    drops the cut row, says so, and finishes with every complete row. Bug
+    caught: a JSON parse error that blocks the resume for good."""
+    import shutil
+
+    full, doc = uninterrupted
+    out = tmp_path / "teacher"
+    shutil.copytree(full, out)
+    rows = (out / "metrics.jsonl").read_text()
+    (out / "metrics.jsonl").write_text(rows + '{"chunk": 5, "upd')
+    got = train_teacher("toy:masked", TINY, seed=3, out_dir=str(out), num_checkpoints=2,
+                        eval_episodes=64, resume=True, progress=False,
+                        compiler_options=FAST_COMPILE)
+    assert got["complete"] and got["checkpoints"] == doc["checkpoints"]
+    assert (out / "metrics.jsonl").read_text() == rows
+    assert "dropped 1 unreadable line(s)" in capsys.readouterr().err

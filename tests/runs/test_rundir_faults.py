@@ -1,0 +1,133 @@
+"""Run directories under faults: a second process, a killed holder, a cut
+metrics line, another library version, and `jaxil eval` on a directory of
+another kind. Each test names the fault it reproduces and the bug it
+catches."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from jaxil.runs import rundir as R
+
+
+
+# Another process's side of the lock protocol, in plain Python (no JAX import,
+# so each costs milliseconds): ``flock`` on ``.lock``, as jaxil takes it.
+_HOLD = """
+import fcntl, os, sys, time
+f = open(os.path.join(sys.argv[1], ".lock"), "a+")
+fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+f.seek(0); f.truncate(); f.write(f"process {os.getpid()} on testhost (jaxil train)"); f.flush()
+print("locked", flush=True)
+time.sleep(600)
+"""
+_TRY = """
+import fcntl, os, sys
+f = open(os.path.join(sys.argv[1], ".lock"), "a+")
+try:
+    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+except OSError:
+    print("held"); sys.exit(3)
+print("free")
+"""
+
+
+def test_a_second_run_is_refused_while_another_process_holds_the_directory(tmp_path):
+    """Two runs on one --out: while another process holds the directory, a
+    run is refused in one line naming the holder and nothing is written;
+    SIGKILL that process and its lock is gone, so --resume takes the
+    directory over (the .lock file left behind does not block). Bugs
+    caught: no lock (both runs write one metrics.jsonl), or a lock by file
+    existence that blocks every resume after a crash."""
+    out = tmp_path / "run"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(out)], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(R.RunDirInUse, match=f"in use by process {holder.pid} on testhost "
+                                                r"\(jaxil train\); wait"):
+            R.open_run_dir(out, {"a": 1})
+        assert sorted(p.name for p in out.iterdir()) == [R.LOCK_FILE]
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait(timeout=60)
+    rd = R.open_run_dir(out, {"a": 1}, resume=True)
+    assert "process" in (out / R.LOCK_FILE).read_text()
+    rd.close()
+
+
+def test_the_directory_is_held_until_the_run_closes(tmp_path):
+    """The lock is held from the --out check across the work to RunDir.close
+    (and released then), so another process can neither start a run in the
+    middle nor be blocked after it. Bug caught: a lock taken only when
+    run.json is written (the window across a dataset build), or never
+    released."""
+    out = tmp_path / "run"
+    R.check_run_dir(out)  # before the expensive work (a dataset build)
+    held = lambda: subprocess.run([sys.executable, "-c", _TRY, str(out)], capture_output=True,
+                                  text=True, timeout=60).stdout.strip()
+    assert held() == "held"
+    rd = R.open_run_dir(out, {"a": 1})
+    assert held() == "held"
+    rd.close()
+    assert held() == "free"
+
+
+def test_a_cut_metrics_line_is_dropped_and_reported_on_resume(tmp_path, capsys):
+    """A kill mid-append leaves half a JSON line: resume drops it, says so on
+    stderr, and keeps the complete rows. Bug caught: a JSON error that blocks
+    the resume for good, or a silent repair."""
+    out = tmp_path / "run"
+    rd = R.open_run_dir(out, {"a": 1})
+    rd.checkpointer.save(2, {"x": __import__("numpy").zeros(2)})
+    rd.append([{"update": 1, "run": 0}, {"update": 2, "run": 0}])
+    rd.close()
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write('{"update": 3, "ru')
+    rd = R.open_run_dir(out, {"a": 1}, resume=True)
+    rd.close()
+    assert [r["update"] for r in rd.rows] == [1, 2]
+    err = capsys.readouterr().err
+    assert "dropped 1 unreadable line(s) after row 2" in err and "metrics.jsonl" in err
+    assert (out / "metrics.jsonl").read_text().count("\n") == 2
+
+
+def test_run_json_records_versions_and_a_resume_under_others_warns(tmp_path, capsys):
+    """run.json names the versions that wrote it; resuming a run written
+    under another JAX says so in one line and goes on. Bug caught: a resume
+    under another version that is silent, or one that is refused."""
+    out = tmp_path / "run"
+    R.open_run_dir(out, {"a": 1}).close()
+    doc = json.loads((out / "run.json").read_text())
+    assert doc["versions"]["jax"] and doc["versions"]["jaxil"]
+    doc["versions"]["jax"] = "0.0.1"
+    (out / "run.json").write_text(json.dumps(doc))
+    capsys.readouterr()
+    R.open_run_dir(out, {"a": 1}, resume=True).close()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "other library versions" in err[0] and "jax 0.0.1 ->" in err[0]
+    assert json.loads((out / "run.json").read_text())["versions"]["jax"] != "0.0.1"
+
+
+@pytest.mark.parametrize("identity,kind", [
+    ({"regimes": [], "method": "oec", "env_id": "mpe:simple_spread"}, "`jaxil interactive`"),
+    ({"ppo": {}, "method": "gail", "env_id": "mpe:simple_spread"}, "`jaxil irl gail`"),
+    ({"source": "init-sft", "sft": {}, "env_id": "mpe:simple_spread"}, "`jaxil irl reward-model`"),
+])
+def test_eval_names_the_kind_of_run_directory_it_was_given(tmp_path, capsys, identity, kind):
+    """`jaxil eval` on an interactive or adversarial run directory says what
+    it was given and what it accepts. Bug caught: "error: spec" (a KeyError
+    on a field only `jaxil train` records)."""
+    from jaxil.cli.main import main
+
+    (tmp_path / "run.json").write_text(json.dumps({"identity": identity}))
+    assert main(["eval", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and kind in err[0] and "jaxil train" in err[0], err
