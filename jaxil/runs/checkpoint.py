@@ -20,6 +20,7 @@ kill mid-save leaves the previous checkpoint loadable.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any, Optional
@@ -129,6 +130,10 @@ class Checkpointer:
     def latest_step(self) -> Optional[int]:
         return self.manager.latest_step()
 
+    def all_steps(self) -> list[int]:
+        """Every committed step, oldest first."""
+        return sorted(self.manager.all_steps())
+
     def save(self, step: int, state: Any) -> None:
         self.manager.save(step, args=ocp.args.StandardSave(_without_empty(state)))
         self.manager.wait_until_finished()
@@ -160,11 +165,30 @@ class Checkpointer:
             if sharding is None:
                 got = jax.tree.map(_place_like, got, like)
             return got
-        except (ValueError, TypeError, KeyError) as e:  # orbax's tree/shape mismatch dumps
+        except Exception as e:  # noqa: BLE001 - orbax raises bare Exceptions for damaged files
+            where = self.directory / str(step)
+            damage = self._damage(step, abstract)
+            if damage:
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+                raise ValueError(f"checkpoint {where} cannot be read: {damage} "
+                                 f"({type(e).__name__}: {first})") from e
             raise ValueError(
-                f"checkpoint {self.directory / str(step)} does not match the state this run "
+                f"checkpoint {where} does not match the state this run "
                 f"expects ({len(jax.tree.leaves(like))} arrays): it was written with another "
                 "learner, network shape, number of runs or environment") from e
+
+    def _damage(self, step: int, abstract: Any) -> Optional[str]:
+        """Why a failed restore of ``step`` is damage rather than another
+        state, or None: its metadata is missing or unreadable, or it lists
+        exactly the arrays of ``abstract`` (so the data files are at fault)."""
+        path = self.directory / str(step) / "default" / "_METADATA"
+        try:
+            meta = json.loads(path.read_text())["tree_metadata"]
+            stored = sorted(tuple(v["value_metadata"]["write_shape"]) for v in meta.values())
+        except (OSError, ValueError, KeyError, TypeError):
+            return "its metadata (_METADATA) is missing or damaged"
+        want = sorted(tuple(np.shape(x)) for x in jax.tree.leaves(_without_empty(abstract)))
+        return "a data file in it is missing or cut short" if stored == want else None
 
     def close(self) -> None:
         self.manager.close()

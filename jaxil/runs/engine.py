@@ -37,7 +37,7 @@ import numpy as np
 from jaxil.runs import guard
 from jaxil.runs.checkpoint import Checkpointer
 from jaxil.runs.loggers import Logger, LoggerFactory
-from jaxil.runs.rundir import RunDir, open_run_dir
+from jaxil.runs.rundir import RunDir, note, open_run_dir
 
 
 def _restore(ckpt: Checkpointer, like: Any, step: int) -> Any:
@@ -46,6 +46,38 @@ def _restore(ckpt: Checkpointer, like: Any, step: int) -> Any:
 
 def _same(x: Any) -> Any:
     return x
+
+
+def _restore_newest_intact(p: "Program", ckpt: Checkpointer, like: Any,
+                           latest: int) -> tuple[Any, int]:
+    """``(state, step)`` from the newest checkpoint at or before ``latest``
+    that restores. A damaged newest one (a file cut or deleted by a crash or
+    a full disk) is passed over with a one-line notice naming the step taken;
+    when none restores, the newest one's error is raised as one line."""
+    steps = [latest]
+    if hasattr(ckpt, "all_steps"):
+        steps += sorted((s for s in ckpt.all_steps() if s < latest), reverse=True)
+    first: Optional[BaseException] = None
+    for step in steps:
+        try:
+            state = p.restore(ckpt, like, step)
+        except Exception as e:  # noqa: BLE001 - orbax raises bare Exceptions for damaged files
+            first = first or e
+            continue
+        if step != latest:
+            note(f"checkpoint {p.step_key} {latest} in {getattr(ckpt, 'directory', '?')} cannot "
+                 f"be read ({_first_line(first)}); resuming from the intact {p.step_key} {step}")
+        return state, step
+    if isinstance(first, ValueError):
+        raise first
+    raise ValueError(f"no checkpoint in {getattr(ckpt, 'directory', '?')} can be read (the newest, "
+                     f"{p.step_key} {latest}: {_first_line(first)}); pass --overwrite to start "
+                     "afresh") from first
+
+
+def _first_line(e: Optional[BaseException]) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:160]}" if text else type(e).__name__
 
 
 @dataclasses.dataclass
@@ -185,7 +217,12 @@ def run(program: Program, *, rundir: Optional[RunDir] = None,
     state = p.init()
     start = 0
     if latest is not None:
-        state = p.restore(ckpt, state, latest)
+        state, restored = _restore_newest_intact(p, ckpt, state, latest)
+        if restored != latest:
+            rows = [r for r in rows if r[p.step_key] <= restored]
+            if rundir is not None:
+                rundir.keep_rows(rows, restored)
+            latest = restored
         start = latest // p.step_unit
     names = list(log_names or p.run_labels)
     logs: list[Logger] = [make(names, p.step_key, start * p.step_unit if start else None)

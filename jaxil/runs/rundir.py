@@ -218,6 +218,12 @@ class RunDir:
     def save(self, step: int, state: Any) -> None:
         self.checkpointer.save(step, state)
 
+    def keep_rows(self, rows: list[dict], step: int) -> None:
+        """Resume from ``step`` instead of :attr:`latest` (its newer checkpoint
+        was damaged): keep only ``rows`` in ``metrics.jsonl``."""
+        self.rows, self.latest = rows, step
+        write_jsonl_atomic(self.path / "metrics.jsonl", rows)
+
     def write_results(self, summary: dict) -> None:
         atomic_write_text(self.path / "results.json", json.dumps(summary, indent=2))
 

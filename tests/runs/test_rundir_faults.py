@@ -131,3 +131,59 @@ def test_eval_names_the_kind_of_run_directory_it_was_given(tmp_path, capsys, ide
     assert main(["eval", str(tmp_path)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and kind in err[0] and "jaxil train" in err[0], err
+
+
+def _damage_newest(ckpt_dir, part: str = "data") -> int:
+    """Cut files of the newest checkpoint in half (a crash or a full disk
+    mid-write): its array data files (``part="data"``) or its ``_METADATA``
+    (``"metadata"``). Returns that step."""
+    newest = max(int(p.name) for p in ckpt_dir.iterdir() if p.name.isdigit())
+    if part == "data":  # every array data file of the step
+        victims = [f for f in (ckpt_dir / str(newest)).rglob("*")
+                   if f.is_file() and f.parent.name == "d"]
+    else:
+        victims = [ckpt_dir / str(newest) / "default" / "_METADATA"]
+    for f in victims:
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    return newest
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_intact_one(tmp_path, capsys):
+    """Cut a file of the newest checkpoint: --resume says in one line which
+    step it could not read and which it took, and the resumed run ends with
+    the uninterrupted run's rows. Bug caught: a 145-line orbax traceback and
+    a run that cannot be resumed although the previous checkpoint is intact."""
+    from jaxil.runs import engine
+    from helpers.engine import make_program
+
+    full = engine.run(make_program(eval_every=1), progress=False)
+    rd = engine.open_run(tmp_path / "r", {"toy": 1}, step_key="update")
+    engine.run(make_program(eval_every=1), rundir=rd, progress=False, stop_after_chunks=4)
+    newest = _damage_newest(tmp_path / "r" / "checkpoints")
+    assert newest == 12
+    capsys.readouterr()
+    rd = engine.open_run(tmp_path / "r", {"toy": 1}, step_key="update", resume=True)
+    rest = engine.run(make_program(eval_every=1), rundir=rd, progress=False)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "update 12" in err[0] and "intact update 9" in err[0], err
+    assert rest.rows == full.rows
+
+
+@pytest.mark.parametrize("part,why", [("data", "a data file in it is missing or cut short"),
+                                       ("metadata", "its metadata (_METADATA) is missing")])
+def test_no_readable_checkpoint_is_one_line_that_says_it_is_damaged(tmp_path, part, why):
+    """Every checkpoint damaged: one ValueError that names the directory, the
+    damage and the fix. Bug caught: orbax's traceback, or the misleading
+    "written with another learner" for a file cut short."""
+    from jaxil.runs import engine
+    from helpers.engine import make_program
+
+    rd = engine.open_run(tmp_path / "r", {"toy": 1}, step_key="update")
+    engine.run(make_program(eval_every=1), rundir=rd, progress=False, stop_after_chunks=1)
+    _damage_newest(tmp_path / "r" / "checkpoints", part)
+    rd = engine.open_run(tmp_path / "r", {"toy": 1}, step_key="update", resume=True)
+    with pytest.raises(ValueError, match="cannot be read") as e:
+        engine.run(make_program(eval_every=1), rundir=rd, progress=False)
+    msg = str(e.value)
+    assert "\n" not in msg and "checkpoints/3" in msg and why in msg, msg
+    assert "another learner" not in msg
