@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.metadata
 import io
 import json
 import os
@@ -61,6 +60,7 @@ from jaxil.data.validate import (
     validate,
 )
 from jaxil.runs.io_atomic import atomic_path
+from jaxil.runs.rundir import installed_versions
 
 FORMAT_NAME = "jaxil.dataset"
 METADATA_MEMBER = "metadata.json"
@@ -71,13 +71,7 @@ PathLike = Union[str, os.PathLike]
 
 def library_versions() -> dict[str, Optional[str]]:
     """Installed versions of the packages that shape a dataset (None if absent)."""
-    out = {}
-    for name in VERSION_PACKAGES:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = None
-    return out
+    return installed_versions(VERSION_PACKAGES)
 
 
 @dataclasses.dataclass(frozen=True)

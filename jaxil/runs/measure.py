@@ -45,6 +45,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
 
+from jaxil.runs.rundir import installed_versions
+
 # XLA:CPU flags that make XLA run every op on the calling thread only.
 SINGLE_THREAD_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 
@@ -113,14 +115,8 @@ def _git(*args: str) -> Optional[str]:
 def library_versions() -> dict[str, Any]:
     """Versions of the libraries jaxil's measurements depend on, and the
     commit of the checkout jaxil runs from (None when installed from a wheel)."""
-    from importlib import metadata
-
-    versions: dict[str, Any] = {}
-    for dist in ("jax", "jaxlib", "flax", "optax", "chex", "numpy", "jaxil"):
-        try:
-            versions[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            versions[dist] = None
+    versions: dict[str, Any] = installed_versions(
+        ("jax", "jaxlib", "flax", "optax", "chex", "numpy", "jaxil"))
     commit = _git("rev-parse", "--short", "HEAD")
     status = _git("status", "--porcelain", "--untracked-files=no")
     versions["jaxil_commit"] = commit

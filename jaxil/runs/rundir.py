@@ -43,7 +43,7 @@ import shutil
 import socket
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -79,10 +79,11 @@ def read_jsonl(path: Path, *, report: bool = False) -> list[dict]:
     return rows
 
 
-def library_versions() -> dict[str, Optional[str]]:
-    """The installed versions of :data:`VERSIONED` (None where absent)."""
+def installed_versions(names: Sequence[str] = VERSIONED) -> dict[str, Optional[str]]:
+    """The installed versions of the distributions ``names`` (None where
+    absent); by default those a run directory records."""
     out = {}
-    for name in VERSIONED:
+    for name in names:
         try:
             out[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
@@ -93,7 +94,7 @@ def library_versions() -> dict[str, Optional[str]]:
 def check_versions(recorded: Optional[dict], where: Path) -> dict[str, Optional[str]]:
     """The current versions; a one-line warning when ``recorded`` (a resumed
     run's) differs."""
-    now = library_versions()
+    now = installed_versions()
     if recorded:
         changed = [f"{k} {recorded.get(k)} -> {now.get(k)}" for k in VERSIONED
                    if k in recorded and recorded.get(k) != now.get(k)]
