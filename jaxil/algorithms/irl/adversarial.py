@@ -340,7 +340,9 @@ class Adversarial:
     # -- the hook ------------------------------------------------------------------
     def policy_samples(self, batch: RewardBatch, key: jax.Array) -> Demos:
         """``disc_batch`` steps of the rollout, uniformly."""
-        flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]),
+        # The explicit length keeps zero-size leaves (a box-action
+        # environment's [T, E, N, 0] legal-action mask) reshapable.
+        flat = jax.tree.map(lambda x: x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:]),
                             (batch.obs, batch.global_state, batch.avail, batch.action,
                              batch.next_obs, batch.next_global_state, batch.last))
         idx = jax.random.randint(key, (self.config.disc_batch,), 0, flat[0].shape[0])

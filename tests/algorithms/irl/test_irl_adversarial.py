@@ -296,6 +296,25 @@ def test_gail_resume_reproduces_the_uninterrupted_run(toy_demos, tmp_path):
     assert not np.array_equal(leaf[0], leaf[1])
 
 
+@pytest.mark.parametrize("method", ["gail", pytest.param("airl", marks=pytest.mark.slow)])
+def test_adversarial_chunk_on_box_actions(tmp_path, method):
+    """A box-action environment (legal-action mask ``[N, 0]``) through one
+    GAIL (AIRL: slow) chunk: the metrics are finite. Bug caught: the policy
+    samples reshaped with ``-1``, which cannot be inferred for a zero-size
+    leaf (``ZeroDivisionError: integer modulo by zero`` on every box-action
+    environment)."""
+    env = envs.make("toy:continuous")
+    half = lambda params, obs, avail, key: jnp.full((obs.shape[0], 2), 0.5)  # noqa: E731
+    ep = fast_call(lambda k: envs.run_episodes(env, half, None, k, 2), jax.random.PRNGKey(0))
+    demos = stack_demos([demos_from_dataset(ep, [0, 1])])
+    cfg = GAIL.__class__(**dict(GAIL.to_dict(), method=method, hidden=(8,), reward_form=None))
+    out = train_adversarial(env, SMALL, cfg, demos, out_dir=tmp_path, seeds=1, progress=False,
+                            compiler_options=FAST_COMPILE, stop_after_chunks=1)
+    rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["chunk"] == 1]
+    assert rows and all(np.isfinite(r["disc_loss"]) for r in rows), rows
+    assert not out["complete"]
+
+
 # --------------------------------------------------------------------------
 # The command line
 # --------------------------------------------------------------------------
