@@ -296,13 +296,36 @@ def test_gail_resume_reproduces_the_uninterrupted_run(toy_demos, tmp_path):
     assert not np.array_equal(leaf[0], leaf[1])
 
 
-@pytest.mark.parametrize("method", ["gail", pytest.param("airl", marks=pytest.mark.slow)])
+def test_policy_samples_keep_an_empty_legal_action_mask():
+    """The discriminator's policy samples of a box-action rollout, whose
+    legal-action mask is ``[T, E, N, 0]``: ``disc_batch`` steps with the mask
+    ``[B, N, 0]``. Bug caught: a reshape with ``-1``, which cannot be
+    inferred for a zero-size leaf (``ZeroDivisionError: integer modulo by
+    zero`` in every GAIL/AIRL run on a box-action environment)."""
+    from jaxil.algorithms.irl.adversarial import Adversarial
+    from jaxil.algorithms.rl.ppo import RewardBatch, make_actor
+
+    spec = envs.make("toy:continuous").spec
+    n, o, d = spec.num_agents, spec.obs_dim, spec.action.dim
+    T, E = 3, 4
+    z = lambda *shape: jnp.zeros(shape)  # noqa: E731
+    batch = RewardBatch(obs=z(T, E, n, o), global_state=z(T, E, spec.state_dim),
+                        avail=jnp.zeros((T, E, n, 0), bool), action=z(T, E, n, d),
+                        next_obs=z(T, E, n, o), next_global_state=z(T, E, spec.state_dim),
+                        last=jnp.zeros((T, E), bool), env_reward=z(T, E))
+    adv = Adversarial(spec, make_actor(spec, SMALL), SMALL, GAIL)
+    got = adv.policy_samples(batch, jax.random.PRNGKey(0))
+    assert got.avail.shape == (GAIL.disc_batch, n, 0)
+    assert got.actions.shape == (GAIL.disc_batch, n, d)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["gail", "airl"])
 def test_adversarial_chunk_on_box_actions(tmp_path, method):
     """A box-action environment (legal-action mask ``[N, 0]``) through one
-    GAIL (AIRL: slow) chunk: the metrics are finite. Bug caught: the policy
-    samples reshaped with ``-1``, which cannot be inferred for a zero-size
-    leaf (``ZeroDivisionError: integer modulo by zero`` on every box-action
-    environment)."""
+    GAIL or AIRL chunk end to end: the metrics are finite. Bug caught: any
+    step of the program that mishandles the zero-size mask (the policy
+    samples' reshape was one)."""
     env = envs.make("toy:continuous")
     half = lambda params, obs, avail, key: jnp.full((obs.shape[0], 2), 0.5)  # noqa: E731
     ep = fast_call(lambda k: envs.run_episodes(env, half, None, k, 2), jax.random.PRNGKey(0))
