@@ -20,18 +20,10 @@ from jaxil.data import (
 )
 from jaxil.data import format as fmt
 
-from helpers.data import FORMAT_SPEC as SPEC, make_dataset, make_episodes
+from helpers.data import FORMAT_SPEC as SPEC, assert_same, make_dataset, make_episodes
 
 CSPEC = EnvSpec("test:cont", num_agents=2, obs_dim=3, state_dim=4,
                 action=ContinuousActions(dim=2, low=-1.0, high=1.0), max_steps=6)
-
-
-def assert_same(a: Dataset, b: Dataset) -> None:
-    assert a.info == b.info
-    for k, v in a.arrays().items():
-        w = getattr(b, k)
-        assert v.dtype == w.dtype and v.shape == w.shape, k
-        np.testing.assert_array_equal(v, w, err_msg=k)
 
 
 # -- construction and transformations ------------------------------------------------

@@ -14,6 +14,8 @@ from jaxil.envs.rollout import Episodes
 from jaxil.data import Dataset, DatasetError, export_vault, import_vault, load, save
 from jaxil.data import vault as vault_mod
 
+from helpers.data import assert_same
+
 try:
     import flashbax.vault  # noqa: F401
 
@@ -53,14 +55,6 @@ def make_dataset(spec: EnvSpec = SPEC, num: int = 6, seed: int = 0) -> Dataset:
                   episode_return=reward.sum(1), length=length, won=last.any(1) & (kind == 0))
     return Dataset.from_episodes(ep, spec, tier="poor", source="random", seed=seed + 7,
                                  expert=np.arange(num) % 2 == 0, recipe="unit")
-
-
-def assert_same(a: Dataset, b: Dataset) -> None:
-    assert a.info == b.info
-    for k, v in a.arrays().items():
-        w = getattr(b, k)
-        assert v.dtype == w.dtype and v.shape == w.shape, k
-        np.testing.assert_array_equal(v, w, err_msg=k)
 
 
 @pytest.mark.parametrize("spec", [SPEC, CSPEC], ids=["discrete", "continuous"])

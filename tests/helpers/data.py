@@ -162,3 +162,13 @@ def fidelity_dataset(seed=0, num=24) -> Dataset:
 
 FIDELITY_DS = fidelity_dataset()
 FIDELITY_DATA = LearnerData.from_dataset(FIDELITY_DS, FIDELITY_DS.expert)
+
+
+def assert_same(a: Dataset, b: Dataset) -> None:
+    """Two datasets hold the same info and every array with the same dtype,
+    shape and values."""
+    assert a.info == b.info
+    for k, v in a.arrays().items():
+        w = getattr(b, k)
+        assert v.dtype == w.dtype and v.shape == w.shape, k
+        np.testing.assert_array_equal(v, w, err_msg=k)
