@@ -46,6 +46,7 @@ import sys
 import tempfile
 import time
 import traceback
+import types
 from pathlib import Path
 from typing import Any, Callable
 
@@ -213,10 +214,38 @@ def part_peer(args, budget: float, tmp: Path) -> dict[str, Any]:
     return measure.run_json_child(cmd, timeout_s=PEER_TIMEOUT_S, env={"PYTHONPATH": pythonpath})
 
 
+def stub_summary_writer() -> bool:
+    """Give ``torch.utils.tensorboard`` a no-op ``SummaryWriter`` when the
+    real one cannot be imported (it needs the ``tensorboard`` package, which
+    the peer's trainer imports only to log). Returns whether it stubbed.
+
+    Only the child process that times the peer calls this: the timed update
+    never writes a summary, so the stub changes no measured work.
+    """
+    try:
+        import torch.utils.tensorboard  # noqa: F401
+        return False
+    except ImportError:
+        pass
+
+    class SummaryWriter:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __getattr__(self, name):  # add_scalar, add_histogram, flush, close, ...
+            return lambda *args, **kwargs: None
+
+    module = types.ModuleType("torch.utils.tensorboard")
+    module.SummaryWriter = SummaryWriter
+    sys.modules["torch.utils.tensorboard"] = module
+    return True
+
+
 def peer_update(quick: bool) -> dict[str, Any]:
     """:func:`part_peer`'s measurement, in the child process it starts."""
     import torch
 
+    stubbed = stub_summary_writer()
     try:
         from algos.omarl import PolicyDiscrete
         from config import Args
@@ -255,6 +284,7 @@ def peer_update(quick: bool) -> dict[str, Any]:
                         torch.cuda.synchronize()
                     times.append(time.perf_counter() - t0)
             return {"device": device, "torch": torch.__version__, "ob_dim_arg": ob_dim,
+                    "tensorboard": "stubbed (not installed)" if stubbed else "installed",
                     "shapes": dict(pairs=B, steps=T, agents=N, obs=O, state=S, actions=A),
                     "update_ms": 1e3 * measure.median(times), "times_s": times}
         except RuntimeError as e:

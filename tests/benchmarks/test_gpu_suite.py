@@ -102,3 +102,31 @@ def test_single_update_quick(tmp_path):
     for r in out["rows"]:
         assert "error" not in r, r
         assert set(r["calls"]) == {"fused", "single", "single_donated"}
+
+
+def test_the_peer_child_stubs_a_missing_tensorboard(tmp_path):
+    """A PyTorch whose ``torch.utils.tensorboard`` fails to import (the
+    ``tensorboard`` package absent) gets a no-op ``SummaryWriter``, so the
+    peer's trainer imports and is timed. Fails if the stub is not installed
+    under the module name the trainer imports, if its writer lacks the
+    methods a trainer calls, or if the stub replaces a working module."""
+    fake = tmp_path / "torch" / "utils" / "tensorboard"
+    fake.mkdir(parents=True)
+    (tmp_path / "torch" / "__init__.py").write_text("")
+    (tmp_path / "torch" / "utils" / "__init__.py").write_text("")
+    (fake / "__init__.py").write_text("raise ImportError(\"No module named 'tensorboard'\")\n")
+    script = (
+        "import sys\n"
+        "from benchmarks.gpu_suite import stub_summary_writer\n"
+        "assert stub_summary_writer()\n"
+        "from torch.utils.tensorboard import SummaryWriter\n"
+        "w = SummaryWriter(log_dir='unused')\n"
+        "w.add_scalar('loss', 1.0, 0); w.add_histogram('h', [1], 0); w.flush(); w.close()\n"
+        "assert not stub_summary_writer()  # now importable: left alone\n"
+        "print('stubbed')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "stubbed"
