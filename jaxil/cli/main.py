@@ -7,6 +7,7 @@ exposes ``register(subparsers)`` adding its parsers with ``func`` defaults.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import sys
 
@@ -94,6 +95,8 @@ def _os_message(e: OSError) -> str:
         NotADirectoryError: "a parent of the path is a file; choose another path",
         FileNotFoundError: "check the path",
     }.get(type(e), "check the path and the disk")
+    if e.errno == errno.ENOSPC:
+        fix = "free some space or choose another path"
     return f"{e.strerror or e}: {e.filename}; {fix}"
 
 

@@ -59,7 +59,7 @@ from typing import Any, Mapping, Optional, Union
 import numpy as np
 
 from jaxil import envs
-from jaxil.data.format import Dataset, canonical_json, concatenate, save
+from jaxil.data.format import Dataset, canonical_json, concatenate, save, size_bound
 from jaxil.collect.zoo import (
     DEFAULT_CHUNK,
     MAX_SEED,
@@ -67,7 +67,7 @@ from jaxil.collect.zoo import (
     make_zoo,
     measure_tiers,
 )
-from jaxil.runs.io_atomic import atomic_write_text, check_file_writable
+from jaxil.runs.io_atomic import atomic_write_text, check_file_writable, check_free_space
 from jaxil.data.format import load
 
 DEFAULT_DATA_DIR = Path("runs") / "data"
@@ -342,6 +342,8 @@ def build(
         raise ValueError(f"recipe {r.name}: -dart (executed-action noise) needs a box action "
                          f"space, and {r.env_id} has discrete actions; drop the -dart suffix")
     total = sum(n.values())
+    if out_path is not None:
+        check_free_space(out_path, size_bound(zoo.spec, total))
     seeds = episode_seeds(seed, total)
     bar = None
     if progress:

@@ -472,13 +472,31 @@ def write_archive(
         )
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = json.dumps(metadata, sort_keys=True, indent=1, allow_nan=False).encode()
-    with atomic_path(path) as tmp:
-        with open(tmp, "xb") as f:
-            with zipfile.ZipFile(f, "w", allowZip64=True) as zf:
-                zf.writestr(_zip_info(METADATA_MEMBER), meta)
-                for name, arr in arrays.items():
-                    _write_array(zf, f"{name}.npy", arr)
-        os.chmod(tmp, 0o644)
+    try:
+        with atomic_path(path) as tmp:
+            with open(tmp, "xb") as f:
+                with zipfile.ZipFile(f, "w", allowZip64=True) as zf:
+                    zf.writestr(_zip_info(METADATA_MEMBER), meta)
+                    for name, arr in arrays.items():
+                        _write_array(zf, f"{name}.npy", arr)
+            os.chmod(tmp, 0o644)
+    except OSError as e:
+        if e.filename is not None:
+            raise
+        # a write into the zip stream names no file: name the one being written
+        raise type(e)(e.errno, e.strerror or str(e), str(path)) from e
+
+
+def size_bound(spec: EnvSpec, num_trajectories: int, max_steps: Optional[int] = None) -> int:
+    """Bytes of the arrays of ``num_trajectories`` trajectories padded to
+    ``max_steps`` (default ``spec.max_steps``), the size a file of them
+    reaches at most: every field of :class:`Dataset`, stored uncompressed."""
+    T = spec.max_steps if max_steps is None else int(max_steps)
+    n = spec.num_agents
+    action = n * (spec.action.dim * 4 if not spec.discrete else 4)
+    per_step = n * spec.obs_dim * 4 + spec.state_dim * 4 + n * spec.num_actions
+    per_traj = (T + 1) * per_step + T * (action + 4 + 3) + 4 + 4 + 1 + 1 + 2 + 8 + 1
+    return int(num_trajectories) * per_traj
 
 
 def _write_array(zf: zipfile.ZipFile, member: str, arr: np.ndarray) -> None:

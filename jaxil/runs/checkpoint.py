@@ -15,13 +15,24 @@
 
 Orbax writes into a temporary directory and renames it when complete, so a
 kill mid-save leaves the previous checkpoint loadable.
+
+A save that fails (a full disk, a permission change) raises one
+:class:`CheckpointWriteError` naming the step, the directory and the fix; the
+tracebacks that orbax's background threads log meanwhile are held back (the
+exception chains the original error, which ``jaxil --debug`` shows). A
+Ctrl-C during a save keeps them silent too. :meth:`Checkpointer.check_space`
+refuses a run whose checkpoint cannot fit before any work is done.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
+import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Optional
 
@@ -31,18 +42,93 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 
+#: Free space asked for beyond one checkpoint's bytes (metadata, metrics rows).
+SPACE_MARGIN_BYTES = 1 << 20
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written; the message names the step, the
+    directory and what to do. Earlier checkpoints are untouched."""
+
+
+@contextlib.contextmanager
+def _quiet_background_errors():
+    """Hold back the ERROR records (each with a traceback) that orbax's save
+    threads log through absl while a save fails; the failure itself reaches
+    the caller as an exception. After a Ctrl-C the records stay held back:
+    the process is stopping and the threads' reports would bury its one line.
+    """
+    log = logging.getLogger("absl")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
+        log.setLevel(level)
+        raise
+    else:
+        log.setLevel(level)
+
+
+def _write_failure(what: str, where: Path, e: BaseException) -> CheckpointWriteError:
+    """One-line error for a failed checkpoint write, from orbax's exception."""
+    text = str(e)
+    full = isinstance(e, OSError) and e.errno == errno.ENOSPC or (
+        "No space left on device" in text or "os_error_code='28'" in text)
+    if full:
+        reason = "the disk is full"
+        fix = "free some space (or move the run directory) and continue with --resume"
+    else:
+        first = (text.strip().splitlines() or [type(e).__name__])[0][:200]
+        reason = f"{type(e).__name__}: {first}"
+        fix = "check the directory and the disk, then continue with --resume"
+    return CheckpointWriteError(
+        f"could not write {what} to {where}: {reason} (the earlier checkpoints are kept); {fix}")
+
+
+def check_space(directory: str | os.PathLike, state: Any) -> None:
+    """Refuse, before any work, a directory without room for one more
+    checkpoint of ``state``: its arrays' bytes plus :data:`SPACE_MARGIN_BYTES`
+    (an old step is deleted only after the new one is complete).
+
+    Raises:
+      CheckpointWriteError: naming the sizes, the directory and the fix.
+    """
+    need = sum(int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize
+               for x in jax.tree.leaves(state)) + SPACE_MARGIN_BYTES
+    path = Path(directory)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    free = shutil.disk_usage(path).free
+    if free < need:
+        raise CheckpointWriteError(
+            f"not enough free space for checkpoints in {directory}: one needs about "
+            f"{need / 2**20:.1f} MiB and {free / 2**20:.1f} MiB are free; free some space "
+            "or choose another --out")
+
+
 def _leaf_name(i: int) -> str:
     return f"leaf_{i:05d}"
 
 
 def save_tree(path: str | os.PathLike, tree: Any) -> None:
     """Save a pytree's (non-empty) leaves with orbax into the directory ``path``
-    (overwritten if it exists)."""
+    (overwritten if it exists).
+
+    Raises:
+      CheckpointWriteError: the write failed (see :class:`Checkpointer`).
+    """
     leaves = jax.tree.leaves(tree)
     flat = {_leaf_name(i): np.asarray(x) for i, x in enumerate(leaves) if np.size(x) > 0}
     ck = ocp.StandardCheckpointer()
-    ck.save(os.path.abspath(path), flat, force=True)
-    ck.wait_until_finished()
+    try:
+        with _quiet_background_errors():
+            ck.save(os.path.abspath(path), flat, force=True)
+            ck.wait_until_finished()
+    except Exception as e:  # noqa: BLE001 - orbax re-raises its threads' errors as they were
+        raise _write_failure("checkpoint", Path(path).absolute(), e) from e
 
 
 def restore_tree(path: str | os.PathLike, like: Any) -> Any:
@@ -122,6 +208,7 @@ class Checkpointer:
 
     def __init__(self, directory: str | Path, max_to_keep: int = 2):
         self.directory = Path(directory).absolute()
+        self._failed = False
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
@@ -135,8 +222,23 @@ class Checkpointer:
         return sorted(self.manager.all_steps())
 
     def save(self, step: int, state: Any) -> None:
-        self.manager.save(step, args=ocp.args.StandardSave(_without_empty(state)))
-        self.manager.wait_until_finished()
+        """Write ``state`` as ``step`` and wait until it is complete.
+
+        Raises:
+          CheckpointWriteError: the write failed (a full disk, permissions);
+            the steps saved before are kept.
+        """
+        try:
+            with _quiet_background_errors():
+                self.manager.save(step, args=ocp.args.StandardSave(_without_empty(state)))
+                self.manager.wait_until_finished()
+        except Exception as e:  # noqa: BLE001 - orbax re-raises its threads' errors as they were
+            self._failed = True
+            raise _write_failure(f"checkpoint {step}", self.directory, e) from e
+
+    def check_space(self, state: Any) -> None:
+        """:func:`check_space` of this directory."""
+        check_space(self.directory, state)
 
     def restore(self, like: Any, step: Optional[int] = None,
                 sharding: Optional[jax.sharding.Sharding] = None) -> Any:
@@ -191,4 +293,12 @@ class Checkpointer:
         return "a data file in it is missing or cut short" if stored == want else None
 
     def close(self) -> None:
-        self.manager.close()
+        """Finish pending work and release the manager. After a failed save
+        the manager's repeat of that failure is dropped (it was raised
+        once already)."""
+        try:
+            with _quiet_background_errors():
+                self.manager.close()
+        except Exception as e:  # noqa: BLE001 - see save
+            if not self._failed:
+                raise _write_failure("pending checkpoints", self.directory, e) from e

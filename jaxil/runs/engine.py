@@ -224,6 +224,8 @@ def run(program: Program, *, rundir: Optional[RunDir] = None,
                 rundir.keep_rows(rows, restored)
             latest = restored
         start = latest // p.step_unit
+    if ckpt is not None and start < p.num_chunks:
+        ckpt.check_space(p.checkpoint_view(state))
     names = list(log_names or p.run_labels)
     logs: list[Logger] = [make(names, p.step_key, start * p.step_unit if start else None)
                           for make in loggers] if rundir is not None or checkpointer is None else []

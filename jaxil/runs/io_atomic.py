@@ -22,6 +22,7 @@ that it can be written (the directory-level check of run directories is
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import re
@@ -115,6 +116,25 @@ def clear_stale(path: PathLike) -> list[Path]:
         _remove(entry)
         removed.append(entry)
     return removed
+
+
+def check_free_space(path: PathLike, need: int, what: str = "the output") -> None:
+    """Refuse, before the work that produces it, an output of up to ``need``
+    bytes at ``path`` on a disk with less free space.
+
+    Raises:
+      OSError: ENOSPC, one line naming the path, both sizes and the fix.
+    """
+    where = Path(path).absolute()
+    probe = where if where.exists() else where.parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < need:
+        raise OSError(errno.ENOSPC,
+                      f"not enough free space for {what} (up to {need / 2**20:.1f} MiB, "
+                      f"{free / 2**20:.1f} MiB free)",
+                      str(where))
 
 
 def check_file_writable(path: PathLike, what: str = "output file", *, append: bool = False,

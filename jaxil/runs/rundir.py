@@ -229,8 +229,10 @@ class RunDir:
         atomic_write_text(self.path / "results.json", json.dumps(summary, indent=2))
 
     def close(self) -> None:
-        self.checkpointer.close()
-        unlock_run_dir(self.path)
+        try:
+            self.checkpointer.close()
+        finally:
+            unlock_run_dir(self.path)
 
 
 def holds_run(path: Path) -> bool:

@@ -27,7 +27,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
-from jaxil.runs.checkpoint import restore_tree, save_tree
+from jaxil.runs.checkpoint import check_space, restore_tree, save_tree
 from jaxil.runs.rundir import (RunDir, check_versions, check_writable, lock_run_dir,
                                 read_jsonl, write_jsonl_atomic)
 from jaxil.teachers.io import (
@@ -84,6 +84,9 @@ class _Checkpoints:
 
     def restore(self, like: Any, step: int) -> Any:
         return restore_tree(self.directory / str(step) / "runner", like)
+
+    def check_space(self, runner: Any) -> None:
+        check_space(self.directory, runner)
 
     def close(self) -> None:
         pass

@@ -21,6 +21,7 @@ from jaxil.data import (
 from jaxil.data import format as fmt
 
 from helpers.data import FORMAT_SPEC as SPEC, assert_same, make_dataset, make_episodes
+from helpers.disk import fill, small_tmpfs
 
 CSPEC = EnvSpec("test:cont", num_agents=2, obs_dim=3, state_dim=4,
                 action=ContinuousActions(dim=2, low=-1.0, high=1.0), max_steps=6)
@@ -390,3 +391,35 @@ def test_data_diff_reports_arrays_and_metadata(tmp_path, capsys):
         assert main(["data", "diff", str(a), str(tmp_path / other)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("jaxil data diff: error: ")
+
+
+def test_a_full_disk_names_the_file_and_keeps_the_old_one(tmp_path):
+    """A dataset written to a full disk: an ENOSPC OSError that names the
+    file being written, the earlier file at that path intact and no
+    temporary left behind. Bug caught: "[Errno 28] No space left on device"
+    without a path (the write into the zip stream names no file)."""
+    import errno
+
+    with small_tmpfs(tmp_path / "disk", "1m") as disk:
+        path = disk / "d.npz"
+        small = make_dataset(num=2)
+        fmt.save(small, path)
+        before = path.read_bytes()
+        fill(disk)
+        with pytest.raises(OSError) as e:
+            fmt.save(make_dataset(num=400), path)
+        assert e.value.errno == errno.ENOSPC and e.value.filename == str(path), e.value
+        assert path.read_bytes() == before
+        assert sorted(p.name for p in disk.iterdir()) == ["d.npz", "filler"]
+
+
+def test_size_bound_covers_the_written_file(tmp_path):
+    """The bound ``data build`` checks free space against is at least the
+    file a dataset of that many full-length trajectories becomes. Bug
+    caught: a bound that forgets a field and lets a build fill the disk."""
+    ds = make_dataset(num=6)
+    path = fmt.save(ds, tmp_path / "d.npz")
+    T = ds.actions.shape[1]
+    bound = fmt.size_bound(ds.info.spec, 6, max_steps=T)
+    assert path.stat().st_size <= bound + 64 * 1024  # + metadata and zip headers
+    assert bound >= sum(np.asarray(v).nbytes for v in ds.arrays().values())

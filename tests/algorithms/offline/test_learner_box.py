@@ -73,6 +73,7 @@ def _err(capsys):
     return err[0]
 
 
+@pytest.mark.slow  # default-suite time (~28 s: three CLI trainings); run with -m slow
 def test_box_head_is_recorded_resumed_and_required_on_eval(tmp_path, capsys):
     """``jaxil train --box`` records the head in run.json:
     - resuming with another head is refused, naming the config;
