@@ -11,6 +11,8 @@
     jaxil data validate runs/data/smax-3m-misodice-200e-1000p.npz
     jaxil data diff A.npz B.npz
     jaxil data import-omapl dataset/5m_vs_6m.h5 --env ENV --out OUT.npz [--prefs OUT_PREFS]
+    jaxil data import-vault vaults/smac_v1/3m.vlt [--vault-uid Good] --out OUT.npz [--env ENV]
+    jaxil data export-vault DATA.npz --out vaults/jaxil --vault-uid Mixed [--name NAME.vlt]
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Optional
 
@@ -385,6 +388,68 @@ def _import_omapl(args) -> int:
     return 0
 
 
+# -- vaults --------------------------------------------------------------------------
+
+
+def _refuse_existing(path: Path, what: str, other: str) -> None:
+    if path.exists():
+        raise FileExistsError(
+            f"{what} {path} already exists; pass --overwrite to replace it, or choose {other}"
+        )
+
+
+def _import_vault(args) -> int:
+    from jaxil.data.format import save
+    from jaxil.data.vault import import_vault
+    from jaxil.runs.io_atomic import check_file_writable
+
+    out = Path(args.out)
+    if not args.overwrite:
+        _refuse_existing(out, "--out", "another --out")
+    check_file_writable(out, "--out")
+    spec = None
+    if args.env:
+        from jaxil import envs
+
+        spec = envs.make(args.env).spec
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ds = import_vault(args.vault, args.vault_uid, spec, tier=args.tier,
+                              source=args.source, expert=args.expert,
+                              reward_reduction=args.reward_reduction, backend=args.backend)
+    except ImportError as e:  # neither flashbax nor tensorstore: one line, not a traceback
+        print(f"jaxil data import-vault: error: {e}", file=sys.stderr)
+        return 1
+    for w in caught:
+        print(f"jaxil data import-vault: warning: {w.message}", file=sys.stderr)
+    save(ds, out)
+    print(f"wrote {out} ({len(ds)} trajectories of {ds.spec.env_id}, "
+          f"{ds.num_transitions} transitions, T={ds.num_steps}) from {args.vault}")
+    return 0
+
+
+def _export_vault(args) -> int:
+    from jaxil.data.format import load
+    from jaxil.data.vault import export_vault
+
+    name = args.name or f"{Path(args.dataset).stem}.vlt"
+    target = Path(args.out) / name / args.vault_uid
+    if not args.overwrite:
+        _refuse_existing(target, "vault", "another --vault-uid or --name")
+    ds = load(args.dataset)
+    try:
+        written = export_vault(ds, args.out, name, args.vault_uid, overwrite=args.overwrite,
+                               backend=args.backend)
+    except ImportError as e:
+        print(f"jaxil data export-vault: error: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote vault {written} ({len(ds)} trajectories of {ds.spec.env_id}, "
+          f"{ds.num_transitions} transitions); OG-MARL reads it as Vault(rel_dir="
+          f"{str(args.out)!r}, vault_name={name!r}, vault_uid={args.vault_uid!r})")
+    return 0
+
+
 # -- list ----------------------------------------------------------------------------
 
 
@@ -495,6 +560,45 @@ def register(sub) -> None:
     im.add_argument("--prefs", default=None, metavar="OUT_PREFS",
                     help="the preferences file to write (default OUT.prefs.npz beside --out)")
     im.set_defaults(func=_import_omapl)
+
+    backends = ("auto", "flashbax", "tensorstore")
+    iv = dsub.add_parser("import-vault",
+                         help="an OG-MARL / flashbax vault -> a checked dataset file")
+    iv.add_argument("vault", metavar="VAULT",
+                    help="the vault directory <rel_dir>/<vault_name> (e.g. vaults/smac_v1/3m.vlt) "
+                         "or its <vault_uid> directory")
+    iv.add_argument("--vault-uid", default=None, metavar="UID",
+                    help="which vault in VAULT, e.g. Good (needed when VAULT holds several)")
+    iv.add_argument("--out", required=True, metavar="OUT.npz", help="the dataset file to write")
+    iv.add_argument("--env", default=None,
+                    help="environment id the vault must fit (e.g. smax:3m); default: the spec "
+                         "stored by export-vault, else one inferred from the shapes")
+    iv.add_argument("--tier", default="vault", help="tier name of a plain OG-MARL vault's "
+                                                    "trajectories (default: vault)")
+    iv.add_argument("--source", default=None,
+                    help="source name of a plain OG-MARL vault (default <vault_name>/<uid>)")
+    iv.add_argument("--expert", action="store_true",
+                    help="mark a plain OG-MARL vault's trajectories as expert")
+    iv.add_argument("--reward-reduction", choices=("mean", "sum", "first"), default="mean",
+                    help="per-agent rewards -> team reward (default: mean)")
+    iv.add_argument("--backend", choices=backends, default="auto",
+                    help="flashbax, tensorstore, or auto (flashbax if installed)")
+    iv.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    iv.set_defaults(func=_import_vault)
+
+    ev = dsub.add_parser("export-vault",
+                         help="a dataset file -> an OG-MARL / flashbax vault")
+    ev.add_argument("dataset", metavar="DATASET.npz", help="the dataset file to export")
+    ev.add_argument("--out", required=True, metavar="DIR",
+                    help="the vaults' root (flashbax rel_dir); the vault is DIR/NAME/UID")
+    ev.add_argument("--name", default=None, metavar="NAME",
+                    help="vault name (default: DATASET's stem + .vlt)")
+    ev.add_argument("--vault-uid", required=True, metavar="UID",
+                    help="vault uid, e.g. Good, Medium, Mixed")
+    ev.add_argument("--backend", choices=backends, default="auto",
+                    help="flashbax, tensorstore, or auto (flashbax if installed)")
+    ev.add_argument("--overwrite", action="store_true", help="replace an existing vault")
+    ev.set_defaults(func=_export_vault)
 
     ls = dsub.add_parser("list", help="all named recipes")
     ls.add_argument("--env", default=None, help="only this environment (short name or id)")

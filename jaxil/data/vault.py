@@ -20,21 +20,32 @@ The experience tree (B = 1, one long time axis of concatenated episodes)::
     infos: {legals [1, K, N, A], state [1, K, S]}
 
 An episode ends where ``terminals | truncations`` is set (for all agents at
-once; asynchronous per-agent endings are refused). Vaults do not store the
-observation after an episode's last action: on import it is filled with a
-copy of the last one (terminal steps never bootstrap from it; for truncated
-ones it is an approximation). Per-agent rewards become the team reward by
-their mean (identical team rewards pass through exactly); vaults without
-``infos.state`` get the concatenated observations as global state.
+once; asynchronous per-agent endings are refused). Steps after a stream's
+last episode end are an unfinished episode and become one cut trajectory
+(neither done nor truncated); a vault in which no step ends an episode is
+refused, since it cannot be told apart from one whose episode ends were lost.
+Vaults do not store the observation after an episode's last action: on
+import it is filled with a copy of the last one (terminal steps never
+bootstrap from it; for truncated ones it is an approximation). Per-agent
+rewards become the team reward by their mean (identical team rewards pass
+through exactly); vaults without ``infos.state`` get the concatenated
+observations as global state.
+
+Import checks every field's shape against the others (B, K and N shared by
+all fields, the ``infos.legals`` width covering every action taken) and
+against the environment's spec (the one given, else the one stored with the
+vault), and names the vault, the field, the expected and the actual shape.
 
 :func:`export_vault` writes that layout, with team rewards and episode flags
 broadcast over agents (float32, as OG-MARL's released vaults) and cut
 trajectories (neither done nor truncated) marked as truncations, so OG-MARL
-code reads it as is. Beside ``metadata.json`` it leaves a small
-``jaxil_episodes.npz`` (final observations and per-trajectory metadata: tier,
-source, seed, expert flag, success, exact episode boundaries), which
-:func:`import_vault` uses when present and consistent, so that
-``import_vault(export_vault(ds))`` gives back ``ds`` exactly.
+code reads it as is. The environment's spec is stored in ``metadata.json``
+(user key ``jaxil.spec``); beside it a small ``jaxil_episodes.npz`` holds
+final observations and per-trajectory metadata (tier, source, seed, expert
+flag, success, exact episode boundaries). :func:`import_vault` uses the
+stored spec, and the episode file when present and consistent, so that
+``import_vault(export_vault(ds))`` gives back ``ds`` exactly; a vault whose
+episode file no longer matches (appended to after export) keeps its spec.
 
 Backends: flashbax's own ``Vault`` when it is installed
 (``pip install 'jaxil[vault]'``), otherwise the same layout through
@@ -187,6 +198,7 @@ def _read_experience(vault_dir: Path, backend: str) -> tuple[dict, dict]:
 
 def _write_experience(vault_dir: Path, exp: dict, user_meta: dict, backend: str) -> None:
     """Create a new vault at ``vault_dir`` holding ``exp`` (leaves [1, K, ...])."""
+    vault_dir = Path(vault_dir).absolute()  # tensorstore's file:// URLs need absolute paths
     k = int(next(iter(_leaves(exp)))[1].shape[1])
     if backend == "flashbax":
         import jax.numpy as jnp
@@ -317,6 +329,7 @@ def export_vault(
             "format": "jaxil.vault",
             "schema_version": SCHEMA_VERSION,
             "env_id": spec.env_id,
+            "spec": spec.to_dict(),
             "num_trajectories": len(length),
             "episodes_file": SIDECAR_FILE,
         }
@@ -382,8 +395,9 @@ def import_vault(
         ``vaults/smac_v1/3m.vlt``), or the ``<vault_uid>`` directory itself.
       vault_uid: e.g. ``"Good"``; optional when ``path`` holds one vault.
       spec: the environment the data belongs to. Defaults to the spec stored by
-        :func:`export_vault`, else one inferred from the shapes (env id
-        ``vault:<name>/<uid>``, max_steps = the longest episode).
+        :func:`export_vault` (``metadata.json``, else ``jaxil_episodes.npz``),
+        else one inferred from the shapes (env id ``vault:<name>/<uid>``,
+        max_steps = the longest episode). The vault's fields must fit it.
       tier, source, expert: per-trajectory labels for a plain OG-MARL vault
         (source defaults to ``<vault_name>/<vault_uid>``); a vault written by
         :func:`export_vault` keeps its own.
@@ -391,6 +405,13 @@ def import_vault(
         ``"mean"``, ``"sum"`` or ``"first"`` (agent 0).
       backend: ``"auto"`` (flashbax if installed, else tensorstore),
         ``"flashbax"`` or ``"tensorstore"``.
+
+    Raises:
+      FileNotFoundError: no vault at ``path``.
+      DatasetError: (a ValueError) the vault cannot be read, a field's shape
+        disagrees with another field's or with the spec, no step ends an
+        episode, or the data breaks the dataset schema; the one-line message
+        names the vault, the field, the expected and actual shape, and the fix.
     """
     backend = _resolve_backend(backend)
     if reward_reduction not in ("mean", "sum", "first"):
@@ -399,13 +420,23 @@ def import_vault(
         )
     vdir = _vault_dir(path, vault_uid)
     name = f"{vdir.parent.name}/{vdir.name}"
-    _, exp = _read_experience(vdir, backend)
+    meta, exp = _read_experience(vdir, backend)
+    side = _load_sidecar(vdir)
+    stored = _stored_spec(vdir, meta, side, required=spec is None)
+    _check_fields(exp, vdir, spec if spec is not None else stored, given=spec is not None)
     flat = _flatten_streams(exp, vdir)
     K = flat["observations"].shape[0]
     if K == 0:
         raise DatasetError(f"vault {vdir} is empty (vault_index 0)")
+    if not (flat["end_terminal"] | flat["end_truncation"]).any():
+        raise DatasetError(
+            f"vault {vdir}: no step of `terminals` or `truncations` is set, so none of its "
+            f"{K} steps ends an episode; a vault must mark each episode's last step (terminals "
+            f"where it ended, truncations where it was cut): re-export it with its episode ends"
+        )
 
-    side = _read_sidecar(vdir, flat, K)
+    if side is not None and not _sidecar_matches(side, meta, flat, K, vdir):
+        side = None
     if side is not None:
         length = side["length"].astype(np.int64)
         stops = np.cumsum(length)
@@ -419,7 +450,7 @@ def import_vault(
     term = flat["end_terminal"][last] & ~cut
     trunc = flat["end_truncation"][last] & ~term & ~cut
 
-    info = _info_from(side, spec, flat, length, name, tier, source)
+    info = _info_from(side, spec if spec is not None else stored, flat, length, name, tier, source)
     spec = spec if spec is not None else info.spec
     T = int(side["num_steps"]) if side is not None else max(int(spec.max_steps), int(length.max()))
     T = max(T, int(length.max()))
@@ -427,7 +458,7 @@ def import_vault(
     m_of_k = np.repeat(np.arange(M), length)
     t_of_k = np.arange(K) - starts[m_of_k]
     if flat["legals"] is None:  # no action mask stored: every action is legal
-        width = spec.num_actions if spec.discrete else 0
+        width = side["final_avail"].shape[-1] if side is not None else spec.num_actions
         flat["legals"] = np.ones(flat["observations"].shape[:2] + (width,), bool)
 
     def steps(x, extra_entry):
@@ -502,42 +533,141 @@ def import_vault(
     return ds
 
 
-def _flatten_streams(exp: dict, vdir: Path) -> dict[str, np.ndarray]:
-    """Merge the B streams of a vault into one time axis [B*K, ...] and derive
-    per-step episode-end flags (a stream's last step always ends an episode)."""
+_AXIS_NOUNS = {
+    "B": "streams", "K": "time steps", "N": "agents", "O": "observation features",
+    "S": "state features", "A": "actions", "d": "action dimensions",
+}
+
+
+def _count(size: int, axis: str) -> str:
+    noun = _AXIS_NOUNS[axis]
+    return f"{size} {noun if size != 1 else noun[:-1]}"
+
+
+def _check_fields(exp: dict, vdir: Path, spec: EnvSpec | None, given: bool) -> None:
+    """Check the experience tree's layout before anything is read from it.
+
+    Every field must have its layout (``observations [B, K, N, O]``,
+    ``actions [B, K, N]`` or ``[B, K, N, d]``, ``rewards`` / ``terminals`` /
+    ``truncations [B, K, N]`` or ``[B, K]``, ``infos.legals [B, K, N, A]``,
+    ``infos.state [B, K, S]``), every named axis must have one size across the
+    fields, and N, O, S, A and d must be ``spec``'s (``given`` by the caller,
+    else stored with the vault). Without a spec the ``infos.legals`` width is
+    the number of actions, so it must cover every action taken.
+
+    Raises:
+      DatasetError: one line naming the vault, the field, its shape, the
+        expected shape, why, and the fix.
+    """
     for key in ("observations", "actions", "rewards", "terminals", "truncations"):
         if key not in exp:
             raise DatasetError(
                 f"vault {vdir} has no `{key}`; it is not an OG-MARL vault (keys: {sorted(exp)})"
             )
-    obs = exp["observations"]
-    if obs.ndim != 4:
-        raise DatasetError(
-            f"vault {vdir}: `observations` has shape {obs.shape}, expected [B, K, N, O]"
-        )
-    B, K, N = obs.shape[:3]
-    infos = exp.get("infos", {}) if isinstance(exp.get("infos"), dict) else {}
+    infos = exp["infos"] if isinstance(exp.get("infos"), dict) else {}
+    fields = {k: np.asarray(exp[k]) for k in ("observations", "actions", "rewards",
+                                             "terminals", "truncations")}
+    fields.update({f"infos.{k}": np.asarray(infos[k]) for k in ("legals", "state") if k in infos})
+    actions = fields["actions"]
+    discrete = spec.discrete if spec is not None else actions.ndim == 3
 
-    def flat(x, key):
-        x = np.asarray(x)
-        if x.shape[:2] != (B, K):
+    # axis name -> (size, why it must be that size, what to do otherwise)
+    sizes: dict[str, tuple[int, str, str]] = {}
+    if spec is not None:
+        env = f"the environment {spec.env_id}"
+        if given:
+            fix = "import the vault with the spec of the environment it was recorded on"
+        else:
+            env += " (the spec stored with the vault)"
+            fix = ("the vault's arrays do not match the spec stored with it: re-export the "
+                   "vault, or import it with the spec (--env) of the environment it was "
+                   "recorded on")
+        dims = {"N": spec.num_agents, "O": spec.obs_dim, "S": spec.state_dim}
+        if discrete:
+            dims["A"] = spec.num_actions
+        else:
+            dims["d"] = spec.action.dim
+        for axis, size in dims.items():
+            sizes[axis] = (size, f"{env} has {_count(size, axis)}", fix)
+        if not discrete:
+            sizes["A"] = (0, f"{env} has continuous actions, which take no legal-action mask",
+                          "drop `infos.legals` from the vault, or " + fix)
+    elif not discrete:
+        sizes["A"] = (0, "`actions` is [B, K, N, d]: continuous actions take no legal-action mask",
+                      "drop `infos.legals`, or store discrete actions as [B, K, N]")
+    flag_layouts = (("B", "K", "N"), ("B", "K"))
+    layouts = {
+        "observations": (("B", "K", "N", "O"),),
+        "actions": (("B", "K", "N"),) if discrete else (("B", "K", "N", "d"),),
+        "rewards": flag_layouts,
+        "terminals": flag_layouts,
+        "truncations": flag_layouts,
+        "infos.legals": (("B", "K", "N", "A"),),
+        "infos.state": (("B", "K", "S"),),
+    }
+    for key, x in fields.items():
+        names = next((n for n in layouts[key] if len(n) == x.ndim), None)
+        if names is None:
+            wanted = " or ".join("[" + ", ".join(n) + "]" for n in layouts[key])
+            why = ""
+            if key == "actions" and spec is not None:
+                kind = "discrete" if discrete else "continuous"
+                why = f" for the {kind} actions of the environment {spec.env_id}"
+            elif key == "actions":
+                wanted = "[B, K, N] (discrete) or [B, K, N, d] (continuous)"
             raise DatasetError(
-                f"vault {vdir}: `{key}` has shape {x.shape} but `observations` has {obs.shape}"
+                f"vault {vdir}: `{key}` has shape {x.shape} (rank {x.ndim}), expected "
+                f"{wanted}{why}; the vault is corrupt or not an OG-MARL vault: re-export it"
             )
+        for axis, name in enumerate(names):
+            sizes.setdefault(name, (
+                x.shape[axis], f"`{key}` has {_count(x.shape[axis], name)}",
+                "the vault's fields disagree: re-export it",
+            ))
+        expected = tuple(sizes[name][0] for name in names)
+        if x.shape != expected:
+            name = next(n for a, n in enumerate(names) if x.shape[a] != sizes[n][0])
+            _, why, fix = sizes[name]
+            raise DatasetError(
+                f"vault {vdir}: `{key}` has shape {x.shape} but {why} (expected {expected} "
+                f"[{', '.join(names)}]); {fix}"
+            )
+    legals = fields.get("infos.legals")
+    if spec is None and discrete and legals is not None and actions.size:
+        hi = np.max(actions)
+        if np.isfinite(hi) and hi >= legals.shape[-1]:
+            raise DatasetError(
+                f"vault {vdir}: `actions` reach action {int(hi)} but `infos.legals` has shape "
+                f"{legals.shape}, expected a width of at least {int(hi) + 1}: its width is the "
+                f"number of actions; re-export the vault, or import it with the spec (--env) "
+                f"of the environment it was recorded on"
+            )
+
+
+def _flatten_streams(exp: dict, vdir: Path) -> dict[str, np.ndarray]:
+    """Merge the B streams of a vault into one time axis [B*K, ...] and derive
+    per-step episode-end flags (a stream's last step always ends an episode).
+    The fields' shapes are checked by :func:`_check_fields` first."""
+    obs = exp["observations"]
+    B, K, N = obs.shape[:3]
+    infos = exp["infos"] if isinstance(exp.get("infos"), dict) else {}
+
+    def flat(x):
+        x = np.asarray(x)
         return x.reshape((B * K,) + x.shape[2:])
 
     out = {
-        "observations": flat(obs, "observations"),
-        "actions": flat(exp["actions"], "actions"),
-        "rewards": flat(exp["rewards"], "rewards"),
+        "observations": flat(obs),
+        "actions": flat(exp["actions"]),
+        "rewards": flat(exp["rewards"]),
     }
     if "state" in infos:
-        out["state"] = flat(infos["state"], "infos.state")
+        out["state"] = flat(infos["state"])
     else:
         out["state"] = out["observations"].reshape(B * K, -1)
     ends = []
     for key in ("terminals", "truncations"):
-        x = flat(exp[key], key) != 0
+        x = flat(exp[key]) != 0
         if x.ndim == 1:
             x = np.repeat(x[:, None], N, axis=1)
         some, every = x.any(axis=1), x.all(axis=1)
@@ -551,7 +681,7 @@ def _flatten_streams(exp: dict, vdir: Path) -> dict[str, np.ndarray]:
         ends.append(every)
     out["end_terminal"], out["end_truncation"] = ends
     out["stream_end"] = (np.arange(B * K) % K) == K - 1
-    out["legals"] = flat(infos["legals"], "infos.legals") != 0 if "legals" in infos else None
+    out["legals"] = flat(infos["legals"]) != 0 if "legals" in infos else None
     return out
 
 
@@ -564,7 +694,9 @@ def _episode_bounds(flat: dict, vdir: Path) -> tuple[np.ndarray, np.ndarray, np.
     return starts.astype(np.int64), stops.astype(np.int64), cut
 
 
-def _read_sidecar(vdir: Path, flat: dict, K: int) -> Optional[dict]:
+def _load_sidecar(vdir: Path) -> dict | None:
+    """The episode file written by :func:`export_vault` (arrays, ``meta`` and
+    ``num_steps``), or None when absent or unreadable (with a warning)."""
     path = vdir / SIDECAR_FILE
     if not path.exists():
         return None
@@ -573,23 +705,80 @@ def _read_sidecar(vdir: Path, flat: dict, K: int) -> Optional[dict]:
     except DatasetError as e:
         warnings.warn(f"ignoring {path}: {e}", stacklevel=3)
         return None
-    length = arrays["length"].astype(np.int64)
+    length = arrays["length"]
+    longest = int(length.max()) if length.size else 0
+    return {**arrays, "meta": meta, "num_steps": meta.get("num_steps", longest)}
+
+
+def _stored_spec(vdir: Path, meta: dict, side: dict | None, required: bool
+                 ) -> EnvSpec | None:
+    """The spec :func:`export_vault` stored: ``metadata.json``'s ``jaxil.spec``,
+    else the episode file's. An unreadable one is an error when ``required``
+    (no spec was given), else ignored."""
+    jaxil = meta.get("jaxil") if isinstance(meta.get("jaxil"), dict) else {}
+    if jaxil.get("spec") is not None:
+        where, d = f"{METADATA_FILE} (jaxil.spec)", jaxil["spec"]
+    elif side is not None and side["meta"].get("spec") is not None:
+        where, d = SIDECAR_FILE, side["meta"]["spec"]
+    else:
+        return None
+    try:
+        return EnvSpec.from_dict(d)
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        if not required:
+            return None
+        raise DatasetError(
+            f"vault {vdir}: the spec in {where} is unreadable ({type(e).__name__}: {e}); "
+            f"re-export the vault, or import it with the spec (--env) of the environment it "
+            f"was recorded on"
+        ) from None
+
+
+def _sidecar_matches(side: dict, meta: dict, flat: dict, K: int, vdir: Path) -> bool:
+    """Whether the episode file still describes the vault: the same episode
+    boundaries, final entries shaped like the vault's fields, per-trajectory
+    arrays of one length, the spec of ``metadata.json``. Warns when not."""
+    length = side["length"].astype(np.int64)
+    M = len(length)
     stops = np.cumsum(length)
     ended = flat["end_terminal"] | flat["end_truncation"]
-    ok = (
+    problem = None
+    if not (
         flat["stream_end"].sum() == 1
+        and length.ndim == 1
+        and M >= 1
         and (length >= 1).all()
         and stops[-1] == K
         and set(np.flatnonzero(ended).tolist()) == set((stops - 1).tolist())
-    )
-    if not ok:
+    ):
+        problem = ("its episode boundaries do not match the vault (was the vault appended to "
+                   "after export?)")
+    else:
+        N = flat["observations"].shape[1]
+        avail = side["final_avail"]
+        expected = {
+            **{k: (M,) for k in ("cut", *_PER_TRAJECTORY)},
+            "final_obs": (M,) + flat["observations"].shape[1:],
+            "final_global_state": (M,) + flat["state"].shape[1:],
+            "final_avail": ((M,) + flat["legals"].shape[1:] if flat["legals"] is not None
+                            else (M, N, avail.shape[-1] if avail.ndim == 3 else -1)),
+        }
+        for key, shape in expected.items():
+            if side[key].shape != shape:
+                problem = (f"its `{key}` has shape {side[key].shape} but the vault's fields "
+                           f"need {shape}")
+                break
+    jaxil = meta.get("jaxil") if isinstance(meta.get("jaxil"), dict) else {}
+    stored = jaxil.get("spec")
+    if problem is None and stored is not None and side["meta"].get("spec") != stored:
+        problem = f"its spec differs from the one in {METADATA_FILE}"
+    if problem is not None:
         warnings.warn(
-            f"ignoring {path}: its episode boundaries do not match the vault (was the vault "
-            f"appended to after export?); reading it as a plain OG-MARL vault",
+            f"ignoring {vdir / SIDECAR_FILE}: {problem}; reading it as a plain OG-MARL vault",
             stacklevel=3,
         )
-        return None
-    return {**arrays, "meta": meta, "num_steps": meta.get("num_steps", int(length.max()))}
+        return False
+    return True
 
 
 def _info_from(side, spec, flat, length, name, tier, source) -> DatasetInfo:

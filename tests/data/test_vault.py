@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -241,3 +244,249 @@ def test_round_trip_of_generated_episodes(tmp_path):
     assert_same(ds, load(save(ds, tmp_path / "spread.npz"), spec=env.spec))
     for field in ("obs", "actions", "reward", "avail_actions", "global_state", "done", "truncated"):
         np.testing.assert_array_equal(getattr(back, field), getattr(ds, field))
+
+
+# -- shape checks, episode ends, the stored spec, the command line -----------------------------
+
+def _rewrite(vdir, change):
+    """Rewrite the arrays of the vault at ``vdir`` with ``change(exp)``, keeping
+    its user metadata and episode file."""
+    meta, exp = vault_mod._read_experience(vdir, "tensorstore")
+    layout = ("version", "structure_shape", "structure_dtype")
+    user = {k: v for k, v in meta.items() if k not in layout}
+    side = vdir / vault_mod.SIDECAR_FILE
+    keep = side.read_bytes() if side.exists() else None
+    shutil.rmtree(vdir)
+    vault_mod._write_experience(vdir, change(exp), user, "tensorstore")
+    if keep is not None:
+        side.write_bytes(keep)
+
+
+def _plain_vault(tmp_path, change=lambda exp: exp, lengths=(3, 5, 2)):
+    """A plain OG-MARL vault (N=2, O=3, S=4, A=5, K=10) changed by ``change``."""
+    exp = change(_og_marl_experience(np.random.default_rng(4), list(lengths)))
+    vault_mod._write_experience(tmp_path / "p.vlt" / "u", exp, {}, "tensorstore")
+    return tmp_path / "p.vlt"
+
+
+def _with(exp, key, fn):
+    if key.startswith("infos."):
+        return {**exp, "infos": {**exp["infos"], key[6:]: fn(exp["infos"][key[6:]])}}
+    return {**exp, key: fn(exp[key])}
+
+
+def test_legals_width_must_be_the_number_of_actions(tmp_path):
+    """A vault whose `infos.legals` width differs from the number of actions is
+    refused in one line naming the vault, the field, actual and expected shape.
+    Fails if legals are not checked against the stored spec (numpy's "could not be
+    broadcast" error when the episode file's final entries are written), against
+    the actions taken (legals width 2 while actions reach 2), or against a given
+    spec."""
+    d = export_vault(make_dataset(), tmp_path, "a.vlt", "u", backend="tensorstore")
+    _rewrite(d, lambda e: _with(e, "infos.legals", lambda x: x[..., :4]))
+    with pytest.raises(DatasetError) as err:
+        import_vault(d, backend="tensorstore")
+    msg = str(err.value)
+    assert msg.startswith(f"vault {d.resolve()}: `infos.legals` has shape (1, 24, 3, 4) but the "
+                          "environment test:disc (the spec stored with the vault) has 6 actions "
+                          "(expected (1, 24, 3, 6) [B, K, N, A]); ")
+    assert "re-export the vault" in msg and "\n" not in msg
+
+    narrow = _plain_vault(tmp_path, lambda e: _with(e, "infos.legals", lambda x: x[..., :2]))
+    with pytest.raises(DatasetError, match=r"p\.vlt/u: `actions` reach action 2 but "
+                                           r"`infos\.legals` has shape \(1, 10, 2, 2\), "
+                                           r"expected a width of at least 3"):
+        import_vault(narrow, backend="tensorstore")
+
+    five = EnvSpec("og:five", num_agents=2, obs_dim=3, state_dim=4, action=DiscreteActions(4),
+                   max_steps=10)
+    with pytest.raises(DatasetError, match=r"`infos\.legals` has shape \(1, 10, 2, 5\) but the "
+                                           r"environment og:five has 4 actions \(expected "
+                                           r"\(1, 10, 2, 4\)"):
+        import_vault(_plain_vault(tmp_path / "g"), spec=five, backend="tensorstore")
+
+
+@pytest.mark.parametrize("key, change, message", [
+    ("infos.legals", lambda x: x[:, :, :1],
+     (r"`infos\.legals` has shape \(1, 10, 1, 5\) but `observations` has 2 agents "
+      r"\(expected \(1, 10, 2, 5\) \[B, K, N, A\]\); the vault's fields disagree")),
+    ("rewards", lambda x: x[:, :, :1],
+     r"`rewards` has shape \(1, 10, 1\) but `observations` has 2 agents \(expected \(1, 10, 2\)"),
+    ("truncations", lambda x: np.concatenate([x, x]),
+     (r"`truncations` has shape \(2, 10, 2\) but `observations` has 1 stream \(expected "
+      r"\(1, 10, 2\)")),
+    ("infos.state", lambda x: x[..., None],
+     r"`infos\.state` has shape \(1, 10, 4, 1\) \(rank 4\), expected \[B, K, S\]"),
+], ids=["legals-N", "rewards-N", "truncations-B", "state-rank"])
+def test_fields_that_disagree_are_named(tmp_path, key, change, message):
+    """Every field is checked against the others. Fails if only the leading
+    [B, K] axes are compared: a legals or rewards array with the wrong number of
+    agents then passes through (rewards [1, K, 1] are silently averaged over one
+    agent) or ends in an error that names no vault field."""
+    vault = _plain_vault(tmp_path, lambda e: _with(e, key, change))
+    where = re.escape(str(vault.resolve()))
+    with pytest.raises(DatasetError, match=rf"^vault {where}/u: {message}"):
+        import_vault(vault, backend="tensorstore")
+
+
+def test_wrong_agent_count_against_the_stored_spec(tmp_path):
+    """An exported vault whose legals lost an agent names the stored spec's 3
+    agents. Fails if the stored spec is not read (the broadcast error of the
+    final entries instead)."""
+    d = export_vault(make_dataset(), tmp_path, "b.vlt", "u", backend="tensorstore")
+    _rewrite(d, lambda e: _with(e, "infos.legals", lambda x: x[:, :, :2]))
+    with pytest.raises(DatasetError, match=r"`infos\.legals` has shape \(1, 24, 2, 6\) but the "
+                                           r"environment test:disc \(the spec stored with the "
+                                           r"vault\) has 3 agents"):
+        import_vault(d, backend="tensorstore")
+
+
+def test_a_vault_whose_episodes_never_end_is_refused(tmp_path):
+    """No step of `terminals` / `truncations` set: refused, naming both fields.
+    Fails if the stream is read as one long cut trajectory (here 10 steps, in
+    OG-MARL's vaults thousands). An unfinished tail after ended episodes stays a
+    cut trajectory (test_import_plain_og_marl_vault)."""
+    def never(exp):
+        return {**exp, "terminals": 0 * exp["terminals"], "truncations": 0 * exp["truncations"]}
+
+    with pytest.raises(DatasetError, match=r"p\.vlt/u: no step of `terminals` or `truncations` is "
+                                           r"set, so none of its 10 steps ends an episode; a vault "
+                                           r"must mark each episode's last step"):
+        import_vault(_plain_vault(tmp_path, never), backend="tensorstore")
+    d = export_vault(make_dataset(), tmp_path, "c.vlt", "u", backend="tensorstore")
+    _rewrite(d, never)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # refused before the episode file is compared
+        with pytest.raises(DatasetError, match="none of its 24 steps ends an episode"):
+            import_vault(d, backend="tensorstore")
+
+
+@pytest.mark.parametrize("spec", [SPEC, CSPEC], ids=["discrete", "continuous"])
+def test_spec_is_stored_and_used(tmp_path, spec):
+    """The spec is stored in metadata.json and comes back whole (env id, sizes,
+    action space with noop_action, max_steps, has_win), also when the episode
+    file is gone or no longer matches; the arrays must fit it. Fails if import
+    drops the stored spec and infers one (env id vault:..., no noop action,
+    has_win False, max_steps = the longest episode)."""
+    ds = make_dataset(spec)
+    d = export_vault(ds, tmp_path, "s.vlt", "u", backend="tensorstore")
+    meta = json.loads((d / "metadata.json").read_text())
+    assert meta["jaxil"]["spec"] == spec.to_dict()
+    back = import_vault(d, backend="tensorstore")
+    assert back.spec == spec
+    assert_same(ds, back)
+
+    side = (d / vault_mod.SIDECAR_FILE).read_bytes()
+    (d / vault_mod.SIDECAR_FILE).unlink()
+    plain = import_vault(d, backend="tensorstore")
+    assert plain.spec == spec and plain.num_steps == spec.max_steps
+    np.testing.assert_array_equal(plain.length, ds.length)
+    np.testing.assert_array_equal(plain.actions, ds.actions)
+
+    # an episode file of another export of the same environment: ignored, spec kept
+    other = export_vault(make_dataset(spec, num=4, seed=2), tmp_path, "o.vlt", "u",
+                         backend="tensorstore")
+    os.replace(other / vault_mod.SIDECAR_FILE, d / vault_mod.SIDECAR_FILE)
+    with pytest.warns(UserWarning, match="episode boundaries do not match"):
+        assert import_vault(d, backend="tensorstore").spec == spec
+
+    (d / vault_mod.SIDECAR_FILE).write_bytes(side)
+    meta["jaxil"]["spec"]["obs_dim"] = 7
+    (d / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(DatasetError, match=r"`observations` has shape \(1, \d+, \d, 4\) but the "
+                                           r"environment test:\w+ \(the spec stored with the "
+                                           r"vault\) has 7 observation features"):
+        import_vault(d, backend="tensorstore")
+    with pytest.warns(UserWarning, match="its spec differs from the one in metadata.json"):
+        assert import_vault(d, spec=spec, backend="tensorstore").spec == spec  # a given spec wins
+
+
+def _clean_dataset() -> Dataset:
+    """make_dataset with +0.0 padding (its rng * 0 padding holds -0.0, which a
+    vault, storing no padding, gives back as +0.0)."""
+    ds = make_dataset()
+    return ds.replace(obs=ds.obs + 0.0, global_state=ds.global_state + 0.0,
+                      reward=ds.reward + 0.0)
+
+
+@pytest.fixture(scope="module")
+def cli_main():
+    """``jaxil.cli.main.main``. Building its parser imports every command's
+    module (JaxMARL among them: seconds, once per process)."""
+    from jaxil.cli.main import build_parser, main
+
+    build_parser()
+    return main
+
+
+def _cli(capsys, main, *argv):
+    rc = main(["data", *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_cli_round_trip_is_byte_identical(tmp_path, capsys, monkeypatch, cli_main):
+    """export-vault then import-vault writes the original file byte for byte,
+    with relative paths. Fails if a relative --out breaks the tensorstore
+    writer (its file:// URLs need absolute paths), if the CLI drops the stored
+    spec or the episode file, or if --overwrite does not replace."""
+    monkeypatch.chdir(tmp_path)
+    save(_clean_dataset(), "ds.npz")
+    rc, out, err = _cli(capsys, cli_main, "export-vault", "ds.npz", "--out", "vaults",
+                        "--vault-uid", "Mixed", "--backend", "tensorstore")
+    assert (rc, err) == (0, "")
+    assert out.startswith("wrote vault vaults/ds.vlt/Mixed (6 trajectories of test:disc")
+    rc, out, err = _cli(capsys, cli_main, "import-vault", "vaults/ds.vlt", "--out", "back.npz",
+                        "--backend", "tensorstore")
+    assert (rc, err) == (0, "")
+    assert out.startswith("wrote back.npz (6 trajectories of test:disc, 24 transitions, T=8)")
+    assert (tmp_path / "back.npz").read_bytes() == (tmp_path / "ds.npz").read_bytes()
+
+    save(make_dataset(num=4, seed=3), "other.npz")
+    rc, *_ = _cli(capsys, cli_main, "export-vault", "other.npz", "--out", "vaults",
+                  "--name", "ds.vlt", "--vault-uid", "Mixed", "--overwrite",
+                  "--backend", "tensorstore")
+    rc2, *_ = _cli(capsys, cli_main, "import-vault", "vaults/ds.vlt/Mixed", "--out", "back.npz",
+                   "--overwrite", "--backend", "tensorstore")
+    assert rc == rc2 == 0
+    assert len(load("back.npz")) == 4
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys, monkeypatch, cli_main):
+    """Missing vault or dataset, a corrupt vault, an existing output: exit 1,
+    one line on stderr, nothing written. A stale episode file is a one-line
+    warning. Fails if an error escapes as a traceback, if an existing --out or
+    vault is silently replaced, or if warnings print Python's two-line form."""
+    monkeypatch.chdir(tmp_path)
+    save(make_dataset(), "ds.npz")
+    d = export_vault(make_dataset(), tmp_path, "bad.vlt", "u", backend="tensorstore")
+    _rewrite(d, lambda e: _with(e, "infos.legals", lambda x: x[..., :4]))
+    export_vault(make_dataset(), tmp_path, "ok.vlt", "u", backend="tensorstore")
+    (tmp_path / "taken.npz").write_bytes(b"keep")
+    ts = ("--backend", "tensorstore")
+    cases = [
+        (("import-vault", "missing.vlt", "--out", "x.npz", *ts), "no OG-MARL vault at missing.vlt"),
+        (("import-vault", "bad.vlt", "--out", "x.npz", *ts), "`infos.legals` has shape"),
+        (("import-vault", "ok.vlt", "--out", "taken.npz", *ts),
+         "--out taken.npz already exists; pass --overwrite"),
+        (("export-vault", "missing.npz", "--out", ".", "--vault-uid", "v", *ts),
+         "no dataset at missing.npz"),
+        (("export-vault", "ds.npz", "--out", ".", "--name", "ok.vlt", "--vault-uid", "u", *ts),
+         "vault ok.vlt/u already exists; pass --overwrite"),
+    ]
+    for argv, message in cases:
+        rc, out, err = _cli(capsys, cli_main, *argv)
+        assert rc == 1 and out == "", argv
+        assert err.startswith("jaxil data: error: ") and message in err, err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert not (tmp_path / "x.npz").exists() and not (tmp_path / "missing.npz.vlt").exists()
+    assert (tmp_path / "taken.npz").read_bytes() == b"keep"
+
+    os.replace(tmp_path / "bad.vlt" / "u" / vault_mod.SIDECAR_FILE,
+               tmp_path / "ok.vlt" / "u" / vault_mod.SIDECAR_FILE)
+    export_vault(make_dataset(num=2, seed=1), tmp_path, "two.vlt", "u", backend="tensorstore")
+    os.replace(tmp_path / "two.vlt" / "u" / vault_mod.SIDECAR_FILE,
+               tmp_path / "ok.vlt" / "u" / vault_mod.SIDECAR_FILE)
+    rc, out, err = _cli(capsys, cli_main, "import-vault", "ok.vlt", "--out", "stale.npz", *ts)
+    assert rc == 0 and out.startswith("wrote stale.npz")
+    assert err.startswith("jaxil data import-vault: warning: ignoring ") and err.count("\n") == 1
