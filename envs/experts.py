@@ -1,7 +1,10 @@
 """Which scripted expert drives which environment.
 
 The experts live beside their adapters (:func:`envs.smax.heuristic_policy`,
-:func:`envs.mpe.spread_expert`, :func:`envs.jumanji.lbf_expert`); this module
+:func:`envs.mpe.spread_expert`, :func:`envs.jumanji.lbf_expert`, the token
+tasks' :func:`envs.token_repair.repair_expert`,
+:func:`envs.token_arith.arith_expert` and
+:func:`envs.token_exchange.exchange_expert`); this module
 only dispatches on the id. The adapters are imported when asked for, so that
 importing this module does not load every environment family (and the
 adapters, which import :mod:`envs.policies`, never import this module back).
@@ -15,12 +18,28 @@ from .core import MultiAgentEnv
 from .smax import heuristic_policy
 from .mpe import spread_expert
 from .jumanji import lbf_expert
+from .token_arith import arith_expert
+from .token_exchange import exchange_expert
+from .token_repair import repair_expert
+
+#: Token-task id -> (expert factory, source name, description).
+_TOKEN_EXPERTS = {
+    "tokens:repair": (repair_expert, "repair-test-edit",
+                      "TEST, EDIT the reported location with the wanted value, repeat; "
+                      "SUBMIT after PASS (envs.token_repair.repair_expert)"),
+    "tokens:arith": (arith_expert, "arith-calc-chain",
+                     "one CALC per chain step in order, copying the last result; SUBMIT "
+                     "the final value (envs.token_arith.arith_expert)"),
+    "tokens:exchange": (exchange_expert, "exchange-say-submit",
+                        "on turn: SAY the own half, or SUBMIT both halves once the other's "
+                        "was heard correctly (envs.token_exchange.exchange_expert)"),
+}
 
 
 def has_scripted_expert(env_id: str) -> bool:
     """Whether :func:`scripted_expert` knows ``env_id`` (without building it)."""
     return env_id.startswith(("smax:", "mpe:simple_spread")) or (
-        env_id == "jumanji:LevelBasedForaging-v0")
+        env_id == "jumanji:LevelBasedForaging-v0") or env_id in _TOKEN_EXPERTS
 
 
 def scripted_expert(env: MultiAgentEnv) -> Optional[tuple[Any, str, str]]:
@@ -46,4 +65,7 @@ def scripted_expert(env: MultiAgentEnv) -> Optional[tuple[Any, str, str]]:
         return (lbf_expert(env), "lbf-bfs-coop",
                 "team targets the nearest liftable food, BFS to distinct adjacent "
                 "cells, load together (envs.jumanji.lbf_expert)")
+    if eid in _TOKEN_EXPERTS:
+        make, name, desc = _TOKEN_EXPERTS[eid]
+        return make(env), name, desc
     return None

@@ -15,7 +15,7 @@ from .core import MultiAgentEnv
 
 _FACTORIES: dict[str, Callable[..., MultiAgentEnv]] = {}
 # Sibling modules that register their families when imported.
-_FAMILY_MODULES = (".smax", ".mpe", ".jumanji", ".mabrax")
+_FAMILY_MODULES = (".smax", ".mpe", ".jumanji", ".mabrax", ".tokens")
 _loaded = False
 
 

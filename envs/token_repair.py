@@ -1,0 +1,170 @@
+"""``tokens:repair``: find and fix the faults of a hidden list with tools.
+
+SWE-bench in miniature. A hidden file is a list ``x`` of ``length`` values in
+``0 … values-1``; a hidden test suite expects the list ``y`` (test ``i``
+checks ``x[i] == y[i]``). ``faults`` distinct entries of ``x`` were changed
+to another value. The agent (N = 1) repairs the file with commands, one
+token per step, each ended by ``<eot>``; the environment answers after it:
+
+========================  =============================================
+agent                     environment answers
+========================  =============================================
+``TEST <eot>``            ``PASS``, or the first failing test:
+                          ``FAIL i WANT y_i GOT x_i``
+``VIEW i <eot>``          ``= x_i``
+``EDIT i v <eot>``        ``OK`` (and sets ``x_i = v``)
+``SUBMIT <eot>``          the ``TEST`` answer; the episode ends
+========================  =============================================
+
+The prompt is ``<bos> repair``: the file is only seen through the tools.
+The legal-token mask allows a location (``0 … length-1``) after ``VIEW`` /
+``EDIT`` and a value (``0 … values-1``) after ``EDIT i``.
+
+Verifier: every test passes at ``SUBMIT`` (``won``). Graded score: the
+fraction of tests passing at ``SUBMIT``; ``reward = won + score_weight *
+score`` on the submit step, 0 otherwise (and on truncation after
+``max_turns`` turns).
+
+Difficulty knobs: ``length`` (default 8), ``faults`` (3), ``values`` (16),
+``max_turns`` (default ``4 faults + 8``, 20: twice what the expert needs
+plus slack).
+
+**Privileged columns** (``obs[:, K:]``, expert only, see :mod:`envs.tokens`):
+the partial command (3 tokens) and its length, then ``x`` (``length``),
+``y`` (``length``) and the last test report (``-1``: none since the last
+``EDIT``; ``i < length``: ``FAIL`` at ``i``; ``length``: ``PASS``).
+
+:func:`repair_expert` is the scripted expert: ``TEST``; on ``FAIL i WANT
+v``, ``EDIT i v``; ``TEST`` again; on ``PASS``, ``SUBMIT`` (2F + 2 turns
+for F faults: the procedure a student can follow from the transcript).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from .core import MultiAgentEnv
+from .policies import Policy, stateless_carry
+from .tokens import (
+    EOT,
+    MAX_NUMBER,
+    PAD,
+    VOCAB,
+    Command,
+    Outcome,
+    TokenEnv,
+    number,
+    numbers,
+    random_ints,
+    value_of,
+)
+
+TEST, VIEW, EDIT, SUBMIT = (VOCAB[n] for n in ("TEST", "VIEW", "EDIT", "SUBMIT"))
+
+
+@struct.dataclass
+class RepairTask:
+    x: jax.Array  # [L] int32 the file now
+    y: jax.Array  # [L] int32 what the tests expect
+    report: jax.Array  # [] int32 last TEST: -1 none, i < L fail at i, L pass
+
+
+class RepairEnv(TokenEnv):
+    """``tokens:repair`` (see the module docstring)."""
+
+    def __init__(self, length: int = 8, faults: int = 3, values: int = 16,
+                 max_turns: int | None = None, score_weight: float = 0.1):
+        if not 1 <= length <= MAX_NUMBER:
+            raise ValueError(f"length must be in [1, {MAX_NUMBER}], got {length}")
+        if not 1 <= faults <= length:
+            raise ValueError(f"faults must be in [1, length={length}], got {faults}")
+        if not 2 <= values <= MAX_NUMBER:
+            raise ValueError(f"values must be in [2, {MAX_NUMBER}], got {values}")
+        self.length, self.faults, self.values = length, faults, values
+        locs, vals = numbers(0, length), numbers(0, values)
+        super().__init__(
+            "tokens:repair", num_agents=1, prompt_len=1,
+            commands=(Command("TEST", answer=6), Command("VIEW", (locs,), answer=2),
+                      Command("EDIT", (locs, vals), answer=1), Command("SUBMIT", answer=6)),
+            num_features=2 * length + 1,
+            max_turns=4 * faults + 8 if max_turns is None else max_turns,
+            score_weight=score_weight)
+
+    def _generate(self, key):
+        L, F, M = self.length, self.faults, self.values
+        r = random_ints(key, (3, L), 2**30)
+        y = r[0] % M
+        # the F entries with the smallest draws (ties broken by index) are faulty
+        u, idx = r[1], jnp.arange(L)
+        rank = ((u[None, :] < u[:, None]) | ((u[None, :] == u[:, None]) & (idx[None, :] < idx[:, None]))).sum(1)
+        shift = 1 + r[2] % (M - 1)
+        x = jnp.where(rank < F, (y + shift) % M, y)
+        task = RepairTask(x=x, y=y, report=jnp.int32(-1))
+        return task, jnp.full((1, 1), VOCAB["repair"], jnp.int32)
+
+    def _features(self, task):
+        return jnp.concatenate([task.x, task.y, task.report[None]])[None]
+
+    def _execute(self, task, cmd, cmd_len, ended):
+        L, M = self.length, self.values
+        c, e = cmd[0], ended[0]
+        kind = c[0]
+        loc = jnp.clip(value_of(c[1]), 0, L - 1)
+        val = jnp.clip(value_of(c[2]), 0, M - 1)
+        edit = e & (kind == EDIT)
+        x = jnp.where(edit, task.x.at[loc].set(val), task.x)
+        bad = x != task.y
+        failing = bad.any()
+        first = jnp.argmax(bad)
+        report_toks = jnp.where(
+            failing,
+            jnp.stack([VOCAB["FAIL"], number(first), VOCAB["WANT"], number(task.y[first]),
+                       VOCAB["GOT"], number(x[first])]),
+            jnp.array([VOCAB["PASS"], PAD, PAD, PAD, PAD, PAD], jnp.int32))
+        pad4 = jnp.full((4,), PAD, jnp.int32)
+        view_toks = jnp.concatenate([jnp.stack([VOCAB["="], number(x[loc])]), pad4])
+        ok_toks = jnp.array([VOCAB["OK"], PAD, PAD, PAD, PAD, PAD], jnp.int32)
+        answer = jnp.where(kind == VIEW, view_toks, jnp.where(kind == EDIT, ok_toks, report_toks))
+        test = e & (kind == TEST)
+        report = jnp.where(test, jnp.where(failing, first, L),
+                           jnp.where(edit, -1, task.report)).astype(jnp.int32)
+        submit = e & (kind == SUBMIT)
+        return Outcome(task=RepairTask(x=x, y=task.y, report=report), answer=answer[None],
+                       done=submit, won=~failing, score=jnp.mean(~bad))
+
+
+def repair_expert(env: MultiAgentEnv) -> Policy:
+    """Scripted expert for ``tokens:repair``, from the privileged columns.
+
+    At a turn start: ``SUBMIT`` after a ``PASS`` report, ``EDIT i y_i`` after
+    a ``FAIL i`` report, ``TEST`` otherwise (at the start, after an ``EDIT``,
+    after a ``VIEW``). Mid-turn (taking over a partial command) it completes
+    the command harmlessly: ``EDIT``/``VIEW`` get the reported (else the
+    first failing) location, ``EDIT i`` gets the right value ``y_i``, a
+    complete command gets ``<eot>``; a wrong ``EDIT i v`` already typed is
+    sent and repaired after the next ``TEST``. Deterministic.
+    """
+    if not isinstance(env, RepairEnv):
+        raise TypeError(f"repair_expert needs a tokens:repair environment, got {env!r}")
+    L = env.length
+
+    def one(cmd, cmd_len, f):
+        x, y, report = f[:L], f[L:2 * L], f[2 * L]
+        bad = x != y
+        known = (report >= 0) & (report < L)
+        target = jnp.where(known, report, jnp.where(bad.any(), jnp.argmax(bad), 0))
+        start = jnp.where(report == L, SUBMIT, jnp.where(known, EDIT, TEST))
+        kind = cmd[0]
+        loc_next = (kind == EDIT) | (kind == VIEW)
+        edit_val = number(y[jnp.clip(value_of(cmd[1]), 0, L - 1)])
+        return jnp.select(
+            [cmd_len == 0, loc_next & (cmd_len == 1), (kind == EDIT) & (cmd_len == 2)],
+            [start, number(target), edit_val], EOT).astype(jnp.int32)
+
+    def act(params, obs, avail, key, carry):
+        p = env.privileged(obs)
+        return jax.vmap(one)(p.cmd, p.cmd_len, p.features), carry
+
+    return Policy(init=stateless_carry, act=act)
