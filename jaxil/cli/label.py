@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from jaxil.algorithms.labelling.pipeline import LabelOutcome, ORACLES, load_callable, make_oracle, phase1, write_labels
+from jaxil.algorithms.labelling.pipeline import (LabelOutcome, ORACLES, load_callable, make_oracle,
+                                                 phase1, write_labels)
+from jaxil.algorithms.labelling.oracles import LabellerTimeout
+from jaxil.data.preferences import num_distinct_pairs
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -39,13 +43,27 @@ def _fraction(text: str) -> float:
     return x
 
 
+# An LLM reply takes seconds, a slow one a minute or two; five minutes of
+# silence means a dead connection or a stuck service. Stopping then costs
+# little: the answers so far are in --cache and a rerun reuses them.
+_DEFAULT_TIMEOUT = 300.0
+
+
 def _phase1_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--oracle", choices=ORACLES, default="ground_truth")
     p.add_argument("--flip-rate", type=_flip_rate, default=0.0,
                    help="ground_truth oracle: probability of flipping each answer, in [0, 0.5]")
     p.add_argument("--external", default=None, help="MODULE:FUNCTION, a callable str -> '#1'|'#2'")
-    p.add_argument("--cache", default=None, help="external oracle: JSONL answer cache (resumable)")
-    p.add_argument("--queries", type=positive_int, default=1000, help="query budget (pairs asked)")
+    p.add_argument("--cache", default=None,
+                   help="external oracle: JSONL answer cache; a rerun with the same cache "
+                        "reuses its answers")
+    p.add_argument("--timeout", type=positive_float, default=None, metavar="SECONDS",
+                   help=f"external oracle: seconds one call of the labeller may take; a call "
+                        f"still silent then stops the run, the answers so far kept in --cache "
+                        f"(default {_DEFAULT_TIMEOUT:g}: far above an LLM's reply, yet a hung "
+                        f"labeller is noticed; 'inf' = no limit, e.g. for a person answering)")
+    p.add_argument("--queries", type=positive_int, default=1000,
+                   help="query budget: distinct pairs asked (at most all pairs of the dataset)")
     p.add_argument("--segment-len", type=positive_int, default=None,
                    help="steps per segment (default: whole)")
     g = p.add_mutually_exclusive_group()
@@ -67,9 +85,9 @@ def _check_phase1_args(args) -> Optional[Callable[[str], str]]:
     answer cache that cannot be written. Returns the --external callable."""
     if args.flip_rate and args.oracle != "ground_truth":
         raise ValueError("--flip-rate applies to the ground_truth oracle only")
-    if args.oracle != "external" and (args.external or args.cache):
-        raise ValueError(f"--external and --cache apply to the external oracle only, not "
-                         f"--oracle {args.oracle}")
+    if args.oracle != "external" and (args.external or args.cache or args.timeout is not None):
+        raise ValueError(f"--external, --cache and --timeout apply to the external oracle only, "
+                         f"not --oracle {args.oracle}")
     if args.oracle == "external" and not args.external:
         raise ValueError("the external oracle needs a callable: --external MODULE:FUNCTION "
                          "(a function str -> '#1' | '#2')")
@@ -85,8 +103,9 @@ def _run_phase1(ds: Dataset, args, ext: Optional[Callable[[str], str]] = None,
                 loggers: Sequence[LoggerFactory] = ()) -> LabelOutcome:
     if ext is None and args.external:
         ext = load_callable(args.external)
+    timeout = _DEFAULT_TIMEOUT if args.timeout is None else args.timeout
     oracle = make_oracle(args.oracle, flip_rate=args.flip_rate, seed=args.seed, external=ext,
-                         cache=args.cache)
+                         cache=args.cache, timeout=timeout, progress=not args.no_progress)
     top_k = args.top_k
     if top_k is None and args.top_frac is None:
         top_k = int(np.sum(ds.expert)) or None
@@ -95,17 +114,63 @@ def _run_phase1(ds: Dataset, args, ext: Optional[Callable[[str], str]] = None,
                              "pass --top-k or --top-frac")
         print(f"labelling the top {top_k} trajectories (the dataset's expert count; "
               "change with --top-k / --top-frac)")
-    out = phase1(ds, oracle, queries=args.queries, segment_len=args.segment_len, top_k=top_k,
-                 top_frac=args.top_frac, seeds=args.label_seeds, updates=args.label_updates,
-                 seed=args.seed, progress=not args.no_progress,
-                 hidden=tuple(args.label_hidden), batch_size=args.pairs_per_batch,
-                 loggers=loggers)
+    total = num_distinct_pairs(ds, args.segment_len)
+    if 0 < total < args.queries:  # phase1 asks each distinct pair once
+        what = ("" if args.segment_len is None else
+                f" (segments of {args.segment_len} steps)")
+        print(f"--queries {args.queries} exceeds the {total} distinct pairs of this "
+              f"dataset{what}; asking {total}")
+    try:
+        out = phase1(ds, oracle, queries=args.queries, segment_len=args.segment_len, top_k=top_k,
+                     top_frac=args.top_frac, seeds=args.label_seeds, updates=args.label_updates,
+                     seed=args.seed, progress=not args.no_progress,
+                     hidden=tuple(args.label_hidden), batch_size=args.pairs_per_batch,
+                     loggers=loggers)
+    except LabellerTimeout as e:
+        raise TimeoutError(_timeout_message(e, args)) from e
     rep = out.oracle["report"]
     if rep:
         print("oracle report: " + json.dumps({k: v for k, v in rep.items() if k != "failed"}))
-    print(f"oracle {out.oracle['name']}: {out.oracle['answered']}/{args.queries} queries answered")
+    print(f"oracle {out.oracle['name']}: {out.oracle['answered']}/{out.oracle['queries']} "
+          "distinct pairs answered")
     print(f"labels vs ground truth ({int(out.labels.sum())} labelled): {summary_line(out.metrics)}")
     return out
+
+
+def _timeout_message(e: LabellerTimeout, args) -> str:
+    """One line: which query went silent, what was kept, which flags help."""
+    head = (f"the external labeller gave no reply to query {e.query} of {e.num_queries} "
+            f"within {e.timeout:g} s")
+    raise_it = "allow it longer with --timeout SECONDS ('inf' = no limit)"
+    if args.cache:
+        return (f"{head}; this run's {e.answered} answers are saved in {args.cache}: rerun the "
+                f"same command (with --cache {args.cache}) to reuse them, and {raise_it}")
+    return (f"{head}; this run's {e.answered} answers were not kept (pass --cache FILE to keep "
+            f"them across runs); {raise_it}")
+
+
+def _cached_answers(path: str) -> int:
+    try:
+        with open(path, "rb") as f:
+            return sum(1 for line in f if line.strip())
+    except OSError:
+        return 0
+
+
+def _interrupted(args, written_at_end: str) -> int:
+    """Ctrl-C: one line saying what was kept and how to go on, exit status 130."""
+    command = getattr(args, "command", None) or "label"
+    if args.oracle == "external" and args.cache:
+        hint = (f"the cache {args.cache} holds {_cached_answers(args.cache)} answers; rerun the "
+                f"same command (with --cache {args.cache}) and they are reused")
+    elif args.oracle == "external":
+        hint = ("the labeller's answers were not kept (pass --cache FILE to keep them across "
+                "runs)")
+    else:
+        hint = "rerun the same command to start again"
+    print(f"jaxil {command}: interrupted; {written_at_end} is written only at the end; {hint}",
+          file=sys.stderr)
+    return 130
 
 
 def _provenance(ds: Dataset, args, source: str) -> dict:
@@ -116,6 +181,15 @@ def _provenance(ds: Dataset, args, source: str) -> dict:
 
 
 def _label_cmd(args) -> int:
+    try:
+        return _label(args)
+    except KeyboardInterrupt:
+        if getattr(args, "debug", False):
+            raise
+        return _interrupted(args, "the labelled copy")
+
+
+def _label(args) -> int:
     from jaxil.collect.recipes import load_dataset
 
     src = Path(args.dataset)
@@ -140,6 +214,15 @@ def _label_cmd(args) -> int:
 
 
 def _pipeline_cmd(args) -> int:
+    try:
+        return _pipeline(args)
+    except KeyboardInterrupt:
+        if getattr(args, "debug", False):
+            raise
+        return _interrupted(args, "pipeline.json")
+
+
+def _pipeline(args) -> int:
     from jaxil import envs
     from jaxil.collect.recipes import env_short
     from jaxil.algorithms.offline import LearnerData, make_learner
@@ -184,7 +267,8 @@ def _pipeline_cmd(args) -> int:
                    updates=args.updates, labelling=outcome.metrics, oracle=outcome.oracle,
                    phase2=results, wall_seconds=time.perf_counter() - t0)
     print(f"\n== pipeline {ds.spec.env_id}: {args.algo}, {args.seeds} seeds, {args.updates} updates ==")
-    print(f"Phase 1 ({outcome.oracle['name']}, {args.queries} queries): {summary_line(outcome.metrics)}")
+    print(f"Phase 1 ({outcome.oracle['name']}, {outcome.oracle['queries']} queries): "
+          f"{summary_line(outcome.metrics)}")
     names = {"phase1": "Phase-1 labels", "ground_truth": "ground-truth labels",
              "no_phase1": "no Phase 1 (all expert)"}
     for k, r in results.items():

@@ -74,8 +74,11 @@ def main(argv=None) -> int:
         print(f"jaxil {args.command}: error: {_os_message(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"jaxil {args.command}: interrupted; a run directory keeps its last checkpoint "
-              "(continue with --resume)", file=sys.stderr)
+        if hasattr(args, "resume"):
+            hint = "a run directory keeps its last checkpoint (continue with --resume)"
+        else:
+            hint = "nothing was written past the last complete file (rerun the command)"
+        print(f"jaxil {args.command}: interrupted; {hint}", file=sys.stderr)
         return 130
     return _result(out)
 

@@ -111,6 +111,90 @@ def sample_query_pairs(
                       None if segment_len is None else int(segment_len))
 
 
+def _segments_per_trajectory(dataset: Dataset, segment_len: Optional[int]) -> np.ndarray:
+    """``[M]`` the number of distinct segments of each trajectory: one start
+    per step in ``[0, max(length − L, 0)]`` (:func:`sample_query_pairs`), or
+    one whole trajectory."""
+    if segment_len is None:
+        return np.ones(dataset.num_trajectories, np.int64)
+    return np.maximum(np.asarray(dataset.length, np.int64) - int(segment_len), 0) + 1
+
+
+def num_distinct_pairs(dataset: Dataset, segment_len: Optional[int] = None) -> int:
+    """How many distinct queries the dataset offers: unordered pairs of
+    segments from two different trajectories (``M(M−1)/2`` for whole
+    trajectories). ``x vs y`` and ``y vs x`` are the same pair."""
+    c = _segments_per_trajectory(dataset, segment_len)
+    s = int(c.sum())
+    return (s * s - int(np.sum(c * c))) // 2
+
+
+def _unordered(pairs: QueryPairs) -> list[tuple]:
+    """A key per query that is the same for x vs y and y vs x."""
+    return [(a, b) if a <= b else (b, a) for a, b in zip(
+        zip(pairs.traj_x.tolist(), pairs.start_x.tolist()),
+        zip(pairs.traj_y.tolist(), pairs.start_y.tolist()))]
+
+
+def _concat(parts: list[QueryPairs], segment_len: Optional[int]) -> QueryPairs:
+    return QueryPairs(*(np.concatenate([getattr(p, f) for p in parts]).astype(np.int32)
+                        for f in ("traj_x", "traj_y", "start_x", "start_y")), segment_len)
+
+
+def _all_pairs(dataset: Dataset, num: int, segment_len: Optional[int], seed: int) -> QueryPairs:
+    """``num`` pairs chosen uniformly without replacement among all
+    distinct pairs, each side order a coin flip."""
+    c = _segments_per_trajectory(dataset, segment_len)
+    traj = np.repeat(np.arange(len(c)), c)
+    start = np.arange(int(c.sum())) - np.repeat(np.cumsum(c) - c, c)
+    i, j = np.triu_indices(len(traj), 1)
+    other = traj[i] != traj[j]
+    i, j = i[other], j[other]
+    rng = np.random.default_rng([int(seed), 1])
+    pick = rng.permutation(len(i))[:num]
+    i, j = i[pick], j[pick]
+    swap = rng.random(len(i)) < 0.5
+    x, y = np.where(swap, j, i), np.where(swap, i, j)
+    return QueryPairs(traj[x].astype(np.int32), traj[y].astype(np.int32),
+                      start[x].astype(np.int32), start[y].astype(np.int32), segment_len)
+
+
+def distinct_query_pairs(dataset: Dataset, num_queries: int, segment_len: Optional[int] = None,
+                         seed: int = 0) -> QueryPairs:
+    """``min(num_queries, num_distinct_pairs(...))`` distinct random queries.
+
+    :func:`sample_query_pairs` draws with replacement, so a budget near or
+    above the number of distinct pairs asks many pairs twice (or both ways
+    round) while seeming to ask more. Here a repeated pair is dropped and
+    replaced by a fresh draw; when the budget asks for more than half of
+    all distinct pairs they are chosen without replacement from the full
+    list instead, and a budget above the total asks every pair once. When
+    the first draw has no repeats (a budget small against the number of
+    pairs) the queries are exactly ``sample_query_pairs(dataset,
+    num_queries, segment_len, seed)``. Deterministic given ``seed``.
+    """
+    drawn = sample_query_pairs(dataset, num_queries, segment_len, seed=seed)  # checks the args
+    total = num_distinct_pairs(dataset, segment_len)
+    want = min(int(num_queries), total)
+    if 2 * want > total:  # dense: redrawing would mostly hit pairs already drawn
+        return _all_pairs(dataset, want, segment_len, seed)
+    seen: set = set()
+    parts, have, draw = [], 0, 0
+    while have < want:
+        if draw:
+            sub = int(np.random.SeedSequence([int(seed), draw]).generate_state(1)[0])
+            drawn = sample_query_pairs(dataset, 2 * (want - have) + 8, segment_len, seed=sub)
+        keep = []
+        for i, key in enumerate(_unordered(drawn)):
+            if key not in seen and have < want:
+                seen.add(key)
+                keep.append(i)
+                have += 1
+        parts.append(drawn.take(keep))
+        draw += 1
+    return parts[0] if len(parts) == 1 else _concat(parts, segment_len)
+
+
 def _window(x: np.ndarray, traj: np.ndarray, start: np.ndarray, n: int) -> np.ndarray:
     """``x[traj, start:start+n]`` per query, zero-padded past the end of T."""
     T = x.shape[1]

@@ -369,3 +369,23 @@ def test_a_read_only_cache_is_refused_before_the_first_query(tmp_path, no_load, 
     with pytest.raises(IsADirectoryError, match="pass --cache a file"):
         ExternalOracle(judge, cache_path=tmp_path, progress=False)(ds, pairs)
     assert calls == []
+
+
+@pytest.mark.parametrize("argv,hint", [(["data", "info", "x.npz"], "rerun the command"),
+                                       (["train", "bc_union", "--dataset", "x.npz"], "--resume")])
+def test_ctrl_c_hint_names_resume_only_where_the_command_has_it(argv, hint, monkeypatch, capsys):
+    """Ctrl-C prints one line whose hint fits the command: `--resume` only
+    for commands that accept it. Bug caught: "continue with --resume" after
+    `jaxil label` or `data info`, which have no such flag."""
+    from jaxil.cli import data as data_cli, train as train_cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(data_cli, "_info", interrupted)
+    monkeypatch.setattr(train_cli, "_run", interrupted)
+    assert main(argv) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "interrupted" in err[0] and hint in err[0], err
+    if hint != "--resume":
+        assert "--resume" not in err[0]

@@ -18,8 +18,9 @@ Three oracles are provided:
   states with the criteria of the MisoDICE LLM prompt (ally health kept,
   enemy health removed, fast wins), never looking at the reward.
 * :class:`ExternalOracle` — asks a user-supplied ``str -> str`` callable
-  (e.g. an LLM client) about a text rendering of each query, with retries
-  and an on-disk answer cache so that an interrupted labelling job resumes.
+  (e.g. an LLM client) about a text rendering of each query, with retries,
+  an optional time limit per call and an on-disk answer cache so that an
+  interrupted or timed-out labelling job resumes.
 
 The SMAX world-state parser (:func:`~jaxil.algorithms.labelling.smax_state.smax_layout`,
 :func:`~jaxil.algorithms.labelling.smax_state.smax_health`) lives in
@@ -29,8 +30,10 @@ The SMAX world-state parser (:func:`~jaxil.algorithms.labelling.smax_state.smax_
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
+import threading
 import warnings
 from pathlib import Path
 from typing import Callable, Optional, Union
@@ -324,6 +327,37 @@ def check_cache_writable(path: Union[str, os.PathLike]) -> Path:
             "to (or fix its permissions) before asking")
 
 
+class LabellerTimeout(TimeoutError):
+    """The external labeller gave no reply to one query within the time limit.
+
+    Raised by :class:`ExternalOracle` after the answers obtained before the
+    silent query were appended to its cache, so a new oracle with the same
+    cache starts from them.
+
+    Attributes:
+      query: the silent query's position in the query set, from 1.
+      num_queries: the size of the query set.
+      timeout: the limit, in seconds.
+      answered: answers obtained from the labeller by this call (all cached
+        when ``cache_path`` is set).
+      cache_path: the answer cache, or None.
+    """
+
+    def __init__(self, *, query: int, num_queries: int, timeout: float, answered: int,
+                 cache_path: Optional[Path]):
+        self.query, self.num_queries, self.timeout = query, num_queries, timeout
+        self.answered, self.cache_path = answered, cache_path
+        kept = (f"the {answered} answers obtained before it are saved in {cache_path}"
+                if cache_path is not None else
+                f"the {answered} answers obtained before it were not cached")
+        super().__init__(f"the external labeller gave no reply to query {query} of "
+                         f"{num_queries} within {timeout:g} s; {kept}")
+
+
+class _NoReply(Exception):
+    """The labeller's call did not return within the timeout."""
+
+
 class ExternalOracle:
     """Preferences from an external judge, e.g. a language model.
 
@@ -348,6 +382,19 @@ class ExternalOracle:
     skipped with a warning. Unanswered queries are not cached, so they are
     asked again next time.
 
+    With a ``timeout``, each call of ``fn`` runs on a daemon worker thread
+    and is given that many seconds; a call still running then stops the
+    oracle with :class:`LabellerTimeout` (after the answers obtained so far
+    are cached) instead of waiting forever. The silent call is not retried:
+    a labeller that hung once (a dead connection, a stuck service) usually
+    hangs again, and the cache makes a later run cheap. Python cannot stop
+    a running thread, so the abandoned call keeps running in the background
+    (its reply, if any, is discarded) until it returns or the process
+    exits; being a daemon thread it does not keep the process alive. While
+    the oracle waits, Ctrl-C (KeyboardInterrupt) stops it at once, with the
+    answers so far cached. ``fn`` must therefore tolerate being called from
+    a thread other than the main one.
+
     After a call, :attr:`report` holds: ``queries``; ``asked`` (calls of
     ``fn`` this run, retries included); ``cached`` (queries answered from
     the cache or from an identical query of this run); ``parsed`` (queries
@@ -364,6 +411,8 @@ class ExternalOracle:
       dataset_key: the dataset part of the cache keys; default
         :func:`~jaxil.data.preferences.dataset_id` (a content hash).
       progress: show a tqdm progress bar.
+      timeout: seconds each call of ``fn`` may take; None or ``inf`` = no
+        limit (``fn`` then runs on the calling thread).
     """
 
     def __init__(
@@ -375,6 +424,7 @@ class ExternalOracle:
         render: Callable[[Dataset, QueryPairs, int], str] = render_pair,
         dataset_key: Optional[str] = None,
         progress: bool = True,
+        timeout: Optional[float] = None,
     ):
         if not callable(fn):
             raise TypeError(f"fn must be a callable prompt -> reply, got {type(fn).__name__}")
@@ -385,6 +435,9 @@ class ExternalOracle:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if int(max_retries) < 0:
             raise ValueError(f"max_retries must be >= 0 (0 = ask once), got {max_retries}")
+        if timeout is not None and not float(timeout) > 0:  # NaN fails too
+            raise ValueError(f"timeout must be a positive number of seconds (None = no limit), "
+                             f"got {timeout}")
         self.fn = fn
         self.cache_path = None if cache_path is None else Path(cache_path)
         self.batch_size = int(batch_size)
@@ -392,6 +445,7 @@ class ExternalOracle:
         self.render = render
         self.dataset_key = dataset_key
         self.progress = bool(progress)
+        self.timeout = None if timeout is None or math.isinf(timeout) else float(timeout)
         self.report: dict = {}
 
     @property
@@ -437,12 +491,40 @@ class ExternalOracle:
             os.fsync(f.fileno())
 
     # -- asking --------------------------------------------------------------------
+    def _call(self, prompt: str):
+        """``fn(prompt)``, or :class:`_NoReply` after ``timeout`` seconds."""
+        if self.timeout is None:
+            return self.fn(prompt)
+        done = threading.Event()
+        box: list = []
+
+        def work():
+            try:
+                box.append((True, self.fn(prompt)))
+            except BaseException as e:  # noqa: BLE001 -- handed to the waiting thread
+                box.append((False, e))
+            finally:
+                done.set()
+
+        # A daemon thread, not a ThreadPoolExecutor: the executor's workers
+        # are joined at interpreter exit, so a hung call would keep the
+        # process alive after the oracle gave up on it.
+        threading.Thread(target=work, name="jaxil-external-labeller", daemon=True).start()
+        if not done.wait(self.timeout):  # Ctrl-C interrupts the wait
+            raise _NoReply
+        ok, value = box.pop()
+        if not ok:
+            raise value
+        return value
+
     def _ask(self, prompt: str, stats: dict) -> tuple[Optional[int], list[str]]:
         replies: list[str] = []
         for _ in range(self.max_retries + 1):
             stats["asked"] += 1
             try:
-                reply = self.fn(prompt)
+                reply = self._call(prompt)
+            except _NoReply:
+                raise
             except Exception as e:  # the judge's failure, not ours: retry
                 stats["errors"] += 1
                 replies.append(f"<{type(e).__name__}: {e}>")
@@ -486,7 +568,13 @@ class ExternalOracle:
                 try:
                     for k in order[b0 : b0 + self.batch_size]:
                         idx = todo[k]
-                        choice, replies = self._ask(self.render(dataset, pairs, idx[0]), stats)
+                        try:
+                            choice, replies = self._ask(self.render(dataset, pairs, idx[0]),
+                                                        stats)
+                        except _NoReply:
+                            raise LabellerTimeout(
+                                query=idx[0] + 1, num_queries=Q, timeout=self.timeout,
+                                answered=stats["parsed"], cache_path=self.cache_path) from None
                         if choice is None:
                             stats["num_failed"] += len(idx)
                             if len(stats["failed"]) < _MAX_FAILED_EXAMPLES:

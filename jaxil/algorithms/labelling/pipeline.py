@@ -29,7 +29,7 @@ from jaxil.algorithms.labelling.label import (
     to_json,
     top_labels,
 )
-from jaxil.data.preferences import sample_query_pairs
+from jaxil.data.preferences import distinct_query_pairs
 from jaxil.algorithms.labelling import oracles
 
 ORACLES = ("ground_truth", "semantic", "external")
@@ -37,8 +37,11 @@ ORACLES = ("ground_truth", "semantic", "external")
 
 def make_oracle(name: str, *, flip_rate: float = 0.0, seed: int = 0,
                 external: Optional[Callable[[str], str]] = None,
-                cache: Optional[str] = None):
-    """Build an oracle by name (see :mod:`jaxil.algorithms.labelling.oracles`)."""
+                cache: Optional[str] = None, timeout: Optional[float] = None,
+                progress: bool = True):
+    """Build an oracle by name (see :mod:`jaxil.algorithms.labelling.oracles`);
+    ``timeout`` is the external oracle's limit per call, in seconds, and
+    ``progress`` its progress bar."""
 
     if name == "ground_truth":
         return oracles.GroundTruthOracle(flip_rate=flip_rate, seed=seed)
@@ -50,7 +53,8 @@ def make_oracle(name: str, *, flip_rate: float = 0.0, seed: int = 0,
         if external is None:
             raise ValueError("the external oracle needs a callable: --external MODULE:FUNCTION "
                              "(a function str -> '#1' | '#2')")
-        return oracles.ExternalOracle(external, cache_path=cache)
+        return oracles.ExternalOracle(external, cache_path=cache, timeout=timeout,
+                                      progress=progress)
     raise ValueError(f"unknown oracle {name!r}; choose one of {', '.join(ORACLES)}")
 
 
@@ -74,7 +78,7 @@ class LabelOutcome:
     scores: np.ndarray  # [S, M]
     metrics: dict  # ensemble metrics vs ground truth
     per_seed: list[dict]  # metrics of each seed's own top-K
-    oracle: dict  # name, queries answered, report
+    oracle: dict  # name, queries asked (distinct pairs) and requested, answered, report
     fit_seconds: float
     history: list[dict]
 
@@ -83,9 +87,12 @@ def phase1(dataset: Dataset, oracle, *, queries: int = 1000, segment_len: Option
            top_k: Optional[int] = None, top_frac: Optional[float] = None, seeds: int = 3,
            updates: int = 1000, seed: int = 0, progress: bool = True, hparams=None,
            **config) -> LabelOutcome:
-    """Ask ``oracle`` about ``queries`` random pairs, fit O-MAPL (``seeds``
-    vmapped), label the top trajectories by learned return."""
-    pairs = sample_query_pairs(dataset, queries, segment_len, seed=seed)
+    """Ask ``oracle`` about ``queries`` distinct random pairs
+    (:func:`distinct_query_pairs`: every pair once if the dataset has fewer),
+    fit O-MAPL (``seeds`` vmapped), label the top trajectories by learned
+    return. ``outcome.oracle`` records the pairs asked (``queries``), the
+    budget (``requested``) and the pairs answered (``answered``)."""
+    pairs = distinct_query_pairs(dataset, queries, segment_len, seed=seed)
     prefs = np.asarray(oracle(dataset, pairs), np.float32)
     answered = int(np.isfinite(prefs).sum())
     fit = fit_preferences(dataset, pairs, prefs, seeds=seeds, updates=updates, seed=seed,
@@ -101,8 +108,9 @@ def phase1(dataset: Dataset, oracle, *, queries: int = 1000, segment_len: Option
     return LabelOutcome(
         labels=labels, scores=fit.scores,
         metrics=label_metrics(labels, truth, ens, dataset.episode_return), per_seed=per_seed,
-        oracle=dict(name=getattr(oracle, "name", type(oracle).__name__), queries=queries,
-                    answered=answered, segment_len=segment_len, report=report),
+        oracle=dict(name=getattr(oracle, "name", type(oracle).__name__), queries=len(pairs),
+                    requested=int(queries), answered=answered, segment_len=segment_len,
+                    report=report),
         fit_seconds=fit.seconds, history=fit.history,
     )
 
