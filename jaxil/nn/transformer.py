@@ -1,0 +1,535 @@
+"""A decoder-only causal transformer whose policy carry is its KV cache.
+
+On a token environment one step is one token per agent: ``spec.action`` is a
+``DiscreteActions(num_actions=V)`` over the vocabulary, ``avail_actions
+[N, V]`` is the legal-token mask (token 0, :data:`PAD`, is never legal), and
+the first ``K = token_width`` columns of ``obs [N, O]`` are the token ids (as
+floats) that enter the agent's context at this step, right-padded with PAD:
+at reset BOS and the prompt; afterwards the agent's own previous token,
+followed by tool-output tokens when its turn ended. Columns after ``K`` are
+privileged features for scripted experts and are never read here.
+
+:class:`Transformer` is the network (flax linen): token and learned absolute
+position embeddings, ``num_layers`` pre-LayerNorm blocks (causal multi-head
+self-attention, GELU MLP), a final LayerNorm and an untied output head. It
+has two paths over the same parameters:
+
+- :meth:`Transformer.step` — append up to ``K`` new tokens of one agent to
+  its :class:`KVCache` and return the next-token logits at the last of them
+  (``O(K·C)`` attention per layer, ``C = max_context``);
+- :meth:`Transformer.sequence_logits` — teacher forcing over a whole token
+  sequence (``O(T²)``), the training path; it also serves, re-run on the
+  growing prefix every step, as the cache-free reference
+  (:meth:`TransformerPolicy.recompute_policy`).
+
+PAD slots may appear anywhere in either input: they neither advance the
+position nor are attended to, so the logits of a real token depend only on
+the real tokens up to it. The two paths agree to float32 rounding.
+
+Positions are learned absolute embeddings (GPT-2). The context of a token
+episode is bounded by ``max_context`` (the cache length), so there is no
+longer sequence to extrapolate to, which is what rotary encodings buy; a
+position table is one gather in both paths, so cached and full logits are
+the same computation. A context longer than ``max_context`` is truncated:
+tokens past it are not stored and the logits stay those of the last stored
+token (both paths alike); environments keep their episodes within it.
+
+:class:`TransformerPolicy` turns the network into an
+:class:`envs.policies.Policy` for N agents with shared parameters (an
+optional learned agent-id embedding, ``num_agents > 0``, lets them differ):
+``init(key, N)`` is an empty cache per agent and ``act`` appends the step's
+tokens and samples a legal token with :mod:`jaxil.nn.distributions`.
+
+Scoring needs the context, which the protocol's stateless ``log_prob(params,
+obs, avail, actions)`` and ``entropy(params, obs, avail)`` do not receive: the
+distribution of a token is a function of the whole episode so far, not of
+``obs``. Scoring an action from one step's obs alone would be a different
+policy (an empty context), silently, so the Policy leaves both ``None``
+(like a scripted expert) and the context-aware scores are methods:
+
+- :meth:`TransformerPolicy.step_log_probs` — ``(params, obs, avail, carry)
+  -> (log π [N, V], carry)``, one step along a rollout;
+- :meth:`TransformerPolicy.episode_scores` — ``(params, obs [T, N, O], avail
+  [T, N, V], actions [T, N]) -> (log π(a_t) [T, N], entropy [T, N])``,
+  teacher-forced over one recorded episode in one pass per agent: exactly the
+  distributions ``act`` sampled from. Behaviour cloning / SFT on episodes is
+  ``−Σ mask·log π / Σ mask`` with a loss mask over steps (the agent's own
+  tokens; for OEC only the expert's segment). A per-token KL to a
+  reference policy compares the two policies' :meth:`TransformerPolicy.chunk_logits`
+  under the same mask (``D.categorical_log_probs``); its one-sample
+  estimate is the difference of two ``episode_scores``;
+- :meth:`TransformerPolicy.sequence_log_probs` — flat token sequences,
+  ``log π(targets[t] | tokens[:t+1])``, for token data that is not an
+  environment episode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, NamedTuple
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxil.envs.policies import Policy
+from jaxil.nn import distributions as D
+
+#: The padding token: never legal, never attended to, never a position.
+PAD = 0
+
+#: Architectures by name; vocabulary, token width and context come from the
+#: task (:func:`transformer_config`). Parameters at V = 64, C = 256
+#: (:meth:`TransformerConfig.num_params`; in the blocks alone): tiny 124,672
+#: (99,968); mini 644,224 (594,816); small 3,257,856 (3,159,040); base
+#: 19,111,936 (18,914,304).
+SIZES: dict[str, dict[str, int]] = {
+    "tiny": {"d_model": 64, "num_layers": 2, "num_heads": 2},
+    "mini": {"d_model": 128, "num_layers": 3, "num_heads": 4},
+    "small": {"d_model": 256, "num_layers": 4, "num_heads": 4},
+    "base": {"d_model": 512, "num_layers": 6, "num_heads": 8},
+}
+
+# A large negative, finite attention score: a fully masked row (a PAD query
+# with nothing before it) is uniform instead of NaN, in values and gradients.
+_MASKED = -1e9
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Static structure of a :class:`Transformer` (hashable; no dropout).
+
+    Attributes:
+      vocab_size: V, the number of token ids (the environment's
+        ``num_actions``); id 0 is :data:`PAD`.
+      token_width: K, how many leading ``obs`` columns are token ids.
+      max_context: C, the KV-cache length and the number of positions.
+      d_model: residual width.
+      num_layers: number of transformer blocks.
+      num_heads: attention heads (``d_model`` must be a multiple).
+      mlp_ratio: MLP hidden width as a multiple of ``d_model``.
+      num_agents: 0 for no agent-id embedding; N for a learned embedding of
+        the agent index added to every token (agents then may differ while
+        sharing all other parameters).
+      ln_eps: LayerNorm epsilon.
+    """
+
+    vocab_size: int
+    token_width: int
+    max_context: int
+    d_model: int = 64
+    num_layers: int = 2
+    num_heads: int = 2
+    mlp_ratio: int = 4
+    num_agents: int = 0
+    ln_eps: float = 1e-5
+
+    def __post_init__(self):
+        for name in ("vocab_size", "token_width", "max_context", "d_model", "num_layers",
+                     "num_heads", "mlp_ratio"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"TransformerConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.vocab_size < 2:
+            raise ValueError(f"TransformerConfig.vocab_size must be >= 2 (PAD and one token), "
+                             f"got {self.vocab_size}")
+        if self.num_agents < 0:
+            raise ValueError(f"TransformerConfig.num_agents must be >= 0, got {self.num_agents}")
+        if self.d_model % self.num_heads:
+            raise ValueError(f"TransformerConfig.d_model={self.d_model} is not a multiple of "
+                             f"num_heads={self.num_heads}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+    def num_params(self) -> int:
+        """The number of parameters, counted from the architecture."""
+        d, r = self.d_model, self.mlp_ratio
+        block = (4 + 2 * r) * d * d + (5 + r) * d + 4 * d  # attn, MLP, two LayerNorms
+        embed = (self.vocab_size + self.max_context + self.num_agents) * d
+        return embed + self.num_layers * block + 2 * d + d * self.vocab_size
+
+
+def transformer_config(size: str, *, vocab_size: int, token_width: int, max_context: int,
+                       **overrides: Any) -> TransformerConfig:
+    """The :data:`SIZES` architecture ``size`` for a task's vocabulary,
+    token width and context length (``overrides`` replace any field)."""
+    if size not in SIZES:
+        raise ValueError(f"unknown transformer size {size!r}; choose one of {list(SIZES)}")
+    fields = dict(SIZES[size], vocab_size=vocab_size, token_width=token_width,
+                  max_context=max_context)
+    fields.update(overrides)
+    return TransformerConfig(**fields)
+
+
+def config_for_env(env: Any, size: str = "tiny", agent_ids: bool = False,
+                   **overrides: Any) -> TransformerConfig:
+    """The :data:`SIZES` architecture ``size`` for a token environment: the
+    vocabulary from ``env.spec``, ``token_width`` and ``max_context`` from
+    the environment's attributes of those names (every ``tokens:`` task has
+    them); ``agent_ids`` adds the agent-id embedding (``num_agents`` from the
+    spec). ``overrides`` replace any field."""
+    spec = env.spec
+    missing = [a for a in ("token_width", "max_context") if not hasattr(env, a)]
+    if missing or not spec.discrete:
+        raise ValueError(f"{spec.env_id} is not a token environment (discrete actions and "
+                         f"token_width / max_context attributes); missing: {missing}")
+    fields = {"num_agents": spec.num_agents if agent_ids else 0}
+    fields.update(overrides)
+    return transformer_config(size, vocab_size=spec.num_actions, token_width=env.token_width,
+                              max_context=env.max_context, **fields)
+
+
+class KVCache(NamedTuple):
+    """One agent's context (leading batch axes, e.g. ``[N]``, allowed).
+
+    Attributes:
+      k, v: ``[..., L, C, H, D]`` keys and values of every layer; entries at
+        and past ``length`` are unused.
+      length: ``[...]`` int32, the number of tokens in the context.
+      logits: ``[..., V]`` next-token logits at the last token (zeros for an
+        empty context), returned again by a step that brings no token.
+    """
+
+    k: jax.Array
+    v: jax.Array
+    length: jax.Array
+    logits: jax.Array
+
+
+def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Softmax attention ``[Q, H, D] × [M, H, D] -> [Q, H, D]`` under ``mask [Q, M]``."""
+    scores = jnp.einsum("qhd,mhd->hqm", q, k) / math.sqrt(q.shape[-1])
+    scores = jnp.where(mask[None], scores, jnp.asarray(_MASKED, scores.dtype))
+    return jnp.einsum("hqm,mhd->qhd", jax.nn.softmax(scores, axis=-1), v)
+
+
+class _Block(nn.Module):
+    """Pre-LayerNorm block: ``x + Attn(LN(x))``, then ``x + MLP(LN(x))``."""
+
+    config: TransformerConfig
+
+    def setup(self):
+        c = self.config
+        self.ln_attn = nn.LayerNorm(epsilon=c.ln_eps)
+        self.qkv = nn.DenseGeneral((3, c.num_heads, c.head_dim))
+        self.attn_out = nn.DenseGeneral(c.d_model, axis=(-2, -1))
+        self.ln_mlp = nn.LayerNorm(epsilon=c.ln_eps)
+        self.mlp_in = nn.Dense(c.mlp_ratio * c.d_model)
+        self.mlp_out = nn.Dense(c.d_model)
+
+    def __call__(self, x, mask, cache_k=None, cache_v=None, write=None):
+        """``x [Q, d]``; keys are ``x``'s own (``cache_k is None``, ``mask
+        [Q, Q]``) or the cache ``[C, H, D]`` after writing ``x``'s keys at
+        slots ``write [Q]`` (out of range: dropped; ``mask [Q, C]``).
+        Returns ``(x, keys, values)``."""
+        qkv = self.qkv(self.ln_attn(x))
+        q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+        if cache_k is not None:
+            k = cache_k.at[write].set(k, mode="drop")
+            v = cache_v.at[write].set(v, mode="drop")
+        x = x + self.attn_out(_attend(q, k, v, mask))
+        x = x + self.mlp_out(nn.gelu(self.mlp_in(self.ln_mlp(x))))
+        return x, k, v
+
+
+class _Decoder(nn.Module):
+    config: TransformerConfig
+
+    def setup(self):
+        c = self.config
+        emb_init = nn.initializers.normal(0.02)
+        self.token_embed = nn.Embed(c.vocab_size, c.d_model, embedding_init=emb_init)
+        self.pos_embed = self.param("pos_embed", emb_init, (c.max_context, c.d_model))
+        if c.num_agents:
+            self.agent_embed = self.param("agent_embed", emb_init, (c.num_agents, c.d_model))
+        self.blocks = [_Block(c) for _ in range(c.num_layers)]
+        self.ln_final = nn.LayerNorm(epsilon=c.ln_eps)
+        self.head = nn.Dense(c.vocab_size, use_bias=False)
+
+    def _embed(self, tokens, positions, agent):
+        x = self.token_embed(tokens) + self.pos_embed[positions]
+        if self.config.num_agents:
+            x = x + self.agent_embed[agent]
+        return x
+
+    def _logits(self, h):
+        return self.head(self.ln_final(h))
+
+    def sequence(self, tokens, agent):
+        c = self.config
+        kept, pos = _kept_positions(tokens, 0, c.max_context)
+        x = self._embed(tokens, jnp.minimum(pos, c.max_context - 1), agent)
+        t = jnp.arange(tokens.shape[0])
+        mask = kept[None, :] & (t[None, :] <= t[:, None])
+        for block in self.blocks:
+            x, _, _ = block(x, mask)
+        return self._logits(x)
+
+    def step(self, tokens, cache: KVCache, agent):
+        c = self.config
+        kept, pos = _kept_positions(tokens, cache.length, c.max_context)
+        x = self._embed(tokens, jnp.minimum(pos, c.max_context - 1), agent)
+        write = jnp.where(kept, pos, c.max_context)
+        mask = jnp.arange(c.max_context)[None, :] <= pos[:, None]
+        ks, vs = [], []
+        for layer, block in enumerate(self.blocks):
+            x, k, v = block(x, mask, cache.k[layer], cache.v[layer], write)
+            ks.append(k)
+            vs.append(v)
+        n = jnp.sum(kept)
+        last = tokens.shape[0] - 1 - jnp.argmax(kept[::-1])
+        logits = jnp.where(n > 0, self._logits(x[last]), cache.logits)
+        return logits, KVCache(jnp.stack(ks), jnp.stack(vs), cache.length + n, logits)
+
+
+def _kept_positions(tokens: jax.Array, start: jax.Array, max_context: int):
+    """``(kept [T], positions [T])``: non-PAD tokens that fit in the context,
+    and the position of each (PAD slots do not advance it)."""
+    real = tokens != PAD
+    pos = start + jnp.cumsum(real) - 1
+    return real & (pos < max_context), pos
+
+
+class Transformer:
+    """The network of :mod:`jaxil.nn.transformer` as pure functions of one
+    agent's tokens (``vmap`` them over agents and batches).
+
+    Parameters: ``{"params": {"token_embed", "pos_embed" [C, d], ("agent_embed"
+    [N, d]), "blocks_i" {ln_attn, qkv, attn_out, ln_mlp, mlp_in, mlp_out},
+    "ln_final", "head"}}``.
+    """
+
+    def __init__(self, config: TransformerConfig):
+        self.config = config
+        self.module = _Decoder(config)
+
+    def init(self, key: jax.Array) -> Any:
+        """The network's variables, drawn from ``key`` (compiled: eagerly,
+        drawing every parameter op by op takes longer than compiling)."""
+        tokens = jnp.zeros((self.config.token_width,), jnp.int32)
+        return jax.jit(lambda k: self.module.init(k, tokens, jnp.int32(0),
+                                                  method=_Decoder.sequence))(key)
+
+    def empty_cache(self, batch_shape: tuple[int, ...] = ()) -> KVCache:
+        """An empty context (zeros, length 0) with leading ``batch_shape``."""
+        c = self.config
+        kv = jnp.zeros(batch_shape + (c.num_layers, c.max_context, c.num_heads, c.head_dim),
+                       jnp.float32)
+        return KVCache(kv, kv, jnp.zeros(batch_shape, jnp.int32),
+                       jnp.zeros(batch_shape + (c.vocab_size,), jnp.float32))
+
+    def step(self, params: Any, tokens: jax.Array, cache: KVCache,
+             agent: jax.Array | int = 0) -> tuple[jax.Array, KVCache]:
+        """Append one step's tokens to an agent's context.
+
+        Args:
+          params: the network's variables.
+          tokens: ``[K]`` integer token ids; PAD slots anywhere are skipped.
+          cache: the agent's :class:`KVCache` (no batch axes).
+          agent: the agent index (used only with an agent-id embedding).
+
+        Returns:
+          ``(logits [V], cache)``: next-token logits at the last non-PAD token
+          (the previous ones if ``tokens`` is all PAD), and the extended cache.
+        """
+        chex.assert_rank(tokens, 1)
+        chex.assert_type(tokens, int)
+        return self.module.apply(params, tokens, cache, agent, method=_Decoder.step)
+
+    def sequence_logits(self, params: Any, tokens: jax.Array,
+                        agent: jax.Array | int = 0) -> jax.Array:
+        """Teacher-forced next-token logits of one token sequence.
+
+        Args:
+          params: the network's variables.
+          tokens: ``[T]`` integer token ids, PAD slots anywhere (e.g. an
+            episode's per-step ``K``-wide chunks concatenated).
+          agent: the agent index (used only with an agent-id embedding).
+
+        Returns:
+          ``[T, V]``: row ``t`` is the distribution of the token after
+          ``tokens[t]`` given the non-PAD tokens up to ``t`` — what
+          :meth:`step` returns after the chunk ending at ``t``. Rows at PAD
+          slots are finite but meaningless.
+        """
+        chex.assert_rank(tokens, 1)
+        chex.assert_type(tokens, int)
+        return self.module.apply(params, tokens, agent, method=_Decoder.sequence)
+
+
+def obs_tokens(obs: jax.Array, token_width: int) -> jax.Array:
+    """The token ids ``int32 [..., K]`` in the first ``K`` columns of ``obs``."""
+    return jnp.round(obs[..., :token_width]).astype(jnp.int32)
+
+
+class TokenBuffer(NamedTuple):
+    """Carry of :meth:`TransformerPolicy.recompute_policy`: the context as
+    tokens ``[..., C]`` (PAD after ``length``) and its ``length [...]``."""
+
+    tokens: jax.Array
+    length: jax.Array
+
+
+class TransformerPolicy:
+    """A :class:`Transformer` acting for the N agents of one token environment
+    (parameters shared; see the module docstring for scoring).
+
+    Args:
+      config: the network's :class:`TransformerConfig`.
+    """
+
+    def __init__(self, config: TransformerConfig):
+        self.config = config
+        self.net = Transformer(config)
+
+    def init(self, key: jax.Array) -> Any:
+        """The network's parameters."""
+        return self.net.init(key)
+
+    # -- per-agent plumbing --------------------------------------------------------
+    def _agents(self, obs: jax.Array) -> jax.Array:
+        n = obs.shape[-2]
+        if self.config.num_agents and n != self.config.num_agents:
+            raise ValueError(f"the transformer's agent-id embedding has num_agents="
+                             f"{self.config.num_agents} but obs has {n} agents")
+        return jnp.arange(n)
+
+    def _check_obs(self, obs: jax.Array) -> None:
+        if obs.shape[-1] < self.config.token_width:
+            raise ValueError(f"obs has {obs.shape[-1]} columns but the transformer reads "
+                             f"token_width={self.config.token_width} token ids from them")
+
+    def init_carry(self, key: jax.Array, num_agents: int) -> KVCache:
+        """An empty :class:`KVCache` per agent (``[N, ...]``)."""
+        return self.net.empty_cache((num_agents,))
+
+    def step_logits(self, params: Any, obs: jax.Array, carry: KVCache) -> tuple[jax.Array, KVCache]:
+        """``obs [N, O]``, ``carry [N]`` -> ``(logits [N, V], carry)``: append
+        the step's tokens and return the raw next-token logits."""
+        self._check_obs(obs)
+        tokens = obs_tokens(obs, self.config.token_width)
+        return jax.vmap(self.net.step, in_axes=(None, 0, 0, 0))(
+            params, tokens, carry, self._agents(obs))
+
+    def step_log_probs(self, params: Any, obs: jax.Array, avail: jax.Array,
+                       carry: KVCache) -> tuple[jax.Array, KVCache]:
+        """``(log π [N, V], carry)``: the masked categorical ``act`` samples
+        from at this step (log π(a) = ``out[i, a]``; entropy:
+        ``D.categorical_entropy(logits, avail)`` of :meth:`step_logits`)."""
+        logits, carry = self.step_logits(params, obs, carry)
+        return D.categorical_log_probs(logits, avail), carry
+
+    def act(self, params: Any, obs: jax.Array, avail: jax.Array, key: jax.Array,
+            carry: KVCache, deterministic: bool = False) -> tuple[jax.Array, KVCache]:
+        """One legal token per agent ``int32 [N]`` (sampled, or the most likely
+        legal one) and the extended cache."""
+        logits, carry = self.step_logits(params, obs, carry)
+        if deterministic:
+            return D.categorical_mode(logits, avail), carry
+        return D.categorical_sample(key, logits, avail), carry
+
+    # -- the protocol --------------------------------------------------------------
+    def policy(self, deterministic: bool = False, key: str | None = None) -> Policy:
+        """This network as an :class:`envs.policies.Policy` whose carry is the
+        KV cache; ``log_prob`` / ``entropy`` are ``None`` (they need the
+        context: use :meth:`step_log_probs` or :meth:`episode_scores`). With
+        ``key``, the policy takes a learner's parameter dict and uses
+        ``params[key]``."""
+        sub = (lambda params: params) if key is None else (lambda params: params[key])
+
+        def act(params, obs, avail, rng, carry):
+            return self.act(sub(params), obs, avail, rng, carry, deterministic)
+
+        return Policy(init=self.init_carry, act=act)
+
+    def recompute_policy(self, deterministic: bool = False, key: str | None = None) -> Policy:
+        """The same policy without a KV cache: the carry keeps the context's
+        tokens and every step re-runs :meth:`Transformer.sequence_logits`
+        over all ``max_context`` of them (``O(C²)`` per step). A baseline for
+        benchmarks and a reference for tests; it acts exactly as
+        :meth:`policy` up to float32 rounding."""
+        sub = (lambda params: params) if key is None else (lambda params: params[key])
+        c = self.config
+
+        def init(rng, num_agents):
+            return TokenBuffer(jnp.zeros((num_agents, c.max_context), jnp.int32),
+                               jnp.zeros((num_agents,), jnp.int32))
+
+        def one_agent(params, tokens, buf, agent):
+            kept, pos = _kept_positions(tokens, buf.length, c.max_context)
+            ctx = buf.tokens.at[jnp.where(kept, pos, c.max_context)].set(tokens, mode="drop")
+            length = buf.length + jnp.sum(kept)
+            logits = self.net.sequence_logits(params, ctx, agent)[jnp.maximum(length - 1, 0)]
+            return jnp.where(length > 0, logits, 0.0), TokenBuffer(ctx, length)
+
+        def act(params, obs, avail, rng, carry):
+            self._check_obs(obs)
+            tokens = obs_tokens(obs, c.token_width)
+            logits, carry = jax.vmap(one_agent, in_axes=(None, 0, 0, 0))(
+                sub(params), tokens, carry, self._agents(obs))
+            if deterministic:
+                return D.categorical_mode(logits, avail), carry
+            return D.categorical_sample(rng, logits, avail), carry
+
+        return Policy(init=init, act=act)
+
+    # -- teacher-forced scoring ------------------------------------------------------
+    def chunk_logits(self, params: Any, obs: jax.Array) -> jax.Array:
+        """Teacher-forced logits of every step of one episode.
+
+        Args:
+          params: the network's variables.
+          obs: ``[T, N, O]`` the observations the agents acted on (an
+            :class:`envs.rollout.Episodes`' ``obs[e, :-1]``); steps past the
+            episode's end may hold anything, they do not affect earlier ones.
+
+        Returns:
+          ``[T, N, V]``: the logits ``act`` saw at each step, from one
+          :meth:`Transformer.sequence_logits` pass per agent over the
+          concatenated ``K``-wide token chunks.
+        """
+        chex.assert_rank(obs, 3)
+        self._check_obs(obs)
+        T, n, _ = obs.shape
+        K, C = self.config.token_width, self.config.max_context
+        tokens = jnp.swapaxes(obs_tokens(obs, K), 0, 1).reshape(n, T * K)  # [N, T·K]
+
+        def one_agent(tokens, agent):
+            logits = self.net.sequence_logits(params, tokens, agent)
+            kept, _ = _kept_positions(tokens, 0, C)
+            # Each chunk reads the last stored token at or before its end.
+            idx = jax.lax.cummax(jnp.where(kept, jnp.arange(T * K), -1))
+            at = idx.reshape(T, K)[:, -1]
+            return jnp.where((at >= 0)[:, None], logits[jnp.maximum(at, 0)], 0.0)
+
+        return jnp.swapaxes(jax.vmap(one_agent)(tokens, self._agents(obs)), 0, 1)
+
+    def episode_scores(self, params: Any, obs: jax.Array, avail: jax.Array,
+                       actions: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Teacher-forced ``(log π(a_t) [T, N], entropy [T, N])`` of one
+        recorded episode (``obs [T, N, O]``, ``avail [T, N, V]``, ``actions
+        [T, N]``): the distributions ``act`` drew from along the episode.
+
+        SFT on episodes: ``−Σ_t,i m_ti·log π / Σ m_ti`` with a loss mask
+        ``m [T, N]`` (the episode's valid steps, and for OEC only the
+        expert's segment); ``vmap`` over episodes."""
+        chex.assert_rank([obs, avail, actions], [3, 3, 2])
+        logits = self.chunk_logits(params, obs)
+        return (D.categorical_log_prob(logits, avail, actions),
+                D.categorical_entropy(logits, avail))
+
+    def sequence_log_probs(self, params: Any, tokens: jax.Array, targets: jax.Array,
+                           avail: jax.Array | None = None, agent: jax.Array | int = 0) -> jax.Array:
+        """``log π(targets[t] | tokens[:t+1])``, ``[T]``, for one flat token
+        sequence (``tokens``, ``targets`` ``[T]``; usually ``targets[t] =
+        tokens[t+1]``), under the legal mask ``avail [T, V]`` (None: every
+        token but PAD). Weight by a loss mask for SFT; ``vmap`` over
+        sequences."""
+        chex.assert_rank([tokens, targets], 1)
+        logits = self.net.sequence_logits(params, tokens, agent)
+        if avail is None:
+            avail = jnp.broadcast_to(jnp.arange(self.config.vocab_size) != PAD, logits.shape)
+        return D.categorical_log_prob(logits, avail, targets)
