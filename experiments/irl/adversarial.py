@@ -4,6 +4,8 @@
     python experiments/irl/adversarial.py --scale 4       # 4x the PPO budget per run
     python experiments/irl/adversarial.py --quick         # smoke run, one env, minutes
     python experiments/irl/adversarial.py --envs smax:3m --demos 5
+    python experiments/irl/adversarial.py --envs mpe:simple_spread_continuous --expert-demos \
+        --demos 200 --settings literature --tag box_literature   # box actions, clean expert
 
 Per environment (SMAX 3m, LevelBasedForaging, MPE spread) and seed (4), the
 demonstrations are ``--demos`` trajectories of the ε-noised expert of
@@ -14,6 +16,13 @@ demonstrations); GAIL and AIRL then alternate discriminator steps and PPO
 vmapped). BC's return is the chunk-0 evaluation of the same runs (same
 policy, same 64 start states as every later evaluation), so the BC column is
 the very policy GAIL and AIRL start from.
+
+``--expert-demos`` takes the noise-free expert's trajectories instead (any
+environment with recipes, e.g. the box-action MPE spread), ``--demos`` per
+seed, disjoint. ``--settings literature`` replaces the committed stabilisers
+by those of the working implementations (REFERENCES.md, "Adversarial IL in
+practice"): −log(1−D) reward, 16 discriminator steps per PPO iteration,
+gradient penalty 10, no KL to π_SFT, no entropy bonus, 4,096-step PPO batches.
 
 Writes results/adversarial.json, results/adversarial.md (the table) and
 results/adversarial_curves.png (true return and learned reward over training).
@@ -40,16 +49,17 @@ RUNS = ROOT / "runs" / "experiments" / "irl" / "adversarial"
 SEEDS = 4
 
 
-def ppo_config(env_id: str, scale: float, quick: bool):
+def ppo_config(env_id: str, scale: float, quick: bool, settings: str = "committed"):
     from jaxil.teachers import PPOConfig
 
     chunks = 2 if quick else max(1, int(round(20 * scale)))
-    num_envs, num_steps, k = 32, 32, 5
+    num_envs = 128 if settings == "literature" else 32
+    num_steps, k = 32, 5
     return PPOConfig(algo="mappo", total_timesteps=chunks * k * num_envs * num_steps,
                      num_envs=num_envs, num_steps=num_steps, update_epochs=4,
                      num_minibatches=4, lr=3e-4, anneal_lr=True, gamma=0.99,
-                     ent_coef=0.01, hidden_sizes=(64, 64), activation="relu",
-                     updates_per_chunk=k)
+                     ent_coef=0.0 if settings == "literature" else 0.01,
+                     hidden_sizes=(64, 64), activation="relu", updates_per_chunk=k)
 
 
 # The settings of each method (the stabilisers: see README.md).
@@ -58,6 +68,16 @@ METHODS = {
                  gp_coef=1.0, kl_coef=0.05),
     "airl": dict(method="airl", mixing="hyper", reward_form="logit", disc_steps=2,
                  gp_coef=1.0, kl_coef=0.05),
+}
+
+
+# The working implementations' settings (REFERENCES.md): -log(1-D) for GAIL,
+# many discriminator steps, a strong gradient penalty, no KL anchor.
+LITERATURE = {
+    "gail": dict(method="gail", mixing="hyper", reward_form="softplus", disc_steps=16,
+                 gp_coef=10.0, kl_coef=0.0),
+    "airl": dict(method="airl", mixing="hyper", reward_form="logit", disc_steps=16,
+                 gp_coef=10.0, kl_coef=0.0),
 }
 
 
@@ -80,25 +100,30 @@ def run_env(env_id: str, args) -> dict:
     from jaxil.algorithms.irl.adversarial import AdversarialConfig, demos_from_dataset, stack_demos, \
         train_adversarial
 
-    # B's 200-trajectory dataset of jaxil.collect.demonstrations (shared with best-of-N)
-    ds, info = demonstrations(env_id, num_demos=200, seed=0)
-    if SEEDS * args.demos > 200:
-        raise ValueError(f"--demos {args.demos} x {SEEDS} seeds exceeds the 200 trajectories")
+    if args.expert_demos:  # the noise-free expert, --demos per seed
+        ds, info = demonstrations(env_id, num_demos=SEEDS * args.demos, seed=0, epsilon=0)
+    else:  # B's 200-trajectory dataset of jaxil.collect.demonstrations (shared with best-of-N)
+        ds, info = demonstrations(env_id, num_demos=200, seed=0)
+    if SEEDS * args.demos > len(ds):
+        raise ValueError(f"--demos {args.demos} x {SEEDS} seeds exceeds the {len(ds)} trajectories")
     per_seed = [demos_from_dataset(ds, range(s * args.demos, (s + 1) * args.demos))
                 for s in range(SEEDS)]
     seed_returns = [float(np.mean(np.asarray(ds.episode_return)[s * args.demos:(s + 1) * args.demos]))
                     for s in range(SEEDS)]
     demos = stack_demos(per_seed)
     env = envs.make(env_id)
-    cfg = ppo_config(env_id, args.scale, args.quick)
+    cfg = ppo_config(env_id, args.scale, args.quick, args.settings)
+    methods = LITERATURE if args.settings == "literature" else METHODS
     out = dict(env_id=env_id, demos=info, demos_per_seed=args.demos,
                demo_return_per_seed=seed_returns, ppo=cfg.to_dict(), methods={})
     for name in args.methods:
-        settings = dict(METHODS[name], **overrides(args))
+        settings = dict(methods[name], **overrides(args))
         acfg = AdversarialConfig(hidden=(64, 64), mixer_hidden=32, disc_batch=256,
                                  disc_lr=3e-4, sft_updates=args.sft_updates, sft_lr=1e-3,
                                  sft_batch=256, eval_episodes=64, **settings)
         rdir = RUNS / f"{env_id.replace(':', '_')}-{name}-{args.demos}d-x{args.scale:g}" \
+            f"{'-expert' if args.expert_demos else ''}" \
+            f"{'-literature' if args.settings == 'literature' else ''}" \
             f"{override_suffix(args)}{'-quick' if args.quick else ''}"
         t0 = time.time()
         resume = (rdir / "run.json").exists()
@@ -137,13 +162,22 @@ def _curves(rows: list[dict]) -> dict:
 
 
 def table(results: list[dict]) -> str:
+    """Returns ± std over seeds, with the return normalised between the random
+    policy (0) and the noise-free expert (1) in brackets."""
     lines = ["| environment | demonstrator (ε-noised expert) | BC (π_SFT) | GAIL | AIRL |",
              "|---|---|---|---|---|"]
     for r in results:
         d = r["demos"]
-        cells = [f"{d['demo_return_mean']:.3f} ± {d['demo_return_std']:.3f} (ε={d['epsilon']})"]
+        lo, hi = d["random_return_mean"], d["expert_return_mean"]
+
+        def norm(x):
+            return f" [{(x - lo) / (hi - lo):.2f}]" if hi != lo else ""
+
+        cells = [f"{d['demo_return_mean']:.3f} ± {d['demo_return_std']:.3f}"
+                 f"{norm(d['demo_return_mean'])} (ε={d['epsilon']})"]
         first = next(iter(r["methods"].values()))["summary"]["initial"]
-        cells.append(f"{first['return_mean']:.3f} ± {first['return_std']:.3f}")
+        cells.append(f"{first['return_mean']:.3f} ± {first['return_std']:.3f}"
+                     f"{norm(first['return_mean'])}")
         for name in ("gail", "airl"):
             if name not in r["methods"]:
                 cells.append("—")
@@ -152,7 +186,8 @@ def table(results: list[dict]) -> str:
             i = r["methods"][name]["summary"]["initial"]
             gap = f["return_mean"] - i["return_mean"]
             mark = " ✓" if gap > max(f["return_std"], i["return_std"]) else ""
-            cells.append(f"{f['return_mean']:.3f} ± {f['return_std']:.3f} ({gap:+.3f}){mark}")
+            cells.append(f"{f['return_mean']:.3f} ± {f['return_std']:.3f}{norm(f['return_mean'])} "
+                         f"({gap:+.3f}){mark}")
         lines.append(f"| {r['env_id']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -196,6 +231,11 @@ def main(argv=None) -> int:
     p.add_argument("--demos", type=int, default=10, help="demonstration trajectories per seed")
     p.add_argument("--scale", type=float, default=1.0, help="multiplies the PPO budget")
     p.add_argument("--sft-updates", type=int, default=1000)
+    p.add_argument("--expert-demos", action="store_true",
+                   help="the noise-free expert's trajectories (any environment with recipes)")
+    p.add_argument("--settings", choices=("committed", "literature"), default="committed",
+                   help="the stabilisers: this study's (METHODS) or the working "
+                        "implementations' (LITERATURE)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--tag", default="adversarial", help="name of the result files")
