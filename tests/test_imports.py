@@ -51,6 +51,7 @@ LAYERS = (
     "jaxil.algorithms.labelling",    # Phase 1
     "jaxil.algorithms.interactive",  # DAgger, OEC, on-policy rejection sampling
     "jaxil.algorithms.irl",          # reward models, best-of-N, GAIL/AIRL, PPO on a learned reward
+    "jaxil.algorithms.lm",           # SFT of transformer policies on token episodes
     "jaxil.algorithms",              # the package itself, above its sub-packages
     "jaxil.teachers",                # shipped teachers, presets, the teacher driver
     "jaxil.collect",                 # source policies and dataset recipes

@@ -33,13 +33,16 @@ from jaxil.losses.ppo import (
     normalize_advantages,
 )
 from jaxil.losses.preference import preference_loss
+from jaxil.losses.sequence import after_switch, agent_token_mask, masked_sequence_nll
 from jaxil.losses.trajectory import discounted_score, log_ratio_score
 from jaxil.losses.value import gumbel_value_loss, gumbel_weights
 
 __all__ = [
     "SurrogateStats",
+    "after_switch",
     "agent_discriminator_loss",
     "agent_gradient_penalty",
+    "agent_token_mask",
     "agent_weighted_bc_loss",
     "airl_logits",
     "airl_shaped_reward",
@@ -57,6 +60,7 @@ __all__ = [
     "gumbel_value_loss",
     "gumbel_weights",
     "log_ratio_score",
+    "masked_sequence_nll",
     "kl_penalized_reward",
     "normalize_advantages",
     "nu_gradient_penalty",
