@@ -14,7 +14,11 @@ Parts, each under its own time budget (what does not fit is listed under
    (:mod:`jaxil.runs.precision`), and how far the losses of the 16th update from
    the same state and keys move from fp32's at each.
 5. ``collect``: dataset-collection throughput (:mod:`benchmarks.collect_throughput`).
-6. ``peer``: where ``JAXIL_OMAPL_PEER`` points at a copy of the O-MAPL
+6. ``tokens``: tokens/s of the transformer's KV-cache decoding and token-env
+   rollout against recomputation without a cache, and against
+   ``transformers``' ``generate`` where torch and transformers import
+   (:mod:`benchmarks.token_rollout`).
+7. ``peer``: where ``JAXIL_OMAPL_PEER`` points at a copy of the O-MAPL
    authors' code (github.com/vietbt/OMAPL) and PyTorch is importable, their
    ``TrainerDiscrete.update`` timed at the same shapes, their code imported
    at run time by a child process (none of it is copied here); skipped
@@ -57,12 +61,13 @@ from jaxil.runs import measure
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
-PARTS = ("env", "learners", "paper", "precision", "collect", "peer")
+PARTS = ("env", "learners", "paper", "precision", "collect", "tokens", "peer")
 PRECISIONS = ("fp32", "tf32", "bf16")
 
-#: per-part budgets in seconds on a GPU; they sum to 7.5 minutes. ``--quick``
+#: per-part budgets in seconds on a GPU; they sum to 7.8 minutes. ``--quick``
 #: (a smoke test of every code path) has none: each part runs all of its points.
-BUDGETS = {"env": 150, "learners": 120, "paper": 60, "precision": 45, "collect": 45, "peer": 30}
+BUDGETS = {"env": 120, "learners": 110, "paper": 60, "precision": 45, "collect": 45, "tokens": 60,
+           "peer": 30}
 NO_BUDGET = 1e9
 #: The peer's child process (PyTorch start-up included) is stopped after this long.
 PEER_TIMEOUT_S = 1800.0
@@ -196,6 +201,20 @@ def part_collect(args, budget: float, tmp: Path) -> dict[str, Any]:
     return {"rows": out["rows"]}
 
 
+def part_tokens(args, budget: float, tmp: Path) -> dict[str, Any]:
+    """:func:`benchmarks.token_rollout.measure`: tiny at batches 1 and 8 with
+    ``--quick``; tiny and small at 1 … 4,096 sequences otherwise."""
+    from benchmarks import token_rollout
+
+    if args.quick:
+        kw = dict(sizes=["tiny"], batches=[1, 8], repeats=2, target_s=0.5)
+    else:
+        kw = dict(sizes=["tiny", "small"], batches=[1, 8, 64, 512, 4096], repeats=3,
+                  target_s=1.0, max_call_s=20.0, budget_s=budget)
+    out, _ = _quiet(token_rollout.measure, **kw)
+    return {k: out[k] for k in ("config", "peer", "rows") if k in out}
+
+
 def part_peer(args, budget: float, tmp: Path) -> dict[str, Any]:
     """The O-MAPL authors' PyTorch update at the paper shapes (8 pairs × 70
     steps, N = 5, obs 124, state 780, 12 actions, their 256-unit networks),
@@ -293,7 +312,8 @@ def peer_update(quick: bool) -> dict[str, Any]:
 
 
 RUNNERS = {"env": part_env, "learners": part_learners, "paper": part_paper,
-           "precision": part_precision, "collect": part_collect, "peer": part_peer}
+           "precision": part_precision, "collect": part_collect, "tokens": part_tokens,
+           "peer": part_peer}
 
 
 # -- summary -------------------------------------------------------------------
@@ -316,6 +336,11 @@ def summarize(parts: dict[str, Any]) -> dict[str, Any]:
             ours = out["paper_update_ms"].get(f"omapl_{label}")
             if ours:
                 out[f"peer_over_jaxil_omapl_{label}"] = peer["update_ms"] / ours
+    tokens = (parts.get("tokens") or {}).get("rows") or []
+    if tokens:
+        top = max(tokens, key=lambda r: (r["batch"], r["size"] == "small"))
+        out["token_decode"] = {k: top.get(k) for k in (
+            "size", "batch", "decode_cached_over_recompute", "jaxil_over_hf_cached")}
     rows = (parts.get("learners") or {}).get("rows") or []
     speed = {}
     for r in rows:

@@ -57,8 +57,9 @@ def test_summary_headlines():
     """The vmapped-seeds speedup is the top seed count's updates/s over one
     seed's (updates/s is summed over seeds: 256 seeds at 1/100 of the call
     rate of one seed each is 2.56x); the peer ratio divides the peer's time
-    by jaxil's. Catches an inverted ratio and the speedup taken from the
-    batch axis."""
+    by jaxil's; the token headline is the largest batch's row. Catches an
+    inverted ratio, the speedup taken from the batch axis and the token
+    headline taken from a small batch."""
     parts = {
         "learners": {"rows": [
             {"learner": "bc_union", "axis": "seeds", "seeds": 1, "updates_per_s": 100.0},
@@ -69,8 +70,14 @@ def test_summary_headlines():
         "peer": {"update_ms": 20.0},
         "env": {"rows": [{"env": "a", "num_envs": 8, "raw_env_steps_per_s": 5.0},
                          {"env": "a", "num_envs": 1, "raw_env_steps_per_s": 1.0}]},
+        "tokens": {"rows": [{"size": "tiny", "batch": 64, "decode_cached_over_recompute": 9.0},
+                            {"size": "small", "batch": 64, "decode_cached_over_recompute": 30.0},
+                            {"size": "small", "batch": 8, "decode_cached_over_recompute": 3.0}]},
     }
     s = gpu_suite.summarize(parts)
+    # the token headline is the largest batch, the larger model at it
+    assert s["token_decode"]["size"] == "small" and s["token_decode"]["batch"] == 64
+    assert s["token_decode"]["decode_cached_over_recompute"] == 30.0
     assert s["vmapped_seeds_speedup"]["bc_union"] == {"seeds": 256, "speedup": 2.56}
     assert s["peer_over_jaxil_omapl_fused"] == 10.0 and s["peer_over_jaxil_omapl_single"] == 5.0
     assert s["env_steps_per_s_at"] == 8 and s["env_steps_per_s"]["a"] == {"raw_env_steps_per_s": 5.0}
