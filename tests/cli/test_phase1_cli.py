@@ -30,6 +30,7 @@ def ds_path(tmp_path_factory):
     return p
 
 
+@pytest.mark.slow  # default-suite time (~15 s); run with -m slow
 def test_label_ground_truth_writes_a_labelled_copy(ds_path, tmp_path, capsys):
     before = hashlib.sha256(ds_path.read_bytes()).hexdigest()
     out = tmp_path / "labelled.npz"

@@ -257,6 +257,7 @@ def test_quiet_import_restores_redirected_streams_and_keeps_other_output():
     assert r.stdout == ""
 
 
+@pytest.mark.slow  # default-suite time (a subprocess importing everything); run with -m slow
 def test_jaxil_help_has_no_banner():
     """Bug: the banner reached `jaxil --help` (the full parser imports the
     environment adapters)."""

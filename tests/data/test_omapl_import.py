@@ -100,6 +100,7 @@ def test_round_trip_field_by_field(h5file):
     assert not ds.expert.any() and not ds.reward.any()
 
 
+@pytest.mark.slow  # default-suite time (~20 s of O-MAPL compile); the import's own checks stay
 def test_phase1_consumes_the_import(h5file):
     """The real Phase-1 consumers take the result: PreferenceData.from_pairs
     gathers side x of query i from the file's x trajectory i (catches an

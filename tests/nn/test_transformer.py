@@ -139,7 +139,8 @@ _step_logits = jax.jit(_EXACT_POL.step_logits)
 _chunk_logits = jax.jit(_EXACT_POL.chunk_logits)
 
 
-@jit_param
+@pytest.mark.parametrize("jit", [pytest.param(False, marks=pytest.mark.slow), True],
+                         ids=["eager", "jit"])  # eager: ~15 s of op-by-op dispatch, -m slow
 def test_cached_decoding_equals_full_recomputation(jit):
     """Step-by-step decoding through the KV cache gives the logits of teacher
     forcing over the concatenated chunks (and, jitted, of the per-step

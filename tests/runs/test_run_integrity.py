@@ -52,6 +52,7 @@ def _err(capsys):
     return err[0]
 
 
+@pytest.mark.slow  # default-suite time (~30 s: a training per argument); the engine's and the CLIs' own resume-refusal tests stay
 def test_resume_refuses_each_changed_argument_and_names_it(files, tmp_path, capsys):
     """A changed dataset, seed, batch size, eval cadence, network shape,
     learner or number of seeds is refused on --resume, naming what changed

@@ -101,6 +101,7 @@ def dart_and_plain():
     return rc.build(f"{name}-dart0.8", 0, **TINY), rc.build(name, 0, **TINY)
 
 
+@pytest.mark.slow  # default-suite time (builds two recipes, ~25 s); run with -m slow
 def test_dart_recipe_records_the_clean_expert_action_on_pushed_states(dart_and_plain):
     """Every recorded expert action is the scripted expert's clean action at
     the recorded observation, while the states are those of a pushed rollout
@@ -121,6 +122,7 @@ def test_dart_recipe_records_the_clean_expert_action_on_pushed_states(dart_and_p
     assert dart.episode_return[idx].mean() < plain.episode_return[j].mean()  # pushes cost reward
 
 
+@pytest.mark.slow  # default-suite time; run with -m slow
 def test_dart_recipe_measures_tiers_without_noise_and_records_sigma(dart_and_plain):
     """The tier returns that normalise every score are those of the
     noise-free environment the learners are evaluated in, identical to the

@@ -353,6 +353,7 @@ def test_disagreement_agent_mask_counts_only_agents_with_a_choice(jit):
         assert int(count[t]) == int(mask[:, t].sum())
 
 
+@pytest.mark.slow  # default-suite time (~12 s); run with -m slow
 def test_twin_policy_measures_the_experts_own_label_noise():
     """Two draws of a uniformly random expert over A legal actions disagree
     with probability 1 − 1/A; a deterministic expert never disagrees with

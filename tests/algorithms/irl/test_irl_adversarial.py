@@ -426,3 +426,117 @@ def test_cli_gail_killed_with_sigkill_resumes_exactly(spread_demos, tmp_path):
     ra = json.loads((tmp_path / "full" / "results.json").read_text())
     rb = json.loads((tmp_path / "killed" / "results.json").read_text())
     assert ra["final"] == rb["final"] and ra["initial"] == rb["initial"]
+
+
+# --------------------------------------------------------------------------
+# Direction: the policy is rewarded for acting like the demonstrations
+# --------------------------------------------------------------------------
+def _masked_toy_steps(seed, k, expert):
+    """``k`` steps of toy:masked (2 agents, 4 actions) as :class:`Demos`, built
+    in numpy (no rollout to compile): a random target per agent (one-hot in
+    the observation, always available), a random time feature, and the
+    target as the action (``expert``) or a uniformly random available one."""
+    from jaxil.algorithms.irl.adversarial import Demos
+
+    rng = np.random.default_rng(seed)
+    n, a = 2, 4
+    target = rng.integers(0, a, (k + 1, n))
+    onehot = np.eye(a, dtype=np.float32)[target]
+    t = rng.integers(0, 8, k + 1)
+    obs = np.concatenate([onehot, np.broadcast_to((t / 8.0)[:, None, None], (k + 1, n, 1))], -1)
+    avail = (rng.random((k, n, a)) < 0.5) | (onehot[:k] > 0)
+    rand = np.argmax(np.where(avail, rng.random((k, n, a)), -1.0), -1)
+    actions = target[:k] if expert else rand
+    gs = onehot.reshape(k + 1, n * a)
+    return Demos(obs=jnp.asarray(obs[:k], jnp.float32), global_state=jnp.asarray(gs[:k]),
+                 avail=jnp.asarray(avail), actions=jnp.asarray(actions, jnp.int32),
+                 next_obs=jnp.asarray(obs[1:], jnp.float32), next_global_state=jnp.asarray(gs[1:]),
+                 last=jnp.asarray(t[:k] == 7), reward=jnp.zeros(k, jnp.float32),
+                 weight=jnp.ones(k, jnp.float32))
+
+
+def _as_rollout(d, t=16):
+    """Steps as a time-major :class:`RewardBatch` ``[t, k/t, ...]``."""
+    from jaxil.algorithms.rl.ppo import RewardBatch
+
+    r = lambda x: x.reshape((t, x.shape[0] // t) + x.shape[1:])  # noqa: E731
+    return RewardBatch(obs=r(d.obs), global_state=r(d.global_state), avail=r(d.avail),
+                       action=r(d.actions), next_obs=r(d.next_obs),
+                       next_global_state=r(d.next_global_state), last=r(d.last),
+                       env_reward=r(d.reward))
+
+
+def test_gail_policy_learns_the_demonstrated_action():
+    """GAIL from a random policy on toy:masked (64 PPO iterations, 4
+    discriminator steps each, one compiled program): the policy's
+    probability of the demonstrated actions rises from ~0.46 to ~0.9 (it
+    falls under any of the mutations below). Kills, at their call sites: 'the
+    policy's reward negated' (``-gail_reward(...)`` in ``Adversarial.reward``;
+    the reward-form test above checks gail_reward itself), 'demonstrations
+    and policy samples swapped in the discriminator update'
+    (``Adversarial.disc_update``), and 'the learned reward negated where PPO
+    takes it' (the ``RewardHook`` reward in ``make_ppo``).
+
+    Then ``irl ppo``'s reward (method "ppo": a fixed reward model, here the
+    trained discriminator) is higher on the demonstrations than on random
+    play (~0.1 against ~-4.9): kills 'the learned reward's sign flipped' for
+    PPO on a reward model (the same ``Adversarial.reward`` line, flipped for
+    method "ppo" only)."""
+    from jaxil.algorithms.irl.adversarial import Adversarial, AdversarialState, Program
+
+    env = envs.make("toy:masked")
+    demos, play = _masked_toy_steps(0, 256, expert=True), _masked_toy_steps(1, 256, expert=False)
+    ppo = tt.TINY.replace(lr=1e-2, anneal_lr=False, updates_per_chunk=64, update_epochs=1,
+                          num_minibatches=1, total_timesteps=64 * 16 * 8)
+    # A summed team discriminator (the sign lines are the hypernetwork's too):
+    # the smallest program to compile.
+    cfg = AdversarialConfig(method="gail", mixing="sum", hidden=(16,), disc_batch=64,
+                            disc_lr=1e-2, disc_steps=4, sft_updates=0, eval_episodes=8)
+    prog = Program(env, ppo, cfg)
+    fixed = Adversarial(env.spec, prog.adv.actor, ppo, AdversarialConfig(
+        method="ppo", mixing="sum", hidden=(16,)))
+
+    def run(key):  # one compiled program: init, one chunk of 64 iterations, the measures
+        k_init, k_fixed = jax.random.split(key)
+        runner, _, _ = prog.init(k_init, demos)
+        p_demo = lambda params: jnp.exp(prog.adv.actor.log_prob(  # noqa: E731
+            params, demos.obs, demos.avail, demos.actions)).mean()
+        before = p_demo(runner.actor.params)
+        runner, _ = prog.ppo.update_chunk(runner)
+        rs = AdversarialState(disc=fixed.init_disc(k_fixed, runner.reward.disc.params), demos=None)
+        r = lambda d: fixed.reward(rs, runner.actor.params, _as_rollout(d)).mean()  # noqa: E731
+        return before, p_demo(runner.actor.params), r(demos), r(play)
+
+    before, after, r_demo, r_play = map(float, fast_call(run, jax.random.PRNGKey(0)))
+    assert after > before + 0.15, (before, after)
+    assert r_demo > r_play + 0.5, (r_demo, r_play)
+
+
+def test_airl_discriminator_and_reward_favour_the_demonstrations():
+    """200 AIRL discriminator steps (one ``disc_update`` call of the hook)
+    on demonstrations vs random play of toy:masked, then the reward the hook
+    gives PPO (f − log π) is clearly higher on the demonstrations (by ~6;
+    reversed under either mutation). Kills 'demonstrations and policy
+    samples swapped in AIRL's discriminator loss' (``Adversarial.airl_loss``)
+    and 'AIRL's policy reward negated' (``Adversarial.reward``), which the
+    numpy tests of airl_logits do not see."""
+    from jaxil.algorithms.irl.adversarial import Adversarial, AdversarialState
+    from jaxil.algorithms.rl.ppo import make_actor
+
+    spec = envs.make("toy:masked").spec
+    actor = make_actor(spec, tt.TINY)
+    cfg = AdversarialConfig(method="airl", mixing="sum", hidden=(16,), disc_batch=64,
+                            disc_lr=1e-2, disc_steps=200, sft_updates=0)
+    adv = Adversarial(spec, actor, tt.TINY, cfg)
+    demos, play = _masked_toy_steps(0, 256, expert=True), _masked_toy_steps(1, 256, expert=False)
+
+    def run(key):  # one compiled program: initialisations, the hook's update, its reward
+        k_disc, k_actor, k_update = jax.random.split(key, 3)
+        rs = AdversarialState(disc=adv.init_disc(k_disc), demos=demos)
+        actor_params = actor.init(k_actor)
+        rs, _ = adv.disc_update(rs, actor_params, _as_rollout(play), k_update)
+        return (adv.reward(rs, actor_params, _as_rollout(demos)).mean(),
+                adv.reward(rs, actor_params, _as_rollout(play)).mean())
+
+    r_demo, r_play = map(float, fast_call(run, jax.random.PRNGKey(2)))
+    assert r_demo > r_play + 2.0, (r_demo, r_play)

@@ -393,3 +393,40 @@ def test_cli_reward_model_resume_reproduces_and_bon_runs(tmp_path, capsys):
     doc = _json.loads((tmp_path / "full" / "bon.json").read_text())
     assert doc["ns"] == [1, 2, 4] and len(doc["per_seed"]) == 2
     assert set(doc["per_seed"][0]["rewards"]) == {"init-sft", "analytic"}
+
+
+def test_reward_model_trained_on_a_source_pair_rewards_the_positives():
+    """``source_data("init-demo", …)`` and 200 fused ``update_n`` steps (no
+    gradient penalty): the learned reward is higher on the demonstrations
+    (the positives: a_i = argmax o_i[:A]) than on π_0's rollouts (uniform
+    actions). Kills, at the call sites of the loss (which
+    test_loss_matches_numpy checks by value only): 'gradient ascent on the
+    loss' (``p - u`` in ``RewardModel.update``), 'positive and negative
+    batches swapped in update_n', and 'the sources' roles swapped in
+    source_data'. (The vmapped learning test above is slow.)"""
+    from helpers.data import OMAPL_SPEC, _omapl_episodes
+    from jaxil.data import Dataset
+    from jaxil.data.sampling import flatten_transitions
+    from jaxil.algorithms.irl.sources import source_data
+
+    rng = np.random.default_rng(0)
+    demos = Dataset.from_episodes(_omapl_episodes(rng, np.ones(16)), OMAPL_SPEC, tier="expert",
+                                  source="rule", seed=0, expert=True)
+    init = jax.tree.map(lambda x: x[None], _omapl_episodes(rng, np.zeros(16)))  # one seed
+    data = jax.tree.map(lambda x: x[0], source_data("init-demo", OMAPL_SPEC, demos,
+                                                    {"init": init}))
+    rm = RewardModel(OMAPL_SPEC, RewardModelConfig(hidden=(32,), mixer_hidden=8, batch_size=64,
+                                                   grad_penalty=False))
+    pos = flatten_transitions(demos)
+    neg = flatten_transitions(Dataset.from_episodes(jax.tree.map(lambda x: x[0], init), OMAPL_SPEC,
+                                                    tier="poor", source="init", seed=0))
+
+    def run(key):
+        state, _, _ = rm.update_n(rm.init_state(key, rm.default_hparams(lr=1e-2)), data, 200)
+        def r(t):
+            return rm.step_reward(state.params, t.obs, t.actions, t.global_state).mean()
+
+        return r(pos), r(neg)
+
+    r_pos, r_neg = map(float, fast_call(run, jax.random.PRNGKey(0)))
+    assert r_pos > r_neg + 1.0, (r_pos, r_neg)

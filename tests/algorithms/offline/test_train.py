@@ -57,6 +57,7 @@ def test_existing_run_needs_resume(spread, tmp_path):
         _train(env, ds, "misodice", tmp_path / "r", 5)
 
 
+@pytest.mark.slow  # default-suite time (~30 s of compile); run with -m slow
 def test_grid_is_one_program_with_per_run_hparams(spread, tmp_path):
     env, ds = spread
     out = _train(env, ds, "misodice", None, 5, grid={"alpha": [0.01, 1.0]}, seeds=1)
