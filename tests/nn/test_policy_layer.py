@@ -5,6 +5,7 @@ score their own actions (jaxil.nn.policy, envs.policies)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jaxil import envs
 from jaxil.envs.mpe import spread_expert
@@ -14,6 +15,7 @@ from jaxil.nn.policy import PolicyNet
 from jaxil.teachers import PPOConfig, make_actor, make_policy
 
 
+@pytest.mark.slow  # default-suite time (~14 s); run with -m slow
 def test_expert_teacher_and_student_run_through_one_rollout_function():
     """The same rollout code takes all three kinds of policy (a kind that
     needed its own adapter, or a neural policy without log_prob/entropy,

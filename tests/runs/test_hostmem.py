@@ -32,6 +32,7 @@ print(json.dumps(min(counts)))
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc")
+@pytest.mark.slow  # default-suite time (~10 s); run with -m slow
 def test_retained_host_memory_is_reused_across_calls():
     """Without retain() each call maps and zeroes its 128 MB temporary buffer
     anew (tens of thousands of minor page faults per call); with it the

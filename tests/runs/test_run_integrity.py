@@ -99,6 +99,7 @@ def test_reuse_without_resume_is_refused_and_overwrite_starts_afresh(files, tmp_
     assert len(rows) == 2 and "bc_loss" in rows[0] and "nu_loss" not in rows[0]
 
 
+@pytest.mark.slow  # default-suite time (~13 s: a CLI process killed and rerun); run with -m slow
 def test_kill_before_the_first_checkpoint_does_not_duplicate_rows(tmp_path, monkeypatch):
     """Killed after the first chunk's metrics but before its checkpoint, a
     resumed run used to keep those rows and append them again; it must drop

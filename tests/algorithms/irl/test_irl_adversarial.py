@@ -257,6 +257,7 @@ def toy_demos():
     return env, stack_demos([demos_from_dataset(ep, [0, 1]), demos_from_dataset(ep, [0, 1, 2])])
 
 
+@pytest.mark.slow  # default-suite time (~20 s); the engine's, SFT's and offline training's resume tests stay
 def test_gail_resume_reproduces_the_uninterrupted_run(toy_demos, tmp_path):
     """GAIL (team discriminator, 2 discriminator steps per
     PPO iteration, KL to π_SFT), 2 seeds vmapped: 3 chunks straight vs 1

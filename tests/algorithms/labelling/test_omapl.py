@@ -161,6 +161,7 @@ def test_omapl_recovers_the_ranking_from_preferences():
         assert m["auc"] > 0.9, m
 
 
+@pytest.mark.slow  # default-suite time (~11 s of compile); run with -m slow
 def test_omapl_continuous_actions_update():
     ds = _dataset(4, 6, 10, spec=CSPEC)
     pairs = sample_query_pairs(ds, 16, None, seed=0)
