@@ -17,7 +17,7 @@ def _tiny(context=12):
                                          d_model=16, num_layers=2, num_heads=2))
 
 
-@pytest.mark.parametrize("new_tokens", [1, 12])
+@pytest.mark.parametrize("new_tokens", [pytest.param(1, marks=pytest.mark.slow), 12])  # 1: -m slow
 def test_cached_and_recompute_decoders_emit_the_same_greedy_tokens(new_tokens):
     net = _tiny()
     params = net.init(jax.random.PRNGKey(0))
@@ -30,6 +30,7 @@ def test_cached_and_recompute_decoders_emit_the_same_greedy_tokens(new_tokens):
     assert (cached != tr.PAD).all()
 
 
+@pytest.mark.slow  # default-suite time; run with -m slow; the greedy equal-work test stays
 def test_cached_and_recompute_decoders_sample_the_same_tokens():
     net = _tiny()
     params = net.init(jax.random.PRNGKey(2))

@@ -70,6 +70,7 @@ def test_label_bad_oracle_arguments(ds_path, tmp_path, monkeypatch, capsys):
     assert "smax" in capsys.readouterr().err.lower()
 
 
+@pytest.mark.slow  # default-suite time; run with -m slow; the labeller's rerun-reuses-the-cache test stays
 def test_external_labeler_end_to_end_with_resume(ds_path, tmp_path, monkeypatch, capsys):
     """A fake LLM answers '#1'/'#2' by a hash of the prompt, but 'not sure'
     to a fifth of them: those are reported unparseable and left out; a second

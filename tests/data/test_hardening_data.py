@@ -237,6 +237,7 @@ def test_importing_the_adapters_prints_nothing_on_stdout():
     assert r.stdout == "ok\n"
 
 
+@pytest.mark.slow  # default-suite time; run with -m slow (a subprocess importing everything)
 def test_quiet_import_restores_redirected_streams_and_keeps_other_output():
     """Bug: silencing by swallowing stdout would also hide real output; and
     JaxMARL's mabrax module resets sys.stdout/sys.stderr to the process's

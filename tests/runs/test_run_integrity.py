@@ -85,6 +85,7 @@ def test_resume_refuses_each_changed_argument_and_names_it(files, tmp_path, caps
     assert [r["update"] for r in _rows(out)] == [5, 10, 15]
 
 
+@pytest.mark.slow  # default-suite time; run with -m slow; the engine's own refusal tests stay
 def test_reuse_without_resume_is_refused_and_overwrite_starts_afresh(files, tmp_path, capsys):
     """Reusing a directory without --resume, even for another learner, used to
     append to its metrics.jsonl; it is refused in one line, and --overwrite
@@ -151,6 +152,7 @@ def test_counts_below_one_are_refused_at_parse_time(files, flag, capsys):
     assert f"argument {flag}: must be in [1, inf), got 0" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # default-suite time; run with -m slow; the guard's engine and teacher tests stay
 def test_a_diverging_learner_stops_with_the_update_and_keeps_its_checkpoint(tmp_path):
     """A learner whose loss turns NaN at update 8 stops there: the error names
     the learner, the run, the update and the quantity; the chunk's metrics and
