@@ -9,7 +9,7 @@ over agents inside.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -132,7 +132,7 @@ def run_episodes(
     params: Any,
     key: jax.Array,
     num_episodes: int,
-    record_carry: bool = False,
+    record_carry: bool | Callable[[Any], Any] = False,
 ) -> Episodes:
     """Play exactly one episode in each of ``num_episodes`` parallel envs.
 
@@ -148,7 +148,9 @@ def run_episodes(
     ``act`` as ``Episodes.carry`` (``[E, T, ...]``, zero on padding steps): a
     policy that computes more than the actions it plays (the interactive
     learners record the expert's label and the student's choice there) gets
-    them out without a second pass.
+    them out without a second pass. A function instead of True records
+    ``record_carry(carry)``, the part of the carry worth keeping (a
+    transformer's KV cache per step would be ``T`` times its size).
     """
     if isinstance(env, AutoReset):
         env = env.env
@@ -183,7 +185,8 @@ def run_episodes(
             avail_actions=keep_ts.avail_actions,
         )
         if record_carry:
-            out["carry"] = jax.tree.map(zero, new_pcarry)
+            kept = record_carry(new_pcarry) if callable(record_carry) else new_pcarry
+            out["carry"] = jax.tree.map(zero, kept)
         new_alive = alive & ~nts.last()
         return (new_state, keep_ts, new_pcarry, new_alive), out
 

@@ -113,6 +113,7 @@ class RegimeHParams:
     demo_labels: jax.Array  # labels spent on demonstrations (≥ sft_labels)
     lr: jax.Array
     scratch: jax.Array  # retrain from a fresh initialisation every round
+    entropy_gate: jax.Array  # token students: expert takes over above this entropy (-1: off)
 
 
 _INT_FIELDS = ("beta_kind", "switch_kind", "switch_lo", "switch_hi", "verifier", "repeat_limit",
@@ -137,7 +138,8 @@ def regime(method: str, budget: int, *, sft_labels: int, has_win: bool,
     h = dict(beta0=0.0, beta_kind="constant", beta_rate=1.0, switch_kind="none", switch_lo=0,
              switch_hi=switch_hi, switch_p=0.1, use_label=False, mask_prefix=False,
              verifier="off", return_threshold=return_threshold, repeat_limit=0,
-             demo_ratio=-1.0, budget=budget, demo_labels=sft_labels, lr=1e-3, scratch=False)
+             demo_ratio=-1.0, budget=budget, demo_labels=sft_labels, lr=1e-3, scratch=False,
+             entropy_gate=-1.0)
     verifier = "win" if has_win else "return"
     if method == "bc":
         # The student's rollouts would be labelled (use_label) but the
@@ -218,6 +220,8 @@ def check_regime(h: Mapping[str, Any], sft_labels: int) -> None:
         bad("demo_labels", f"between the SFT set's {sft_labels} labels and the budget {h['budget']}")
     if not h["lr"] > 0:
         bad("lr", "a positive learning rate")
+    if not (h["entropy_gate"] == -1.0 or h["entropy_gate"] >= 0.0):
+        bad("entropy_gate", "-1 (off) or an entropy threshold ≥ 0 in nats")
 
 
 def stack_regimes(hs: list[Mapping[str, Any]]) -> RegimeHParams:

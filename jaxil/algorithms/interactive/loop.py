@@ -317,6 +317,9 @@ def run(
         raise ValueError(f"eval_every must divide the {config.rounds} rounds, got {eval_every}")
     for _, h in regimes:
         check_regime(h, config.sft_labels)
+        if h.get("entropy_gate", -1.0) >= 0:
+            raise ValueError("the entropy-gated switch (entropy_gate) needs a token environment "
+                             "and a transformer student (jaxil lm interactive); set it to -1 here")
     names = [n for n, _ in regimes]
     if len(set(names)) != len(names):
         raise ValueError(f"regime names must be unique, got {names}")

@@ -1,0 +1,493 @@
+"""Interactive imitation on token tasks: BC, DAgger, OEC, OEC + BC and
+on-policy rejection sampling for a transformer student, as one program.
+
+A round, for every run (regime × seed) at once (``vmap``), in ONE compiled
+program::
+
+    takeover rollouts (episodes_per_round per run)          takeover.takeover_episodes
+      → expert tokens spent, verifier, repetition filter,  corrections.*
+        budget allowance
+      → loss masks and targets of the kept episodes         corrections.token_loss_mask
+      → append them to the run's episode ring buffer
+      → K fused updates on demos ∪ buffer (masked token NLL, teacher-forced)
+
+Every run of a seed starts from the same SFT student (``sft_tokens`` expert
+tokens of demonstrations, ``sft_updates`` updates). The regimes are the
+knobs of :func:`jaxil.algorithms.interactive.config.regime` — budgets in
+EXPERT TOKENS (the speaking agent tokens an expert produced or labelled,
+demonstrations included), OEC's switch in TURNS — built by
+:func:`token_regime`, which adds the entropy-gated switch (``gated``).
+
+The buffer holds whole episodes, not transitions: a token's distribution
+depends on its whole context. With OEC's prefix mask a kept episode's
+student tokens are context only; DAgger's targets are the expert's labels
+at every token the student visited.
+
+:func:`run` hands the rounds to the run engine (:mod:`jaxil.runs.engine`):
+evaluation on fixed instances every ``eval_every`` rounds (greedy success
+rate and return), ``metrics.jsonl``, orbax checkpoints, resume that
+reproduces the uninterrupted run, and the non-finite guard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+
+from jaxil.envs.core import MultiAgentEnv
+from jaxil.envs.rollout import run_episodes
+from jaxil.envs.tokens import EOT
+from jaxil.algorithms.interactive import labels as L
+from jaxil.algorithms.interactive.config import (METHODS, RegimeHParams, check_regime, regime,
+                                                 resolve_auto, stack_regimes)
+from jaxil.algorithms.interactive.schedule import expert_probability
+from jaxil.algorithms.lm.corrections import expert_tokens, passes_repetition, token_loss_mask
+from jaxil.algorithms.lm.sft import TokenEpisodes, _check_token_env, collect_demos
+from jaxil.algorithms.lm.takeover import TakeoverRule, takeover_episodes
+from jaxil.algorithms.lm.turns import speaking
+from jaxil.losses.sequence import agent_token_mask, masked_sequence_nll
+from jaxil.nn.transformer import SIZES, TransformerPolicy, config_for_env, obs_tokens
+from jaxil.runs import engine, guard
+from jaxil.runs.summary import format_table as fmt_table, summarize_step
+from jaxil.runs.updates import fused_updates
+
+#: The token methods: those of :data:`jaxil.algorithms.interactive.config.METHODS`
+#: and ``gated`` (the expert takes over once the student's token entropy
+#: exceeds ``entropy_gate``; trained like OEC on the expert's tokens).
+TOKEN_METHODS = METHODS + ("gated",)
+#: A repeated turn (same answer, same command) this often rejects an episode.
+DEFAULT_REPEAT_LIMIT = 3
+#: The entropy gate of ``gated`` in nats, unless given.
+DEFAULT_ENTROPY_GATE = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenInteractiveConfig:
+    """Static settings of an interactive token run (changing one recompiles).
+
+    Attributes:
+      size: the student transformer's size (:data:`jaxil.nn.transformer.SIZES`).
+      agent_ids: the student's learned agent-id embedding.
+      learning_rate: Adam's step size (a regime's ``lr`` overrides it).
+      max_grad_norm: global-norm gradient clipping.
+      batch_episodes: episodes per minibatch.
+      rounds: interactive rounds after the SFT start.
+      episodes_per_round: takeover rollouts per round and run.
+      updates_per_round: updates per round.
+      sft_tokens: expert tokens of the demonstrations the shared SFT start
+        is trained on.
+      sft_updates: updates of that start.
+      capacity: episodes the buffer holds (a ring: the oldest are
+        overwritten); 0 means ``rounds × episodes_per_round``.
+      eval_episodes: greedy rollouts per evaluation (fixed instances).
+    """
+
+    size: str = "tiny"
+    agent_ids: bool = False
+    learning_rate: float = 1e-3
+    max_grad_norm: float = 1.0
+    batch_episodes: int = 16
+    rounds: int = 4
+    episodes_per_round: int = 32
+    updates_per_round: int = 100
+    sft_tokens: int = 1000
+    sft_updates: int = 300
+    capacity: int = 0
+    eval_episodes: int = 64
+
+    def __post_init__(self):
+        if self.size not in SIZES:
+            raise ValueError(f"size must be one of {list(SIZES)}, got {self.size!r}")
+        for name in ("batch_episodes", "rounds", "episodes_per_round", "updates_per_round",
+                     "sft_tokens", "sft_updates", "eval_episodes"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.capacity < 0:
+            raise ValueError(f"capacity must be >= 0 (0: rounds × episodes_per_round), got "
+                             f"{self.capacity}")
+        if not self.learning_rate > 0 or not self.max_grad_norm > 0:
+            raise ValueError("learning_rate and max_grad_norm must be positive")
+
+    @property
+    def buffer_episodes(self) -> int:
+        return self.capacity or self.rounds * self.episodes_per_round
+
+
+def token_regime(method: str, budget: int, *, sft_tokens: int, **overrides: Any) -> dict:
+    """The knobs of ``method`` (one of :data:`TOKEN_METHODS`) at a total
+    ``budget`` of expert tokens, with ``overrides`` (names of
+    :class:`jaxil.algorithms.interactive.config.RegimeHParams`).
+
+    Token defaults: the repetition filter rejects a turn repeated
+    :data:`DEFAULT_REPEAT_LIMIT` times; OEC's switch turn is uniform over
+    ``[0, auto]`` (auto: half the expert's mean number of turns); ``gated``
+    is OEC without a random switch, whose expert takes over once the
+    student's entropy exceeds ``entropy_gate`` (default
+    :data:`DEFAULT_ENTROPY_GATE` nats)."""
+    if method not in TOKEN_METHODS:
+        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(TOKEN_METHODS)}")
+    extra: dict[str, Any] = {}
+    if method in ("oec", "oec_mix", "onpolicy", "gated"):
+        extra["repeat_limit"] = DEFAULT_REPEAT_LIMIT
+    if method == "gated":
+        extra.update(switch_kind="none", entropy_gate=DEFAULT_ENTROPY_GATE)
+    extra.update(overrides)
+    return regime("oec" if method == "gated" else method, budget, sft_labels=sft_tokens,
+                  has_win=True, **extra)
+
+
+@struct.dataclass
+class EpisodeBuffer:
+    """A ring of training episodes: ``obs [C, T, N, K]`` (token columns),
+    ``avail [C, T, N, V]``, ``targets [C, T, N]``, ``mask [C, T, N]``."""
+
+    obs: jax.Array
+    avail: jax.Array
+    targets: jax.Array
+    mask: jax.Array
+    size: jax.Array
+    ptr: jax.Array
+
+
+def empty_buffer(env: MultiAgentEnv, capacity: int) -> EpisodeBuffer:
+    spec = env.spec
+    T, N, K, V = spec.max_steps, spec.num_agents, env.token_width, spec.num_actions
+    return EpisodeBuffer(obs=jnp.zeros((capacity, T, N, K), jnp.float32),
+                         avail=jnp.zeros((capacity, T, N, V), bool),
+                         targets=jnp.zeros((capacity, T, N), jnp.int32),
+                         mask=jnp.zeros((capacity, T, N), bool),
+                         size=jnp.int32(0), ptr=jnp.int32(0))
+
+
+def insert_episodes(buf: EpisodeBuffer, obs, avail, targets, mask, kept) -> EpisodeBuffer:
+    """Append the ``kept`` episodes (``[E]`` bool) in index order; the rest
+    are dropped."""
+    cap = buf.obs.shape[0]
+    rank = jnp.cumsum(kept.astype(jnp.int32)) - 1
+    slot = jnp.where(kept, (buf.ptr + rank) % cap, cap)
+    put = lambda b, x: b.at[slot].set(x.astype(b.dtype), mode="drop")
+    n = jnp.sum(kept, dtype=jnp.int32)
+    return EpisodeBuffer(obs=put(buf.obs, obs), avail=put(buf.avail, avail),
+                         targets=put(buf.targets, targets), mask=put(buf.mask, mask),
+                         size=jnp.minimum(buf.size + n, cap), ptr=(buf.ptr + n) % cap)
+
+
+@struct.dataclass
+class Demos:
+    """The expert demonstrations shared by every run, in episode order, with
+    their loss masks (``[E, T, N]``, the tokens with a choice)."""
+
+    episodes: TokenEpisodes
+    mask: jax.Array
+
+
+@struct.dataclass
+class TokenRunState:
+    params: Any
+    opt_state: Any
+    hp: RegimeHParams
+    buffer: EpisodeBuffer
+    spent: jax.Array  # interactive expert tokens so far
+    expert_turns: jax.Array  # interactive expert turns so far
+    expert_episodes: jax.Array  # interactive episodes the expert acted in or labelled
+    demo_eps: jax.Array  # demonstration episodes this run may use
+    round: jax.Array
+    key: jax.Array
+
+
+def _optimizer(config: TokenInteractiveConfig) -> optax.GradientTransformation:
+    return optax.chain(optax.clip_by_global_norm(config.max_grad_norm),
+                       optax.inject_hyperparams(optax.adam)(learning_rate=config.learning_rate))
+
+
+def _set_lr(opt_state, lr):
+    clip, adam = opt_state
+    return (clip, adam._replace(hyperparams=dict(adam.hyperparams, learning_rate=lr)))
+
+
+def make_student(env: MultiAgentEnv, config: TokenInteractiveConfig) -> TransformerPolicy:
+    """The transformer an interactive token run trains on ``env``."""
+    return TransformerPolicy(config_for_env(env, config.size, agent_ids=config.agent_ids))
+
+
+def _batch(key, state: TokenRunState, demos: Demos, size: int):
+    """``size`` episodes, each from the demos with probability ρ
+    (``hp.demo_ratio``, or in proportion to the episodes when −1), else
+    from the buffer; all from the demos while the buffer is empty."""
+    kd, kb, kc = jax.random.split(key, 3)
+    nd, nb = state.demo_eps, state.buffer.size
+    i_d = jax.random.randint(kd, (size,), 0, jnp.maximum(nd, 1))
+    i_b = jax.random.randint(kb, (size,), 0, jnp.maximum(nb, 1))
+    ratio = state.hp.demo_ratio
+    rho = jnp.where(ratio < 0, nd / jnp.maximum(nd + nb, 1), ratio)
+    rho = jnp.where(nb == 0, 1.0, jnp.where(nd == 0, 0.0, rho))
+    from_d = jax.random.uniform(kc, (size,)) < rho
+    pick = lambda d, b: jnp.where(from_d.reshape((-1,) + (1,) * (d.ndim - 1)), d[i_d],
+                                  b[i_b].astype(d.dtype))
+    ep, buf = demos.episodes, state.buffer
+    return (pick(ep.obs, buf.obs), pick(ep.avail, buf.avail), pick(ep.actions, buf.targets),
+            pick(demos.mask, buf.mask))
+
+
+def token_nll(student: TransformerPolicy, params, obs, avail, targets, mask) -> jax.Array:
+    """The masked teacher-forced token NLL of a batch of episodes (``obs
+    [B, T, N, K]``, ``avail [B, T, N, V]``, ``targets`` and ``mask [B, T,
+    N]``)."""
+    log_p, _ = jax.vmap(student.episode_scores, in_axes=(None, 0, 0, 0))(
+        params, obs, avail, targets)
+    return masked_sequence_nll(log_p, mask)
+
+
+def _train(student, tx, state: TokenRunState, demos: Demos, k: int, batch: int):
+    def one(s: TokenRunState, key):
+        b = _batch(key, s, demos, batch)
+        loss, grads = jax.value_and_grad(lambda p: token_nll(student, p, *b))(s.params)
+        updates, opt = tx.update(grads, s.opt_state, s.params)
+        return s.replace(params=optax.apply_updates(s.params, updates), opt_state=opt), {
+            "loss": loss}
+
+    return fused_updates(one, state, k)
+
+
+def make_round(env: MultiAgentEnv, student: TransformerPolicy, expert: Any,
+               config: TokenInteractiveConfig, tx):
+    """``round(state, demos, expert_params) -> (state, metrics, health)`` for ONE run."""
+    T, K = env.spec.max_steps, env.token_width
+    width = env.cmd_width + 1
+    E = config.episodes_per_round
+    ep_axes = lambda *a: jax.vmap(*a)
+
+    def round_fn(state: TokenRunState, demos: Demos, expert_params: Any):
+        hp, r = state.hp, state.round
+        key, k_roll = jax.random.split(state.key)
+        beta = expert_probability(r, hp.beta0, hp.beta_kind, hp.beta_rate)
+        rule = TakeoverRule(hp.switch_kind, hp.switch_lo, hp.switch_hi, hp.switch_p, beta,
+                            hp.entropy_gate)
+        ep = takeover_episodes(env, student, expert, state.params, expert_params, rule, k_roll, E)
+        rec, valid = ep.carry, ep.mask
+        avail, obs = ep.avail_actions[:, :T], ep.obs[:, :T, :, :K]
+        spent = ep_axes(expert_tokens, (0, 0, 0, None))(valid, avail, rec.expert_acted,
+                                                         hp.use_label)
+        interactive = hp.budget - hp.demo_labels
+        allowance = (interactive * (r + 1)) // config.rounds - state.spent
+        within = L.within_allowance(spent, allowance)
+        accepted = L.verify(ep.won, ep.episode_return, hp.verifier, hp.return_threshold)
+        accepted &= ep_axes(passes_repetition, (0, 0, 0, 0, None, None))(
+            obs_tokens(ep.obs[:, 1:, :, :K], K), ep.actions, avail, valid, hp.repeat_limit,
+            width)
+        kept = within & accepted
+        mask = ep_axes(token_loss_mask, (0, 0, 0, None, 0))(valid, avail, rec.expert_acted,
+                                                            hp.mask_prefix, kept)
+        targets = L.training_targets(rec.label, ep.actions, hp.use_label)
+        buf = insert_episodes(state.buffer, obs, avail, targets, mask, kept)
+        asked = (rec.expert_acted | hp.use_label)[..., None] & ep_axes(speaking)(avail, valid)
+        turns = jnp.sum(asked & (ep.actions == EOT), axis=(1, 2), dtype=jnp.int32)
+        paid = lambda x: jnp.sum(jnp.where(within, x, 0), dtype=jnp.int32)
+        new = state.replace(buffer=buf, key=key, round=r + 1, spent=state.spent + paid(spent),
+                            expert_turns=state.expert_turns + paid(turns),
+                            expert_episodes=state.expert_episodes + paid(spent > 0))
+        new, last, health = _train(student, tx, new, demos, config.updates_per_round,
+                                   config.batch_episodes)
+        n_within = jnp.maximum(jnp.sum(within), 1)
+        metrics = dict(
+            loss=last["loss"], beta=beta, interactive_tokens=new.spent,
+            episodes_within_budget=jnp.sum(within), episodes_kept=jnp.sum(kept),
+            accept_rate=jnp.sum(within & accepted) / n_within,
+            rollout_win_rate=jnp.sum(jnp.where(within, ep.won, 0.0)) / n_within,
+            expert_share=jnp.sum(valid & rec.expert_acted) / jnp.maximum(jnp.sum(valid), 1),
+            trained_tokens=jnp.sum(mask), buffer_size=buf.size)
+        return new, metrics, health
+
+    return round_fn
+
+
+def demo_accounting(env: MultiAgentEnv, demos: TokenEpisodes) -> dict[str, np.ndarray]:
+    """Cumulative expert tokens, turns and episodes after each demonstration."""
+    valid, avail = np.asarray(demos.mask), np.asarray(demos.avail)
+    speak = np.asarray(jax.vmap(speaking)(avail, valid))
+    tokens = speak.sum(axis=(1, 2))
+    turns = (speak & (np.asarray(demos.actions) == EOT)).sum(axis=(1, 2))
+    return dict(tokens=np.cumsum(tokens), turns=np.cumsum(turns),
+                episodes=np.arange(1, len(tokens) + 1))
+
+
+def episodes_within(tokens: int, cum_tokens: np.ndarray) -> int:
+    """Whole demonstration episodes (a prefix) costing at most ``tokens``."""
+    return int(np.searchsorted(cum_tokens, tokens, side="right"))
+
+
+def _demos_for(env, expert, expert_params, key, need_tokens: int) -> Demos:
+    n = 64
+    while True:
+        eps = collect_demos(env, expert, expert_params, key, n)
+        cum = demo_accounting(env, eps)["tokens"]
+        if cum[-1] >= need_tokens:
+            break
+        n = int(np.ceil(n * need_tokens / max(cum[-1], 1) * 1.1)) + 8
+    mask = jax.vmap(agent_token_mask, in_axes=(0, None, 0))(eps.mask, env.spec.num_agents,
+                                                           eps.avail)
+    return Demos(episodes=eps, mask=mask)
+
+
+def identity(env: MultiAgentEnv, regimes, seeds: int, config: TokenInteractiveConfig,
+             base_seed: int, expert_name: str) -> dict:
+    """What determines a run's result, as its run directory records it."""
+    return dict(learner="token-interactive", env_id=env.spec.env_id, spec=env.spec.to_dict(),
+                config=dataclasses.asdict(config), expert=expert_name,
+                regimes=[dict(name=n, **{k: (float(v) if isinstance(v, float) else v)
+                                         for k, v in h.items()}) for n, h in regimes],
+                seeds=seeds, base_seed=base_seed)
+
+
+def run(env: MultiAgentEnv, expert: Any, expert_params: Any,
+        regimes: Sequence[tuple[str, dict]], *, seeds: int,
+        config: TokenInteractiveConfig = TokenInteractiveConfig(), base_seed: int = 0,
+        out_dir: Optional[str | Path] = None, resume: bool = False, overwrite: bool = False,
+        eval_every: int = 1, progress: bool = False, expert_name: str = "scripted"
+        ) -> engine.RunResult:
+    """Run every regime × ``seeds`` seeds together (see the module docstring).
+
+    ``regimes``: ``(name, knobs)`` pairs from :func:`token_regime`. Returns
+    the engine's :class:`jaxil.runs.engine.RunResult`: ``rows`` (one per
+    evaluation and run: ``round``, ``regime``, ``seed``, ``expert_tokens``,
+    ``expert_turns``, ``expert_episodes``, ``eval_win_rate``,
+    ``eval_return`` and the round's metrics), ``summary`` (per regime, mean
+    ± std over seeds at the last evaluation; also ``results.json``) and
+    ``state`` (the students' parameters ``state.params``, stacked ``[R]``).
+
+    Raises:
+      ValueError: not a token environment, a bad setting or regime, or a
+        ``resume`` with other settings.
+      jaxil.runs.guard.NonFiniteError: a loss or the parameters became
+        non-finite.
+    """
+    _check_token_env(env)
+    if not regimes:
+        raise ValueError("an interactive run needs at least one regime")
+    if seeds < 1:
+        raise ValueError(f"seeds must be >= 1, got {seeds}")
+    if not 1 <= eval_every <= config.rounds or config.rounds % eval_every:
+        raise ValueError(f"eval_every must divide the {config.rounds} rounds, got {eval_every}")
+    names = [n for n, _ in regimes]
+    if len(set(names)) != len(names):
+        raise ValueError(f"regime names must be unique, got {names}")
+    for name, h in regimes:
+        check_regime(h, config.sft_tokens)
+        if h["scratch"]:
+            raise ValueError(f"regime {name}: scratch retraining is not supported on token tasks")
+    rd = None
+    if out_dir is not None:
+        rd = engine.open_run(out_dir, identity(env, regimes, seeds, config, base_seed,
+                                               expert_name),
+                             step_key="round", resume=resume, overwrite=overwrite)
+    try:
+        program = _program(env, expert, expert_params, regimes, seeds, config, base_seed,
+                           eval_every)
+    except BaseException:
+        if rd is not None:
+            rd.close()
+        raise
+    return engine.run(program, rundir=rd, progress=progress)
+
+
+def _program(env, expert, expert_params, regimes, seeds, config, base_seed, eval_every):
+    need = max(int(h["demo_labels"]) for _, h in regimes)
+    demos = _demos_for(env, expert, expert_params, jax.random.PRNGKey(base_seed + 777_777),
+                       max(need, config.sft_tokens))
+    acc = demo_accounting(env, demos.episodes)
+    sft_eps = episodes_within(config.sft_tokens, acc["tokens"])
+    if sft_eps == 0:
+        raise ValueError(f"sft_tokens={config.sft_tokens} is less than one expert episode "
+                         f"({int(acc['tokens'][0])} tokens); raise it")
+    turns_mean = float(acc["turns"][-1] / acc["episodes"][-1])
+    regimes = [(n, resolve_auto(h, turns_mean, 1.0)) for n, h in regimes]
+    for _, h in regimes:
+        check_regime(h, config.sft_tokens)
+    runs = [(name, s) for name, _ in regimes for s in range(seeds)]
+    hps = [dict(h) for _, h in regimes for _ in range(seeds)]
+    demo_eps = [episodes_within(int(h["demo_labels"]), acc["tokens"]) for h in hps]
+    demo_cost = {k: np.asarray([acc[k][e - 1] for e in demo_eps], np.int64)
+                 for k in ("tokens", "turns", "episodes")}
+
+    student = make_student(env, config)
+    tx = _optimizer(config)
+    round_fn = make_round(env, student, expert, config, tx)
+    rounds = jax.jit(jax.vmap(round_fn, in_axes=(0, None, None)))
+    policy = student.policy(deterministic=True)
+    eval_key = jax.random.PRNGKey(base_seed + 10_000)
+
+    def evaluate_one(params):
+        ep = run_episodes(env, policy, params, eval_key, config.eval_episodes)
+        return {"eval_win_rate": ep.won.astype(jnp.float32), "eval_return": ep.episode_return}
+
+    evaluate = jax.jit(jax.vmap(evaluate_one))
+    hp = stack_regimes(hps)
+
+    def init():
+        uniq = list(range(seeds))
+        keys = jnp.stack([jax.random.PRNGKey(base_seed + s) for s in uniq])
+
+        def one(key):
+            k_init, k_run = jax.random.split(key)
+            params = student.init(k_init)
+            return TokenRunState(
+                params=params, opt_state=tx.init(params), hp=jax.tree.map(lambda x: x[0], hp),
+                buffer=empty_buffer(env, config.buffer_episodes), spent=jnp.int32(0),
+                expert_turns=jnp.int32(0), expert_episodes=jnp.int32(0),
+                demo_eps=jnp.int32(sft_eps), round=jnp.int32(0), key=k_run)
+
+        sft = jax.jit(jax.vmap(lambda s: _train(student, tx, s, demos, config.sft_updates,
+                                                config.batch_episodes)))
+        base, _, health = sft(jax.vmap(one)(keys))
+        guard.check(jax.device_get(health), learner="token interactive student (SFT)",
+                    run_labels=[f"seed {s}" for s in uniq], first_step=1,
+                    chunk_len=config.sft_updates)
+        pick = jnp.asarray([s for _, s in runs])
+        st = jax.tree.map(lambda x: x[pick], base)
+        opt = jax.vmap(_set_lr)(st.opt_state, hp.lr)
+        keys = jax.vmap(lambda k, i: jax.random.fold_in(k, i))(st.key, jnp.arange(len(runs)))
+        return st.replace(hp=hp, opt_state=opt, demo_eps=jnp.asarray(demo_eps, jnp.int32),
+                          key=keys)
+
+    def with_costs(state, values):
+        spent = np.asarray(state.spent, np.int64)
+        return dict(values, expert_tokens=demo_cost["tokens"] + spent,
+                    expert_turns=demo_cost["turns"] + np.asarray(state.expert_turns, np.int64),
+                    expert_episodes=demo_cost["episodes"]
+                    + np.asarray(state.expert_episodes, np.int64))
+
+    def summarize(rows):
+        step, table = summarize_step(rows, "round", group=lambda r: r["regime"],
+                                     group_name="regime", order=names,
+                                     means=("expert_tokens", "expert_turns", "expert_episodes"))
+        return {"env_id": env.spec.env_id, "round": step, "regimes": table,
+                "demos": dict(sft_episodes=sft_eps, expert_turns_mean=turns_mean,
+                              expert_tokens_mean=float(acc["tokens"][-1] / len(acc["tokens"])))}
+
+    names = [n for n, _ in regimes]
+    return engine.Program(
+        name=f"interactive transformer on {env.spec.env_id}", step_key="round",
+        num_chunks=config.rounds, steps_per_chunk=config.updates_per_round,
+        eval_every=eval_every, eval_at_start=True,
+        run_ids=[dict(run=i, regime=n, seed=s) for i, (n, s) in enumerate(runs)],
+        run_labels=[f"run {i} ({n}, seed {s})" for i, (n, s) in enumerate(runs)],
+        init=init,
+        chunk=lambda s, c: rounds(s, demos, expert_params),
+        evaluate=lambda s, c: with_costs(jax.device_get(s), evaluate(s.params)),
+        summarize=summarize,
+        postfix=lambda v: dict(win=f"{np.mean(v['eval_win_rate']):.2f}",
+                               tokens=f"{np.mean(v['expert_tokens']):.0f}"))
+
+
+def format_table(summary: dict) -> str:
+    """The results table of :func:`run`: one line per regime."""
+    return fmt_table(summary["regimes"], [("regime", "regime", 22), ("seeds", "seeds", 6),
+                                          ("expert tokens", "expert_tokens_mean", 14),
+                                          ("win rate", "win", 17), ("return", "return", 17)])
