@@ -61,6 +61,12 @@ policy (an empty context), silently, so the Policy leaves both ``None``
 - :meth:`TransformerPolicy.sequence_log_probs` — flat token sequences,
   ``log π(targets[t] | tokens[:t+1])``, for token data that is not an
   environment episode.
+
+:meth:`TransformerPolicy.chunk_features` is the same teacher-forced pass
+stopped before the head: the final hidden states ``[T, N, d_model]`` (after
+the final LayerNorm) at the positions ``chunk_logits`` reads, which
+:meth:`Transformer.read_out` maps to those logits — the student's
+representation of its context, for diagnostics such as covariate shift.
 """
 
 from __future__ import annotations
@@ -258,7 +264,8 @@ class _Decoder(nn.Module):
     def _logits(self, h):
         return self.head(self.ln_final(h))
 
-    def sequence(self, tokens, agent):
+    def sequence_features(self, tokens, agent):
+        """``[T, d]`` the final LayerNorm's output: what the head reads."""
         c = self.config
         kept, pos = _kept_positions(tokens, 0, c.max_context)
         x = self._embed(tokens, jnp.minimum(pos, c.max_context - 1), agent)
@@ -266,7 +273,13 @@ class _Decoder(nn.Module):
         mask = kept[None, :] & (t[None, :] <= t[:, None])
         for block in self.blocks:
             x, _, _ = block(x, mask)
-        return self._logits(x)
+        return self.ln_final(x)
+
+    def sequence(self, tokens, agent):
+        return self.head(self.sequence_features(tokens, agent))
+
+    def read_out(self, features):
+        return self.head(features)
 
     def step(self, tokens, cache: KVCache, agent):
         c = self.config
@@ -358,6 +371,20 @@ class Transformer:
         chex.assert_rank(tokens, 1)
         chex.assert_type(tokens, int)
         return self.module.apply(params, tokens, agent, method=_Decoder.sequence)
+
+    def sequence_features(self, params: Any, tokens: jax.Array,
+                          agent: jax.Array | int = 0) -> jax.Array:
+        """Teacher-forced final hidden states ``[T, d_model]`` of one token
+        sequence: the final LayerNorm's output, which the head maps to
+        :meth:`sequence_logits` (``read_out(params, features)``)."""
+        chex.assert_rank(tokens, 1)
+        chex.assert_type(tokens, int)
+        return self.module.apply(params, tokens, agent, method=_Decoder.sequence_features)
+
+    def read_out(self, params: Any, features: jax.Array) -> jax.Array:
+        """The output head: final hidden states ``[..., d_model]`` to
+        next-token logits ``[..., V]``."""
+        return self.module.apply(params, features, method=_Decoder.read_out)
 
 
 def obs_tokens(obs: jax.Array, token_width: int) -> jax.Array:
@@ -477,6 +504,26 @@ class TransformerPolicy:
         return Policy(init=init, act=act)
 
     # -- teacher-forced scoring ------------------------------------------------------
+    def _chunks(self, per_token: Any, obs: jax.Array) -> jax.Array:
+        """``per_token(tokens [T·K], agent) -> [T·K, X]`` run once per agent
+        over its concatenated ``K``-wide chunks, read at each step's last
+        stored token: ``[T, N, X]`` (zeros before the first token)."""
+        chex.assert_rank(obs, 3)
+        self._check_obs(obs)
+        T, n, _ = obs.shape
+        K, C = self.config.token_width, self.config.max_context
+        tokens = jnp.swapaxes(obs_tokens(obs, K), 0, 1).reshape(n, T * K)  # [N, T·K]
+
+        def one_agent(tokens, agent):
+            out = per_token(tokens, agent)
+            kept, _ = _kept_positions(tokens, 0, C)
+            # Each chunk reads the last stored token at or before its end.
+            idx = jax.lax.cummax(jnp.where(kept, jnp.arange(T * K), -1))
+            at = idx.reshape(T, K)[:, -1]
+            return jnp.where((at >= 0)[:, None], out[jnp.maximum(at, 0)], 0.0)
+
+        return jnp.swapaxes(jax.vmap(one_agent)(tokens, self._agents(obs)), 0, 1)
+
     def chunk_logits(self, params: Any, obs: jax.Array) -> jax.Array:
         """Teacher-forced logits of every step of one episode.
 
@@ -491,21 +538,26 @@ class TransformerPolicy:
           :meth:`Transformer.sequence_logits` pass per agent over the
           concatenated ``K``-wide token chunks.
         """
-        chex.assert_rank(obs, 3)
-        self._check_obs(obs)
-        T, n, _ = obs.shape
-        K, C = self.config.token_width, self.config.max_context
-        tokens = jnp.swapaxes(obs_tokens(obs, K), 0, 1).reshape(n, T * K)  # [N, T·K]
+        return self._chunks(lambda tokens, agent: self.net.sequence_logits(params, tokens, agent),
+                            obs)
 
-        def one_agent(tokens, agent):
-            logits = self.net.sequence_logits(params, tokens, agent)
-            kept, _ = _kept_positions(tokens, 0, C)
-            # Each chunk reads the last stored token at or before its end.
-            idx = jax.lax.cummax(jnp.where(kept, jnp.arange(T * K), -1))
-            at = idx.reshape(T, K)[:, -1]
-            return jnp.where((at >= 0)[:, None], logits[jnp.maximum(at, 0)], 0.0)
+    def chunk_features(self, params: Any, obs: jax.Array) -> jax.Array:
+        """Teacher-forced final hidden states of every step of one episode.
 
-        return jnp.swapaxes(jax.vmap(one_agent)(tokens, self._agents(obs)), 0, 1)
+        Args:
+          params: the network's variables.
+          obs: ``[T, N, O]`` as for :meth:`chunk_logits`.
+
+        Returns:
+          ``[T, N, d_model]``: at the positions :meth:`chunk_logits` reads,
+          the final LayerNorm's output, which the head maps to those logits
+          (``self.net.read_out(params, features)``); zeros where an agent
+          has no token yet. The student's representation of its context,
+          e.g. for measuring covariate shift
+          (:mod:`jaxil.algorithms.lm.diagnostics`).
+        """
+        return self._chunks(
+            lambda tokens, agent: self.net.sequence_features(params, tokens, agent), obs)
 
     def episode_scores(self, params: Any, obs: jax.Array, avail: jax.Array,
                        actions: jax.Array) -> tuple[jax.Array, jax.Array]:

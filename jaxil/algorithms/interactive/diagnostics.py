@@ -10,7 +10,9 @@ episode arrays (``E`` episodes, ``T`` steps, ``N`` agents):
   states;
 * ``mmd2_by_t``: the unbiased squared Maximum Mean Discrepancy (Gretton et
   al. 2012) between the global states the student visits and those the
-  expert visits, per bin of time steps.
+  expert visits, per bin of time steps (``mmd2_unbiased``: the same
+  estimate between two masked sets of samples, for bins of another kind,
+  e.g. the turns of :mod:`jaxil.algorithms.lm.diagnostics`).
 
 A stochastic expert (a sampling teacher, a scripted expert that breaks ties
 at random) disagrees with ITSELF: :func:`twin_policy` draws a second,
@@ -192,6 +194,49 @@ def _mmd2_unbiased(
     safe_x, safe_y = jnp.maximum(n_x, 2.0), jnp.maximum(n_y, 2.0)
     mmd2 = kxx / (safe_x * (safe_x - 1)) + kyy / (safe_y * (safe_y - 1)) - 2.0 * kxy / (safe_x * safe_y)
     return jnp.where(enough, mmd2, jnp.nan), n_x, n_y
+
+
+def mmd2_unbiased(
+    x: jax.Array,
+    x_mask: jax.Array,
+    y: jax.Array,
+    y_mask: jax.Array,
+    bandwidth: float | jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Unbiased squared MMD between the valid rows of two sample sets.
+
+    The estimate of :func:`mmd2_by_t` for one bin, over samples gathered in
+    any way (padding rows masked out): the same RBF kernel, the same median
+    heuristic over the pooled valid samples when ``bandwidth`` is ``None``.
+
+    Memory: a square kernel of side ``Mx + My``, masked rows included.
+
+    Args:
+      x: ``[Mx, S]`` float samples of one distribution.
+      x_mask: ``[Mx]`` validity of each row of ``x`` (bool or 0/1).
+      y: ``[My, S]`` float samples of the other.
+      y_mask: ``[My]`` validity of each row of ``y``.
+      bandwidth: kernel width σ > 0, or ``None`` for the median heuristic.
+
+    Returns:
+      ``(mmd2, n_x, n_y)``: the scalar estimate (NaN where either side has
+      fewer than 2 valid rows) and the numbers of valid rows (int32).
+
+    Raises:
+      ValueError: if a Python ``bandwidth`` <= 0.
+    """
+    x, y = jnp.asarray(x), jnp.asarray(y)
+    x_mask, y_mask = jnp.asarray(x_mask), jnp.asarray(y_mask)
+    chex.assert_rank([x, y, x_mask, y_mask], [2, 2, 1, 1])
+    chex.assert_type([x, y], float)
+    chex.assert_equal_shape_suffix([x, y], 1)
+    chex.assert_shape(x_mask, x.shape[:1])
+    chex.assert_shape(y_mask, y.shape[:1])
+    if isinstance(bandwidth, (int, float)) and bandwidth <= 0:
+        raise ValueError(f"bandwidth must be > 0 (or None for the median heuristic), got {bandwidth}")
+    dtype = jnp.result_type(x, y)
+    mmd2, n_x, n_y = _mmd2_unbiased(x.astype(dtype), x_mask, y.astype(dtype), y_mask, bandwidth)
+    return mmd2, n_x.astype(jnp.int32), n_y.astype(jnp.int32)
 
 
 def mmd2_by_t(

@@ -5,8 +5,24 @@
   episodes, teacher-forced: the episode dataset (:class:`TokenEpisodes`),
   demonstrations from a policy (:func:`collect_demos`), the run engine's
   program (:func:`sft_program`) and :func:`train_sft`.
+- :mod:`jaxil.algorithms.lm.diagnostics`: per-turn covariate shift of a
+  student (:func:`covariate_shift`): next-token disagreement with the
+  expert on its own histories against the expert's, and the MMD² of its
+  hidden states, each with its floor.
 """
 
+from jaxil.algorithms.lm.diagnostics import (
+    ShiftEpisodes,
+    covariate_shift,
+    covariate_shift_rows,
+    disagreement_by_turn,
+    feature_mmd2_by_turn,
+    mmd2_by_turn,
+    shift_episodes,
+    shift_table,
+    student_disagreement_by_turn,
+    turn_bin_labels,
+)
 from jaxil.algorithms.lm.sft import (
     SFTConfig,
     SFTState,
@@ -25,14 +41,24 @@ from jaxil.algorithms.lm.sft import (
 __all__ = [
     "SFTConfig",
     "SFTState",
+    "ShiftEpisodes",
     "TokenEpisodes",
     "check_demos",
     "collect_demos",
+    "covariate_shift",
+    "covariate_shift_rows",
+    "disagreement_by_turn",
+    "feature_mmd2_by_turn",
     "from_episodes",
     "make_student",
+    "mmd2_by_turn",
     "score_demos",
     "sft_identity",
     "sft_loss",
     "sft_program",
+    "shift_episodes",
+    "shift_table",
+    "student_disagreement_by_turn",
     "train_sft",
+    "turn_bin_labels",
 ]
