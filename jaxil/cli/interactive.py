@@ -41,8 +41,8 @@ def load_expert(env_id: str, expert: str) -> tuple[Any, Any, Any, str]:
     return zoo.env, tier.policy, tier.params, tier.source
 
 
-def _knobs(args, spec) -> dict[str, Any]:
-    """The method's preset, with every knob given on the command line."""
+def knob_overrides(args, spec) -> dict[str, Any]:
+    """The regime knobs given on the command line (:func:`add_method_knobs`)."""
     over = {}
     for flag, name in (("beta0", "beta0"), ("beta_schedule", "beta_kind"),
                        ("beta_rate", "beta_rate"), ("switch", "switch_kind"),
@@ -57,12 +57,17 @@ def _knobs(args, spec) -> dict[str, Any]:
         over["switch_lo"], over["switch_hi"] = args.switch_range
     if args.no_mask:
         over["mask_prefix"] = False
-    if args.scratch:
+    if getattr(args, "scratch", False):
         over["scratch"] = True
     if over.get("verifier") == "auto":
         over["verifier"] = "win" if spec.has_win else "return"
+    return over
+
+
+def _knobs(args, spec) -> dict[str, Any]:
+    """The method's preset, with every knob given on the command line."""
     return regime(args.method, args.budget, sft_labels=args.sft_labels, has_win=spec.has_win,
-                  **over)
+                  **knob_overrides(args, spec))
 
 
 def _run(args) -> int:
@@ -113,13 +118,27 @@ def register(sub) -> None:
     p.add_argument("--eval-episodes", type=positive_int, default=d.eval_episodes)
     p.add_argument("--eval-every", type=positive_int, default=1, help="rounds between evaluations")
     p.add_argument("--deterministic-eval", action="store_true")
+    k = add_method_knobs(p)
+    k.add_argument("--scratch", action="store_true", help="retrain from scratch every round")
+    add_run_dir(p)
+    add_loggers(p)
+    add_progress(p)
+    p.add_argument("--no-diagnostics", action="store_true", help="skip the covariate-shift report")
+    p.set_defaults(func=_run)
+
+
+def add_method_knobs(p, steps: str = "steps"):
+    """The regime knobs shared by ``jaxil interactive`` and ``jaxil lm
+    interactive`` (defaults: the method's preset); returns the group.
+    ``steps``: the unit of the switch range (steps, or turns on token tasks)."""
     k = p.add_argument_group("method knobs (defaults: the method's preset)")
     k.add_argument("--beta0", type=probability, default=None,
                    help="DAgger expert probability, round 0")
     k.add_argument("--beta-schedule", choices=BETA_SCHEDULES, default=None)
     k.add_argument("--beta-rate", type=float, default=None)
     k.add_argument("--switch", choices=SWITCHES, default=None, help="OEC switch distribution")
-    k.add_argument("--switch-range", type=nonneg_int, nargs=2, metavar=("LO", "HI"), default=None)
+    k.add_argument("--switch-range", type=nonneg_int, nargs=2, metavar=("LO", "HI"), default=None,
+                   help=f"OEC switch range in {steps}")
     k.add_argument("--switch-p", type=probability, default=None,
                    help="geometric switch probability")
     k.add_argument("--no-mask", action="store_true", help="train on the student's prefix too")
@@ -131,9 +150,4 @@ def register(sub) -> None:
                    help="share of each batch from demonstrations (-1: in proportion)")
     k.add_argument("--demo-labels", type=nonneg_int, default=None,
                    help="labels of the budget spent on demonstrations")
-    k.add_argument("--scratch", action="store_true", help="retrain from scratch every round")
-    add_run_dir(p)
-    add_loggers(p)
-    add_progress(p)
-    p.add_argument("--no-diagnostics", action="store_true", help="skip the covariate-shift report")
-    p.set_defaults(func=_run)
+    return k

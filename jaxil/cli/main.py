@@ -19,6 +19,7 @@ _MODULES = (
     "jaxil.cli.train",  # train, sweep, eval
     "jaxil.cli.label",  # label, pipeline
     "jaxil.cli.interactive",  # interactive
+    "jaxil.cli.lm",  # lm sft, lm interactive
     "jaxil.cli.plot",  # plot
     "jaxil.cli.export",  # export marl-eval
     "jaxil.cli.irl",  # irl reward-model, bon, ppo, gail, airl (and the aliases gail, airl)

@@ -350,8 +350,8 @@ def run(env: MultiAgentEnv, expert: Any, expert_params: Any,
         regimes: Sequence[tuple[str, dict]], *, seeds: int,
         config: TokenInteractiveConfig = TokenInteractiveConfig(), base_seed: int = 0,
         out_dir: Optional[str | Path] = None, resume: bool = False, overwrite: bool = False,
-        eval_every: int = 1, progress: bool = False, expert_name: str = "scripted"
-        ) -> engine.RunResult:
+        eval_every: int = 1, progress: bool = False, expert_name: str = "scripted",
+        stop_after_rounds: Optional[int] = None) -> engine.RunResult:
     """Run every regime × ``seeds`` seeds together (see the module docstring).
 
     ``regimes``: ``(name, knobs)`` pairs from :func:`token_regime`. Returns
@@ -361,6 +361,7 @@ def run(env: MultiAgentEnv, expert: Any, expert_params: Any,
     ``eval_return`` and the round's metrics), ``summary`` (per regime, mean
     ± std over seeds at the last evaluation; also ``results.json``) and
     ``state`` (the students' parameters ``state.params``, stacked ``[R]``).
+    ``stop_after_rounds`` stops early, as a kill would (``resume`` continues).
 
     Raises:
       ValueError: not a token environment, a bad setting or regime, or a
@@ -394,7 +395,7 @@ def run(env: MultiAgentEnv, expert: Any, expert_params: Any,
         if rd is not None:
             rd.close()
         raise
-    return engine.run(program, rundir=rd, progress=progress)
+    return engine.run(program, rundir=rd, progress=progress, stop_after_chunks=stop_after_rounds)
 
 
 def _program(env, expert, expert_params, regimes, seeds, config, base_seed, eval_every):

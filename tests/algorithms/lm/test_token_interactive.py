@@ -1,0 +1,140 @@
+"""The interactive token program (:mod:`jaxil.algorithms.lm.interactive`):
+its update learns the labels (and a flipped objective unlearns them), every
+regime keeps to its expert-token budget, a stopped run resumes to the
+uninterrupted rows, and bad settings fail in one line.
+
+The program-level tests (slow: about a minute of compiling) share one
+module-scoped run of four regimes on ``tokens:arith`` with two operations."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxil import envs
+from jaxil.algorithms.lm import interactive as TI
+from jaxil.envs.experts import scripted_expert
+
+CFG = TI.TokenInteractiveConfig(rounds=2, episodes_per_round=8, updates_per_round=10,
+                                sft_tokens=150, sft_updates=20, eval_episodes=8,
+                                batch_episodes=8, learning_rate=3e-3)
+BUDGET = 400
+
+
+@pytest.fixture(scope="module")
+def env():
+    return envs.make("tokens:arith", num_ops=2)
+
+
+@pytest.fixture(scope="module")
+def expert(env):
+    return scripted_expert(env)[0]
+
+
+def _regimes():
+    return [(m, TI.token_regime(m, BUDGET, sft_tokens=CFG.sft_tokens))
+            for m in ("bc", "dagger", "oec", "onpolicy")]
+
+
+@pytest.fixture(scope="module")
+def full(env, expert, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ti") / "full"
+    return TI.run(env, expert, None, _regimes(), seeds=1, config=CFG, out_dir=out)
+
+
+def _at(rows, regime, rnd):
+    (row,) = [r for r in rows if r["regime"] == regime and r["round"] == rnd]
+    return row
+
+
+@pytest.mark.slow
+def test_every_regime_keeps_to_its_expert_token_budget(full):
+    """Each regime's expert tokens (demonstrations included) stay within
+    the budget; BC buys demonstrations only, rejection sampling asks the
+    expert nothing interactively, DAgger and OEC buy interactive tokens.
+    Kills an allowance that ignores the tokens already spent, DAgger not
+    paying for the labels of the student's tokens, and on-policy sampling
+    charged for its own tokens."""
+    rows = full.rows
+    for name in ("bc", "dagger", "oec", "onpolicy"):
+        for rnd in (0, 1, 2):
+            assert _at(rows, name, rnd)["expert_tokens"] <= BUDGET
+    assert _at(rows, "bc", 2)["interactive_tokens"] == 0
+    assert _at(rows, "onpolicy", 2)["interactive_tokens"] == 0
+    assert _at(rows, "dagger", 2)["interactive_tokens"] > 0
+    assert _at(rows, "oec", 2)["interactive_tokens"] > 0
+    # DAgger pays for every token of its kept episodes; OEC only for the expert's.
+    assert _at(rows, "dagger", 2)["expert_share"] < 1.0
+    assert _at(rows, "bc", 0)["expert_tokens"] > _at(rows, "oec", 0)["expert_tokens"]
+
+
+@pytest.mark.slow
+def test_a_stopped_run_resumes_to_the_uninterrupted_rows(env, expert, full, tmp_path):
+    """Stopped after the first of two rounds (as a kill would) and resumed,
+    the run repeats the uninterrupted rows exactly; a resume with another
+    budget is refused. Kills a rollout or minibatch key not carried in the
+    checkpointed state, a buffer or spent-token count left out of the
+    checkpoint, and an evaluation key that depends on the session."""
+    stopped = TI.run(env, expert, None, _regimes(), seeds=1, config=CFG, out_dir=tmp_path,
+                     stop_after_rounds=1)
+    assert not stopped.summary["complete"]
+    resumed = TI.run(env, expert, None, _regimes(), seeds=1, config=CFG, out_dir=tmp_path,
+                     resume=True)
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("chunk_time_s", "wall_time_s")}
+                          for r in rows]
+    assert strip(resumed.rows) == strip(full.rows)
+    other = [(n, dict(h, budget=BUDGET + 10)) for n, h in _regimes()]
+    with pytest.raises(ValueError, match="differ"):
+        TI.run(env, expert, None, other, seeds=1, config=CFG, out_dir=tmp_path, resume=True)
+
+
+def _nll_after_updates(env, expert, sign):
+    """The demonstrations' token NLL before and after 30 updates of the
+    interactive student's training step (on demonstrations only)."""
+    demos = TI._demos_for(env, expert, None, jax.random.PRNGKey(5), 600)
+    student = TI.make_student(env, CFG)
+    tx = TI._optimizer(CFG)
+    hp = TI.stack_regimes([TI.resolve_auto(TI.token_regime("bc", 600, sft_tokens=150), 1, 1)])
+    params = student.init(jax.random.PRNGKey(0))
+    state = TI.TokenRunState(
+        params=params, opt_state=tx.init(params), hp=jax.tree.map(lambda x: x[0], hp),
+        buffer=TI.empty_buffer(env, 4), spent=jnp.int32(0), expert_turns=jnp.int32(0),
+        expert_episodes=jnp.int32(0), demo_eps=jnp.int32(demos.episodes.num_episodes),
+        round=jnp.int32(0), key=jax.random.PRNGKey(1))
+    ep = demos.episodes
+    nll = lambda p: float(TI.token_nll(student, p, ep.obs, ep.avail, ep.actions, demos.mask))
+    before = nll(params)
+    orig = TI.token_nll
+    try:
+        TI.token_nll = lambda *a: sign * orig(*a)
+        after_state, _, _ = jax.jit(lambda s: TI._train(student, tx, s, demos, 30, 8))(state)
+    finally:
+        TI.token_nll = orig
+    return before, nll(after_state.params)
+
+
+def test_the_student_update_raises_the_labels_likelihood_and_its_negation_lowers_it(env, expert):
+    """30 updates lower the demonstrations' token NLL well below its start;
+    with the objective's sign flipped the NLL rises. Kills a flipped loss
+    sign, a loss mask that selects no token, and updates that do not reach
+    the parameters."""
+    before, after = _nll_after_updates(env, expert, +1.0)
+    assert after < 0.7 * before
+    before_n, after_n = _nll_after_updates(env, expert, -1.0)
+    assert after_n > before_n
+
+
+def test_bad_settings_fail_in_one_line(env, expert, tmp_path):
+    """A non-token environment, an unknown method and a regime that cannot
+    afford the SFT start are refused before any work."""
+    with pytest.raises(ValueError, match="not a token environment"):
+        TI.run(envs.make("mpe:simple_spread"), expert, None, _regimes(), seeds=1, config=CFG)
+    with pytest.raises(ValueError, match="budget"):
+        TI.run(env, expert, None, [("bc", TI.token_regime("bc", 100, sft_tokens=100))], seeds=1,
+               config=dataclasses.replace(CFG, sft_tokens=150))
+    with pytest.raises(ValueError, match="capacity"):
+        TI.TokenInteractiveConfig(capacity=-1)
+    with pytest.raises(ValueError, match="size"):
+        TI.TokenInteractiveConfig(size="huge")
