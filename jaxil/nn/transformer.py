@@ -505,9 +505,12 @@ class TransformerPolicy:
 
     # -- teacher-forced scoring ------------------------------------------------------
     def _chunks(self, per_token: Any, obs: jax.Array) -> jax.Array:
-        """``per_token(tokens [T·K], agent) -> [T·K, X]`` run once per agent
-        over its concatenated ``K``-wide chunks, read at each step's last
-        stored token: ``[T, N, X]`` (zeros before the first token)."""
+        """``per_token(context [C], agent) -> [C, X]`` run once per agent
+        over its context (the non-PAD tokens of its ``K``-wide chunks,
+        packed left into ``max_context`` slots, PAD after), read at each
+        step's last stored token: ``[T, N, X]`` (zeros before the first
+        token). Packing first makes the pass cost ``C`` positions instead of
+        ``T·K`` (most chunks hold one token and ``K − 1`` PADs)."""
         chex.assert_rank(obs, 3)
         self._check_obs(obs)
         T, n, _ = obs.shape
@@ -515,11 +518,12 @@ class TransformerPolicy:
         tokens = jnp.swapaxes(obs_tokens(obs, K), 0, 1).reshape(n, T * K)  # [N, T·K]
 
         def one_agent(tokens, agent):
-            out = per_token(tokens, agent)
-            kept, _ = _kept_positions(tokens, 0, C)
+            kept, pos = _kept_positions(tokens, 0, C)
+            context = jnp.full((C,), PAD, jnp.int32).at[jnp.where(kept, pos, C)].set(
+                tokens, mode="drop")
+            out = per_token(context, agent)
             # Each chunk reads the last stored token at or before its end.
-            idx = jax.lax.cummax(jnp.where(kept, jnp.arange(T * K), -1))
-            at = idx.reshape(T, K)[:, -1]
+            at = jnp.cumsum(kept).reshape(T, K)[:, -1] - 1
             return jnp.where((at >= 0)[:, None], out[jnp.maximum(at, 0)], 0.0)
 
         return jnp.swapaxes(jax.vmap(one_agent)(tokens, self._agents(obs)), 0, 1)
@@ -535,8 +539,9 @@ class TransformerPolicy:
 
         Returns:
           ``[T, N, V]``: the logits ``act`` saw at each step, from one
-          :meth:`Transformer.sequence_logits` pass per agent over the
-          concatenated ``K``-wide token chunks.
+          :meth:`Transformer.sequence_logits` pass per agent over its
+          whole context (the chunks' tokens packed into ``max_context``
+          slots).
         """
         return self._chunks(lambda tokens, agent: self.net.sequence_logits(params, tokens, agent),
                             obs)
