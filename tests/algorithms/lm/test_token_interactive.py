@@ -138,3 +138,25 @@ def test_bad_settings_fail_in_one_line(env, expert, tmp_path):
         TI.TokenInteractiveConfig(capacity=-1)
     with pytest.raises(ValueError, match="size"):
         TI.TokenInteractiveConfig(size="huge")
+
+
+@pytest.mark.slow
+def test_cli_run_killed_with_sigkill_resumes_exactly(tmp_path):
+    """``jaxil lm interactive`` killed by SIGKILL once its first checkpoint
+    exists, then ``--resume``, writes the uninterrupted run's metrics line
+    for line (kills a resume that restarts the round count, redraws the
+    rollout keys, loses the buffer, or keeps rows of an uncommitted round)."""
+    import json
+    import sys
+
+    from helpers.cli_kill import kill_then_resume
+
+    args = [sys.executable, "-m", "jaxil.cli.main", "lm", "interactive", "oec", "--env",
+            "tokens:arith", "--task-knob", "num_ops=2", "--budget", "400", "--sft-tokens", "150",
+            "--sft-updates", "20", "--rounds", "6", "--episodes-per-round", "8",
+            "--updates-per-round", "40", "--batch-episodes", "8", "--eval-episodes", "8",
+            "--seeds", "2", "--no-progress"]
+    kill_then_resume(args, tmp_path, min_step=1, max_step=6, timeout_s=300)
+    a = (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()
+    b = (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x) for x in a] == [json.loads(x) for x in b]

@@ -1,0 +1,274 @@
+"""Interactive imitation at token level: BC, DAgger, OEC and their ablations
+on the multi-turn token tasks, at equal expert-token budgets.
+
+On each task, ONE compiled program per round runs every regime × seed:
+BC, on-policy rejection sampling (RS), DAgger, OEC, OEC+BC mix and the
+entropy-gated switch at four budgets (a scaling curve), and the OEC
+ablations at the third budget: the prefix mask off, the repetition filter
+off, the verifier off, both filters off, and the switch distribution (early,
+late, geometric, against uniform). Every regime of a seed starts from the
+same SFT student (BC on ``sft`` expert tokens), every student is evaluated
+greedily on the same instances (one reset key), and the expert is the
+task's scripted expert. Budgets are multiples of the expert's mean episode
+length in tokens (:data:`TASKS`), so they scale with each task.
+
+After training, the per-turn covariate-shift diagnostic
+(:func:`jaxil.algorithms.lm.diagnostics.covariate_shift`) of the BC, DAgger
+and OEC students at the smallest budget: next-token disagreement with the
+expert on the student's own histories and the hidden-state MMD² to the
+expert's histories, per turn, against the expert's floor.
+
+Writes into ``--out``: ``results.json`` (rows, summaries, diagnostics),
+``table.md``, ``scaling.png``, ``ablations.png``, ``shift.png``; each
+task's run directory is ``--out/runs/<task>`` (a killed experiment resumes
+where it stopped with the same command).
+
+    python experiments/lm_agents/run.py                # CPU size (README.md has its wall time)
+    python experiments/lm_agents/run.py --scale 4      # 4× episodes per round and updates (GPU)
+    python experiments/lm_agents/run.py --quick        # a few-minute smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+# The task settings and why: experiments/lm_agents/DIFFICULTY.md. ``multiples``: the
+# budgets in expert episodes' worth of tokens (BC's success jumps from ~0 to ~1 between 32
+# and 64 demonstrations on repair and arith; it rises slowly on exchange); ``episodes``: the
+# rollouts per round (enough for OEC to spend the larger budgets).
+TASKS = {
+    "tokens:repair": dict(knobs=dict(length=16, faults=4, values=32, max_turns=16),
+                          multiples=(12, 24, 36, 48), ablation=24, episodes=16, agent_ids=False),
+    "tokens:arith": dict(knobs=dict(num_ops=4, modulus=31, max_turns=8),
+                         multiples=(12, 24, 36, 48), ablation=24, episodes=16, agent_ids=False),
+    "tokens:exchange": dict(knobs=dict(half=3, values=32, sort=True, max_turns=6),
+                            multiples=(32, 64, 128, 256), ablation=64, episodes=48,
+                            agent_ids=True),
+}
+METHOD_LABELS = {"bc": "BC", "onpolicy": "on-policy RS", "dagger": "DAgger", "oec": "OEC",
+                 "oec_mix": "OEC+BC mix", "gated": "entropy-gated"}
+ABLATIONS = {
+    "mask off": dict(mask_prefix=False),
+    "repetition filter off": dict(repeat_limit=0),
+    "verifier off": dict(verifier="off"),
+    "verifier and filter off": dict(verifier="off", repeat_limit=0),
+    "switch=early": dict(switch_kind="early"),
+    "switch=late": dict(switch_kind="late"),
+    "switch=geometric": dict(switch_kind="geometric", switch_p=0.3),
+}
+SHIFT_METHODS = ("bc", "dagger", "oec")
+
+
+def regimes_for(task: dict, unit: int, sft_tokens: int, quick: bool) -> list[tuple[str, dict]]:
+    from jaxil.algorithms.lm.interactive import token_regime
+
+    mults = task["multiples"][:2] if quick else task["multiples"]
+    out = []
+    for m in mults:
+        for method in METHOD_LABELS:
+            out.append((f"{method}@{m}", token_regime(method, unit * m, sft_tokens=sft_tokens)))
+    abl = mults[-1] if quick else task["ablation"]
+    for name, over in ABLATIONS.items():
+        out.append((f"oec[{name}]@{abl}",
+                    token_regime("oec", unit * abl, sft_tokens=sft_tokens, **over)))
+    return out
+
+
+def run_task(env_id: str, task: dict, args) -> dict:
+    import jax
+
+    from jaxil import envs
+    from jaxil.algorithms.lm import diagnostics as DG
+    from jaxil.algorithms.lm import interactive as TI
+    from jaxil.envs.experts import scripted_expert
+
+    knobs = task["knobs"]
+    env = envs.make(env_id, **knobs)
+    expert = scripted_expert(env)[0]
+    probe = TI._demos_for(env, expert, None, jax.random.PRNGKey(args.seed + 777_777), 1)
+    acc = TI.demo_accounting(env, probe.episodes)
+    unit = int(round(float(acc["tokens"][-1]) / len(acc["tokens"])))
+    sft_tokens = args.sft_episodes * unit
+    s = args.scale
+    config = TI.TokenInteractiveConfig(
+        rounds=args.rounds, episodes_per_round=task["episodes"] * s, agent_ids=task["agent_ids"],
+        updates_per_round=args.updates_per_round * s, batch_episodes=args.batch_episodes,
+        sft_tokens=sft_tokens, sft_updates=args.sft_updates * s,
+        eval_episodes=args.eval_episodes, learning_rate=args.lr)
+    regimes = regimes_for(task, unit, sft_tokens, args.quick)
+    t0 = time.time()
+    res = TI.run(env, expert, None, regimes, seeds=args.seeds, config=config,
+                 base_seed=args.seed, out_dir=Path(args.out) / "runs" / env_id.replace(":", "-"),
+                 resume=(Path(args.out) / "runs" / env_id.replace(":", "-")).exists(),
+                 eval_every=config.rounds, progress=not args.no_progress)
+    train_s = time.time() - t0
+    print(f"{env_id}: {len(regimes)} regimes × {args.seeds} seeds in {train_s:.0f}s")
+    print(TI.format_table(res.summary))
+
+    # The covariate-shift diagnostic of the BC, DAgger and OEC students at the smallest budget.
+    student = TI.make_student(env, config)
+    first = task["multiples"][0]
+    run_of = {(r["regime"], r["seed"]): r["run"] for r in res.rows}
+    shift = {}
+    t1 = time.time()
+    for method in SHIFT_METHODS:
+        tables = []
+        for seed in range(args.seeds):
+            i = run_of[(f"{method}@{first}", seed)]
+            params = jax.tree.map(lambda x: x[i], res.state.params)
+            table = DG.covariate_shift(env, student, params, expert, jax.random.PRNGKey(99),
+                                       args.shift_episodes, args.turn_bins)
+            tables.append(DG.covariate_shift_rows(table))
+        shift[method] = tables
+    print(f"{env_id}: covariate-shift diagnostic in {time.time() - t1:.0f}s")
+    return dict(env_id=env_id, knobs=knobs, unit_tokens=unit, sft_tokens=sft_tokens,
+                config=dict(vars(config)), regimes=[n for n, _ in regimes],
+                summary={k: v for k, v in res.summary.items() if k != "states"},
+                rows=res.rows, shift=shift, shift_budget=first * unit,
+                train_seconds=train_s)
+
+
+def _curve(task: dict, method: str):
+    xs, ys, es = [], [], []
+    for g in task["summary"]["regimes"]:
+        name = g["regime"]
+        if name.split("@")[0] == method:
+            xs.append(g["expert_tokens_mean"])
+            ys.append(g["win_mean"])
+            es.append(g["win_std"])
+    return np.asarray(xs), np.asarray(ys), np.asarray(es)
+
+
+def write_report(results: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = results["tasks"]
+    lines = ["# Interactive imitation on token tasks", "",
+             f"Command: `{results['command']}`; wall time {results['wall_seconds'] / 60:.1f} min "
+             f"({results['seeds']} seeds).", ""]
+    for t in tasks:
+        lines += [f"## {t['env_id']} {t['knobs']} (expert episode ≈ {t['unit_tokens']} tokens; "
+                  f"SFT start: {t['sft_tokens']} tokens)", "",
+                  "| regime | expert tokens | win rate (mean ± std over seeds) | return |",
+                  "|---|---:|---:|---:|"]
+        for g in t["summary"]["regimes"]:
+            lines.append(f"| {g['regime']} | {g['expert_tokens_mean']:.0f} | "
+                         f"{g['win_mean']:.3f} ± {g['win_std']:.3f} | "
+                         f"{g['return_mean']:.3f} ± {g['return_std']:.3f} |")
+        lines += ["", f"Per-turn next-token disagreement with the expert on the student's own "
+                      f"histories (mean over seeds; floor: the student on the expert's "
+                      f"histories), students at {t['shift_budget']} tokens:", "",
+                  "| turn | " + " | ".join(f"{m} | {m} floor | {m} MMD² | {m} MMD² floor"
+                                          for m in SHIFT_METHODS) + " |",
+                  "|---|" + "---:|" * (4 * len(SHIFT_METHODS))]
+        bins = [r["turn"] for r in t["shift"][SHIFT_METHODS[0]][0]]
+        for b, label in enumerate(bins):
+            cells = []
+            for m in SHIFT_METHODS:
+                for col in ("disagreement_student", "disagreement_floor", "mmd2_student",
+                            "mmd2_floor"):
+                    vals = [rows[b][col] for rows in t["shift"][m] if rows[b][col] is not None]
+                    cells.append(f"{np.mean(vals):.3f}" if vals else "–")
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append("")
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+
+    n = len(tasks)
+    fig, axes = plt.subplots(1, n, figsize=(5.5 * n, 4), squeeze=False)
+    for ax, t in zip(axes[0], tasks):
+        for method, label in METHOD_LABELS.items():
+            x, y, e = _curve(t, method)
+            if len(x):
+                ax.errorbar(x, y, yerr=e, marker="o", capsize=3, label=label)
+        ax.set_xscale("log")
+        ax.set_xlabel("expert tokens (demonstrations included)")
+        ax.set_ylabel("greedy success rate")
+        ax.set_title(t["env_id"])
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "scaling.png", dpi=120)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, n, figsize=(6 * n, 4), squeeze=False)
+    for ax, t in zip(axes[0], tasks):
+        groups = [g for g in t["summary"]["regimes"]
+                  if g["regime"].startswith("oec[") or g["regime"]
+                  == f"oec@{t['regimes'][-1].split('@')[1]}"]
+        names = [g["regime"].split("@")[0] for g in groups]
+        ax.barh(names, [g["win_mean"] for g in groups], xerr=[g["win_std"] for g in groups])
+        ax.set_xlabel("greedy success rate")
+        ax.set_title(f"{t['env_id']}: OEC ablations")
+    fig.tight_layout()
+    fig.savefig(out / "ablations.png", dpi=120)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, n, figsize=(5.5 * n, 4), squeeze=False)
+    for ax, t in zip(axes[0], tasks):
+        for m in SHIFT_METHODS:
+            rows = t["shift"][m]
+            x = np.arange(len(rows[0]))
+            y = [np.nanmean([r[b]["disagreement_student"] if r[b]["disagreement_student"]
+                             is not None else np.nan for r in rows]) for b in x]
+            ax.plot(x, y, marker="o", label=METHOD_LABELS[m])
+        floor = [np.nanmean([r[b]["disagreement_floor"] if r[b]["disagreement_floor"] is not None
+                             else np.nan for r in t["shift"]["bc"]]) for b in x]
+        ax.plot(x, floor, "k--", label="BC on the expert's histories")
+        ax.set_xticks(x, [r["turn"] for r in t["shift"]["bc"][0]])
+        ax.set_xlabel("turn")
+        ax.set_ylabel("next-token disagreement with the expert")
+        ax.set_title(t["env_id"])
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "shift.png", dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="experiments/lm_agents/results")
+    p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    p.add_argument("--seeds", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scale", type=int, default=1,
+                   help="multiply episodes per round, updates and SFT updates (a GPU: 4-16)")
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--updates-per-round", type=int, default=60)
+    p.add_argument("--batch-episodes", type=int, default=16)
+    p.add_argument("--sft-episodes", type=int, default=4)
+    p.add_argument("--sft-updates", type=int, default=150)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--eval-episodes", type=int, default=128)
+    p.add_argument("--shift-episodes", type=int, default=64)
+    p.add_argument("--turn-bins", type=int, default=8)
+    p.add_argument("--quick", action="store_true", help="2 budgets, 2 seeds, short rounds")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.seeds, args.rounds, args.updates_per_round = 2, 2, 10
+        args.sft_updates, args.eval_episodes, args.shift_episodes = 30, 16, 16
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    tasks = [run_task(eid, TASKS[eid], args) for eid in args.tasks]
+    results = dict(command="python experiments/lm_agents/run.py " + " ".join(sys.argv[1:]),
+                   wall_seconds=time.time() - t0, seeds=args.seeds, args=vars(args), tasks=tasks)
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=float))
+    write_report(results, out)
+    print(f"wall time {results['wall_seconds'] / 60:.1f} min; results in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
