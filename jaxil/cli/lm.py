@@ -8,10 +8,17 @@
     jaxil lm interactive oec --env tokens:repair --budget 4000 --out runs/oec --resume
 
 ``sft`` fine-tunes a transformer on the scripted expert's episodes
-(behaviour cloning, :mod:`jaxil.algorithms.lm.sft`). ``interactive`` runs
-one method of :mod:`jaxil.algorithms.lm.interactive` (``bc``, ``dagger``,
-``oec``, ``oec_mix``, ``onpolicy`` or ``gated``) against the task's
-scripted expert, with budgets in expert tokens and OEC's switch in turns.
+(behaviour cloning, :mod:`jaxil.algorithms.lm.sft`); with ``--out`` the
+trained students are kept in ``OUT/students`` (with ``students.json``).
+``interactive`` runs one method of :mod:`jaxil.algorithms.lm.interactive`
+(``bc``, ``dagger``, ``oec``, ``oec_mix``, ``onpolicy`` or ``gated``)
+against the task's scripted expert, or with ``--expert SFT_DIR`` against an
+*expert LM* (a student of ``jaxil lm sft``, e.g. a larger transformer
+fine-tuned on many demonstrations, acting greedily), with budgets in
+expert tokens and OEC's switch in turns::
+
+    jaxil lm sft --env tokens:repair --size mini --demos 1536 --out runs/expert-lm
+    jaxil lm interactive oec --env tokens:repair --budget 2000 --expert runs/expert-lm
 Both run on the run engine: ``--out`` holds ``run.json``, ``metrics.jsonl``,
 orbax checkpoints and ``results.json``; ``--resume`` continues a stopped run
 and reproduces the uninterrupted one.
@@ -46,7 +53,49 @@ def _token_env(env_id: str, knobs: list[str]):
         env = envs.make(env_id, **kwargs)
     except TypeError as e:
         raise ValueError(f"{env_id} does not take {sorted(kwargs)}: {e}") from None
-    return env, scripted_expert(env)[0]
+    return env, scripted_expert(env)[0], kwargs
+
+
+STUDENTS = "students"
+
+
+def _save_students(out: str, env_id: str, knobs: dict, cfg, seeds: list[int], params) -> None:
+    import json
+    from pathlib import Path
+
+    from jaxil.runs.checkpoint import save_tree
+
+    save_tree(Path(out) / STUDENTS, params)
+    (Path(out) / f"{STUDENTS}.json").write_text(json.dumps(dict(
+        env_id=env_id, knobs=knobs, size=cfg.size, agent_ids=cfg.agent_ids, seeds=seeds)))
+
+
+def load_expert_lm(path: str, env, knobs: dict, seed_index: int = 0):
+    """``(policy, params, name)`` of the student ``seed_index`` saved by
+    ``jaxil lm sft --out PATH``, acting greedily, for ``env`` (refused in
+    one line when it was trained on another task or setting)."""
+    import json
+    from pathlib import Path
+
+    import jax
+
+    from jaxil.nn.transformer import TransformerPolicy, config_for_env
+    from jaxil.runs.checkpoint import params_digest, restore_tree
+
+    meta_path = Path(path) / f"{STUDENTS}.json"
+    if not meta_path.is_file():
+        raise ValueError(f"--expert {path}: no {STUDENTS}.json there; pass `scripted` or the "
+                         "--out directory of a finished `jaxil lm sft` run")
+    meta = json.loads(meta_path.read_text())
+    if meta["env_id"] != env.spec.env_id or meta["knobs"] != knobs:
+        raise ValueError(f"--expert {path} was trained on {meta['env_id']} {meta['knobs']}, not "
+                         f"{env.spec.env_id} {knobs}; give the same --env and --task-knob")
+    if not 0 <= seed_index < len(meta["seeds"]):
+        raise ValueError(f"--expert-seed {seed_index}: {path} holds {len(meta['seeds'])} students")
+    policy = TransformerPolicy(config_for_env(env, meta["size"], agent_ids=meta["agent_ids"]))
+    like = jax.vmap(policy.init)(jax.random.split(jax.random.PRNGKey(0), len(meta["seeds"])))
+    params = jax.tree.map(lambda x: x[seed_index], restore_tree(Path(path) / STUDENTS, like))
+    return policy.policy(deterministic=True), params, f"lm:{meta['size']}:{params_digest(params)}"
 
 
 def _sft(args) -> int:
@@ -54,14 +103,15 @@ def _sft(args) -> int:
 
     from jaxil.algorithms.lm import sft
 
-    env, expert = _token_env(args.env, args.task_knob)
+    env, expert, knobs = _token_env(args.env, args.task_knob)
     cfg = sft.SFTConfig(size=args.size, agent_ids=args.agent_ids, learning_rate=args.lr,
                         batch_episodes=args.batch_episodes, num_updates=args.updates,
                         eval_every=args.eval_every, eval_episodes=args.eval_episodes)
     demos = sft.collect_demos(env, expert, None, jax.random.PRNGKey(args.seed + 777_777),
                               args.demos + args.heldout)
     train, held = demos.take(slice(0, args.demos)), demos.take(slice(args.demos, None))
-    res = sft.train_sft(env, train, cfg, seeds=range(args.seed, args.seed + args.seeds),
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    res = sft.train_sft(env, train, cfg, seeds=seeds,
                         heldout=held if args.heldout else None, out_dir=args.out,
                         resume=args.resume, overwrite=args.overwrite,
                         progress=not args.no_progress)
@@ -73,14 +123,19 @@ def _sft(args) -> int:
             print(f"seed {r['seed']}: win rate {r['eval_win_rate']:.3f}, return "
                   f"{r['eval_return']:.3f}{extra}")
     if args.out:
-        print(f"results in {args.out}")
+        _save_students(args.out, env.spec.env_id, knobs, cfg, seeds, res.state.params)
+        print(f"results in {args.out}; the students in {args.out}/{STUDENTS}")
     return 0
 
 
 def _interactive(args) -> int:
     from jaxil.algorithms.lm import interactive as TI
 
-    env, expert = _token_env(args.env, args.task_knob)
+    env, expert, knobs = _token_env(args.env, args.task_knob)
+    expert_params, expert_name = None, "scripted"
+    if args.expert != "scripted":
+        expert, expert_params, expert_name = load_expert_lm(args.expert, env, knobs,
+                                                            args.expert_seed)
     config = TI.TokenInteractiveConfig(
         size=args.size, agent_ids=args.agent_ids, batch_episodes=args.batch_episodes,
         rounds=args.rounds, episodes_per_round=args.episodes_per_round,
@@ -89,12 +144,12 @@ def _interactive(args) -> int:
     over = knob_overrides(args, env.spec)
     if args.entropy_gate is not None:
         over["entropy_gate"] = args.entropy_gate
-    knobs = TI.token_regime(args.method, args.budget, sft_tokens=args.sft_tokens, **over)
+    regime = TI.token_regime(args.method, args.budget, sft_tokens=args.sft_tokens, **over)
     name = args.name or f"{args.method}@{args.budget}"
-    res = TI.run(env, expert, None, [(name, knobs)], seeds=args.seeds, config=config,
+    res = TI.run(env, expert, expert_params, [(name, regime)], seeds=args.seeds, config=config,
                  base_seed=args.seed, out_dir=args.out, resume=args.resume,
                  overwrite=args.overwrite, eval_every=args.eval_every,
-                 progress=not args.no_progress)
+                 progress=not args.no_progress, expert_name=expert_name)
     print(TI.format_table(res.summary))
     print(f"wall time {res.summary['wall_seconds']:.1f}s"
           + (f"; results in {args.out}" if args.out else ""))
@@ -143,6 +198,11 @@ def register(sub) -> None:
     i.add_argument("--budget", type=positive_int, required=True,
                    help="total expert tokens, demonstrations included")
     i.add_argument("--name", default=None, help="regime label (default METHOD@BUDGET)")
+    i.add_argument("--expert", default="scripted",
+                   help="scripted (the task's scripted expert) or the --out directory of a "
+                        "`jaxil lm sft` run (an expert LM, acting greedily)")
+    i.add_argument("--expert-seed", type=nonneg_int, default=0,
+                   help="which of that run's students is the expert")
     c = TokenInteractiveConfig()
     i.add_argument("--rounds", type=positive_int, default=c.rounds)
     i.add_argument("--episodes-per-round", type=positive_int, default=c.episodes_per_round)

@@ -339,8 +339,10 @@ def _demos_for(env, expert, expert_params, key, need_tokens: int) -> Demos:
 def identity(env: MultiAgentEnv, regimes, seeds: int, config: TokenInteractiveConfig,
              base_seed: int, expert_name: str) -> dict:
     """What determines a run's result, as its run directory records it."""
+    task = {k: v for k, v in sorted(vars(env).items())
+            if isinstance(v, (bool, int, float, str)) and not k.startswith("_")}
     return dict(learner="token-interactive", env_id=env.spec.env_id, spec=env.spec.to_dict(),
-                config=dataclasses.asdict(config), expert=expert_name,
+                task=task, config=dataclasses.asdict(config), expert=expert_name,
                 regimes=[dict(name=n, **{k: (float(v) if isinstance(v, float) else v)
                                          for k, v in h.items()}) for n, h in regimes],
                 seeds=seeds, base_seed=base_seed)

@@ -160,3 +160,19 @@ def test_cli_run_killed_with_sigkill_resumes_exactly(tmp_path):
     a = (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()
     b = (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x) for x in a] == [json.loads(x) for x in b]
+
+
+def test_cli_refuses_a_bad_expert_or_task_in_one_line(tmp_path, capsys):
+    """``jaxil lm interactive`` with a directory that holds no expert LM, a
+    task knob that is not NAME=VALUE, or a non-token environment exits 1
+    with one line naming the fix (no traceback, no work)."""
+    from jaxil.cli.main import main
+
+    base = ["lm", "interactive", "oec", "--budget", "300", "--no-progress"]
+    for extra, needle in (
+            (["--env", "tokens:arith", "--expert", str(tmp_path)], "no students.json there"),
+            (["--env", "tokens:arith", "--task-knob", "faults"], "is not NAME=VALUE"),
+            (["--env", "mpe:simple_spread"], "is not a token task")):
+        assert main(base + extra) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0], err
