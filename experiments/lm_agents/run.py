@@ -41,14 +41,15 @@ import numpy as np
 # The task settings and why: experiments/lm_agents/DIFFICULTY.md. ``multiples``: the
 # budgets in expert episodes' worth of tokens (BC's success jumps from ~0 to ~1 between 32
 # and 64 demonstrations on repair and arith; it rises slowly on exchange); ``episodes``: the
-# rollouts per round (enough for OEC to spend the larger budgets).
+# rollouts per round (enough for OEC to spend the larger budgets); ``ablation``: the budget of
+# the OEC ablations (None: none on this task).
 TASKS = {
     "tokens:repair": dict(knobs=dict(length=16, faults=4, values=32, max_turns=16),
                           multiples=(12, 24, 36, 48), ablation=24, episodes=16, agent_ids=False),
     "tokens:arith": dict(knobs=dict(num_ops=4, modulus=31, max_turns=8),
                          multiples=(12, 24, 36, 48), ablation=24, episodes=16, agent_ids=False),
     "tokens:exchange": dict(knobs=dict(half=3, values=32, sort=True, max_turns=6),
-                            multiples=(32, 64, 128, 256), ablation=64, episodes=48,
+                            multiples=(32, 64, 128, 256), ablation=None, episodes=48,
                             agent_ids=True),
 }
 METHOD_LABELS = {"bc": "BC", "onpolicy": "on-policy RS", "dagger": "DAgger", "oec": "OEC",
@@ -65,16 +66,23 @@ ABLATIONS = {
 SHIFT_METHODS = ("bc", "dagger", "oec")
 
 
-def regimes_for(task: dict, unit: int, sft_tokens: int, quick: bool) -> list[tuple[str, dict]]:
+def regimes_for(task: dict, unit: int, sft_tokens: int, quick: bool,
+                ablations_at: int | None = None) -> list[tuple[str, dict]]:
+    """The main regimes and the task's ablations, or with ``ablations_at``
+    only OEC and its ablations at that multiple."""
     from jaxil.algorithms.lm.interactive import token_regime
 
     mults = task["multiples"][:2] if quick else task["multiples"]
     out = []
+    if ablations_at:
+        mults = ()
+        out.append((f"oec@{ablations_at}",
+                    token_regime("oec", unit * ablations_at, sft_tokens=sft_tokens)))
     for m in mults:
         for method in METHOD_LABELS:
             out.append((f"{method}@{m}", token_regime(method, unit * m, sft_tokens=sft_tokens)))
-    abl = mults[-1] if quick else task["ablation"]
-    for name, over in ABLATIONS.items():
+    abl = ablations_at or (mults[-1] if quick else task["ablation"])
+    for name, over in ABLATIONS.items() if abl else ():
         out.append((f"oec[{name}]@{abl}",
                     token_regime("oec", unit * abl, sft_tokens=sft_tokens, **over)))
     return out
@@ -101,15 +109,25 @@ def run_task(env_id: str, task: dict, args) -> dict:
         updates_per_round=args.updates_per_round * s, batch_episodes=args.batch_episodes,
         sft_tokens=sft_tokens, sft_updates=args.sft_updates * s,
         eval_episodes=args.eval_episodes, learning_rate=args.lr)
-    regimes = regimes_for(task, unit, sft_tokens, args.quick)
+    regimes = regimes_for(task, unit, sft_tokens, args.quick, args.ablations_at)
+    kind = f"ablations@{args.ablations_at}" if args.ablations_at else "main"
+    run_dir = Path(args.out) / "runs" / (env_id.replace(":", "-")
+                                         + (f"-{kind.replace('@', '-')}" if args.ablations_at
+                                            else ""))
     t0 = time.time()
     res = TI.run(env, expert, None, regimes, seeds=args.seeds, config=config,
-                 base_seed=args.seed, out_dir=Path(args.out) / "runs" / env_id.replace(":", "-"),
-                 resume=(Path(args.out) / "runs" / env_id.replace(":", "-")).exists(),
+                 base_seed=args.seed, out_dir=run_dir, resume=run_dir.exists(),
                  eval_every=config.rounds, progress=not args.no_progress)
     train_s = time.time() - t0
     print(f"{env_id}: {len(regimes)} regimes × {args.seeds} seeds in {train_s:.0f}s")
     print(TI.format_table(res.summary))
+    entry = dict(env_id=env_id, kind=kind, knobs=knobs, unit_tokens=unit, sft_tokens=sft_tokens,
+                 config=dict(vars(config)), regimes=[n for n, _ in regimes],
+                 summary={k: v for k, v in res.summary.items() if k != "states"},
+                 rows=res.rows, train_seconds=train_s,
+                 command="python experiments/lm_agents/run.py " + " ".join(sys.argv[1:]))
+    if args.ablations_at:
+        return entry
 
     # The covariate-shift diagnostic of the BC, DAgger and OEC students at the smallest budget.
     student = TI.make_student(env, config)
@@ -127,11 +145,8 @@ def run_task(env_id: str, task: dict, args) -> dict:
             tables.append(DG.covariate_shift_rows(table))
         shift[method] = tables
     print(f"{env_id}: covariate-shift diagnostic in {time.time() - t1:.0f}s")
-    return dict(env_id=env_id, knobs=knobs, unit_tokens=unit, sft_tokens=sft_tokens,
-                config=dict(vars(config)), regimes=[n for n, _ in regimes],
-                summary={k: v for k, v in res.summary.items() if k != "states"},
-                rows=res.rows, shift=shift, shift_budget=first * unit,
-                train_seconds=train_s)
+    return dict(entry, shift=shift, shift_budget=first * unit,
+                shift_seconds=time.time() - t1)
 
 
 def _curve(task: dict, method: str):
@@ -151,22 +166,30 @@ def write_report(results: dict, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    tasks = results["tasks"]
+    entries = results["tasks"]
+    main = [t for t in entries if t.get("kind", "main") == "main"]
     lines = ["# Interactive imitation on token tasks", "",
-             f"Command: `{results['command']}`; wall time {results['wall_seconds'] / 60:.1f} min "
-             f"({results['seeds']} seeds).", ""]
-    for t in tasks:
-        lines += [f"## {t['env_id']} {t['knobs']} (expert episode ≈ {t['unit_tokens']} tokens; "
-                  f"SFT start: {t['sft_tokens']} tokens)", "",
+             f"{results['seeds']} seeds; training and diagnostics "
+             f"{results['wall_seconds'] / 60:.1f} min in all.", ""]
+    for t in entries:
+        lines += [f"## {t['env_id']} {t['knobs']}, {t.get('kind', 'main')}", "",
+                  f"`{t.get('command', '')}`: {t['train_seconds'] / 60:.1f} min training"
+                  + (f", {t['shift_seconds'] / 60:.1f} min diagnostic" if "shift_seconds" in t
+                     else "") + f"; expert episode ≈ {t['unit_tokens']} tokens; SFT start "
+                  f"{t['sft_tokens']} tokens.", "",
                   "| regime | expert tokens | win rate (mean ± std over seeds) | return |",
                   "|---|---:|---:|---:|"]
         for g in t["summary"]["regimes"]:
             lines.append(f"| {g['regime']} | {g['expert_tokens_mean']:.0f} | "
                          f"{g['win_mean']:.3f} ± {g['win_std']:.3f} | "
                          f"{g['return_mean']:.3f} ± {g['return_std']:.3f} |")
-        lines += ["", f"Per-turn next-token disagreement with the expert on the student's own "
-                      f"histories (mean over seeds; floor: the student on the expert's "
-                      f"histories), students at {t['shift_budget']} tokens:", "",
+        lines.append("")
+        if "shift" not in t:
+            continue
+        lines += [f"Per-turn next-token disagreement with the expert on the student's own "
+                  f"histories and hidden-state MMD² to the expert's histories (mean over "
+                  f"seeds; floors: the student on the expert's histories, two halves of the "
+                  f"expert's histories), students at {t['shift_budget']} tokens:", "",
                   "| turn | " + " | ".join(f"{m} | {m} floor | {m} MMD² | {m} MMD² floor"
                                           for m in SHIFT_METHODS) + " |",
                   "|---|" + "---:|" * (4 * len(SHIFT_METHODS))]
@@ -182,9 +205,9 @@ def write_report(results: dict, out: Path) -> None:
         lines.append("")
     (out / "table.md").write_text("\n".join(lines) + "\n")
 
-    n = len(tasks)
+    n = len(main)
     fig, axes = plt.subplots(1, n, figsize=(5.5 * n, 4), squeeze=False)
-    for ax, t in zip(axes[0], tasks):
+    for ax, t in zip(axes[0], main):
         for method, label in METHOD_LABELS.items():
             x, y, e = _curve(t, method)
             if len(x):
@@ -199,36 +222,41 @@ def write_report(results: dict, out: Path) -> None:
     fig.savefig(out / "scaling.png", dpi=120)
     plt.close(fig)
 
-    fig, axes = plt.subplots(1, n, figsize=(6 * n, 4), squeeze=False)
-    for ax, t in zip(axes[0], tasks):
-        groups = [g for g in t["summary"]["regimes"]
-                  if g["regime"].startswith("oec[") or g["regime"]
-                  == f"oec@{t['regimes'][-1].split('@')[1]}"]
-        names = [g["regime"].split("@")[0] for g in groups]
-        ax.barh(names, [g["win_mean"] for g in groups], xerr=[g["win_std"] for g in groups])
-        ax.set_xlabel("greedy success rate")
-        ax.set_title(f"{t['env_id']}: OEC ablations")
-    fig.tight_layout()
-    fig.savefig(out / "ablations.png", dpi=120)
-    plt.close(fig)
+    abl = [t for t in entries if any(r.startswith("oec[") for r in t["regimes"])]
+    if abl:
+        fig, axes = plt.subplots(1, len(abl), figsize=(6.5 * len(abl), 4), squeeze=False)
+        for ax, t in zip(axes[0], abl):
+            at = next(r for r in t["regimes"] if r.startswith("oec[")).split("@")[1]
+            groups = [g for g in t["summary"]["regimes"]
+                      if g["regime"].startswith("oec[") or g["regime"] == f"oec@{at}"]
+            ax.barh([g["regime"].split("@")[0] for g in groups],
+                    [g["win_mean"] for g in groups], xerr=[g["win_std"] for g in groups])
+            ax.set_xlabel("greedy success rate (mean ± std over seeds)")
+            ax.set_title(f"{t['env_id']}: OEC ablations at ×{at}")
+        fig.tight_layout()
+        fig.savefig(out / "ablations.png", dpi=120)
+        plt.close(fig)
 
-    fig, axes = plt.subplots(1, n, figsize=(5.5 * n, 4), squeeze=False)
-    for ax, t in zip(axes[0], tasks):
+    shifted = [t for t in main if "shift" in t]
+    fig, axes = plt.subplots(1, len(shifted), figsize=(5.5 * len(shifted), 4), squeeze=False)
+    for ax, t in zip(axes[0], shifted):
+        col = lambda rows, b, c: rows[b][c] if rows[b][c] is not None else np.nan
+        x = np.arange(len(t["shift"]["bc"][0]))
         for m in SHIFT_METHODS:
-            rows = t["shift"][m]
-            x = np.arange(len(rows[0]))
-            y = [np.nanmean([r[b]["disagreement_student"] if r[b]["disagreement_student"]
-                             is not None else np.nan for r in rows]) for b in x]
-            ax.plot(x, y, marker="o", label=METHOD_LABELS[m])
-        floor = [np.nanmean([r[b]["disagreement_floor"] if r[b]["disagreement_floor"] is not None
-                             else np.nan for r in t["shift"]["bc"]]) for b in x]
-        ax.plot(x, floor, "k--", label="BC on the expert's histories")
+            y = [np.nanmean([col(r, b, "disagreement_student") for r in t["shift"][m]])
+                 if any(r[b]["disagreement_student"] is not None for r in t["shift"][m])
+                 else np.nan for b in x]
+            ax.plot(x, y, marker="o", label=f"{METHOD_LABELS[m]}, own histories")
+        floor = [np.nanmean([col(r, b, "disagreement_floor") for r in t["shift"]["bc"]])
+                 if any(r[b]["disagreement_floor"] is not None for r in t["shift"]["bc"])
+                 else np.nan for b in x]
+        ax.plot(x, floor, "k--", label="BC on the expert's histories (floor)")
         ax.set_xticks(x, [r["turn"] for r in t["shift"]["bc"][0]])
         ax.set_xlabel("turn")
         ax.set_ylabel("next-token disagreement with the expert")
         ax.set_title(t["env_id"])
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
+    axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "shift.png", dpi=120)
     plt.close(fig)
@@ -253,6 +281,9 @@ def main(argv=None) -> int:
     p.add_argument("--shift-episodes", type=int, default=64)
     p.add_argument("--turn-bins", type=int, default=8)
     p.add_argument("--quick", action="store_true", help="2 budgets, 2 seeds, short rounds")
+    p.add_argument("--ablations-at", type=int, default=None, metavar="MULTIPLE",
+                   help="run only OEC and its ablations at this budget multiple (merged into "
+                        "results.json beside the main runs)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     if args.quick:
@@ -261,12 +292,20 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    tasks = [run_task(eid, TASKS[eid], args) for eid in args.tasks]
-    results = dict(command="python experiments/lm_agents/run.py " + " ".join(sys.argv[1:]),
-                   wall_seconds=time.time() - t0, seeds=args.seeds, args=vars(args), tasks=tasks)
-    (out / "results.json").write_text(json.dumps(results, indent=1, default=float))
+    new = [run_task(eid, TASKS[eid], args) for eid in args.tasks]
+    # Merge with the entries of earlier invocations (other tasks, or the ablations).
+    path = out / "results.json"
+    old = json.loads(path.read_text())["tasks"] if path.exists() else []
+    keys = {(t["env_id"], t.get("kind", "main")) for t in new}
+    tasks = [t for t in old if (t["env_id"], t.get("kind", "main")) not in keys] + new
+    order = list(TASKS)
+    tasks.sort(key=lambda t: (order.index(t["env_id"]), t.get("kind", "main") != "main"))
+    results = dict(seeds=args.seeds, tasks=tasks,
+                   wall_seconds=sum(t["train_seconds"] + t.get("shift_seconds", 0.0)
+                                    for t in tasks))
+    path.write_text(json.dumps(results, indent=1, default=float))
     write_report(results, out)
-    print(f"wall time {results['wall_seconds'] / 60:.1f} min; results in {out}")
+    print(f"this invocation {(time.time() - t0) / 60:.1f} min; results in {out}")
     return 0
 
 
