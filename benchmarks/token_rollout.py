@@ -69,12 +69,15 @@ not fit in memory is skipped with the reason; so is everything past
 
 Writes ``benchmarks/results/token_rollout-<host>-<date>.json`` (machine,
 library versions, settings, load average, every row) and prints a table.
-:func:`measure` is the same run as a function (for the accelerator suite).
+:func:`measure` is the same run as a function (for the accelerator suite);
+:func:`time_sides`, the alternating timing of one point's sides, is shared
+with :mod:`benchmarks.token_finetune`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import importlib.util
 import math
@@ -259,7 +262,26 @@ class HFPeer:
         return run
 
 
-# -- one size, one batch -----------------------------------------------------------------
+# -- timing sides alternately -------------------------------------------------------------
+
+
+class Skip(Exception):
+    """A side that cannot run here; the message is the reason the row records."""
+
+
+@dataclasses.dataclass
+class SideSpec:
+    """One program to time at one point.
+
+    ``prepare(info)`` returns a call that runs the program to completion
+    (recording facts such as ``compile_s`` in ``info``; raising :class:`Skip`
+    when it cannot run); ``tokens`` is what one call processes; ``check(info,
+    out)``, if given, reads the warm-up call's output (and may raise)."""
+
+    name: str
+    tokens: int
+    prepare: Callable[[dict[str, Any]], Callable[[], Any]]
+    check: Callable[[dict[str, Any], Any], None] | None = None
 
 
 class _Side:
@@ -286,65 +308,59 @@ def _predict(history: dict[str, tuple[int, float]], name: str, batch: int) -> fl
     return s * batch / b
 
 
-def measure_point(size: str, batch: int, *, env, student: TransformerPolicy, params, peer,
-                  sides: Sequence[str], new_tokens: int, prompt_token: int, repeats: int,
-                  target_s: float, max_call_s: float, history: dict, precision: str,
-                  deadline: float, seed: int = 0, log=print) -> dict[str, Any]:
-    """The row of one size and batch: every side of ``sides`` timed
-    alternately (see the module docstring)."""
-    n = env.spec.num_agents
-    steps = env.spec.max_steps
-    row: dict[str, Any] = {"size": size, "batch": batch, "new_tokens": new_tokens,
-                           "rollout_steps": steps, "sides": {}}
-    key = jax.random.PRNGKey(seed + 1)
-    progs: dict[str, Callable] = {}
-    if any(s.startswith("decode") for s in sides):
-        progs.update(decoders(student.net, batch, new_tokens, prompt_token))
-    if any(s.startswith("rollout") for s in sides):
-        progs.update(rollouts(env, student, batch, steps))
+def compiled_call(fn: Callable, args: Sequence[Any], info: dict[str, Any],
+                  precision: str) -> Callable[[], Any]:
+    """``fn(*args)`` compiled ahead under ``precision`` (``compile_s`` and
+    XLA's memory analysis into ``info``), as a call of no arguments; raises
+    :class:`Skip` when its buffers would not fit in the free memory."""
+    with matmul_precision(precision):
+        compiled, info["compile_s"] = M.compile_ahead(fn, *args)
+    mem = M.xla_memory(compiled)
+    info.update(mem)
+    reason = M.memory_shortfall(mem)
+    if reason:
+        raise Skip(reason)
+    return functools.partial(compiled, *args)
+
+
+def time_sides(specs: Sequence[SideSpec], batch: int, *, repeats: int, target_s: float,
+               max_call_s: float, history: dict[str, tuple[int, float]],
+               deadline: float) -> dict[str, dict[str, Any]]:
+    """Every side of ``specs`` prepared, run once as a warm-up, then timed
+    alternately (each round times every side once) for up to ``repeats``
+    rounds, fewer for calls slower than ``target_s`` / ``repeats``.
+
+    Returns ``{name: info}``: ``skipped`` (the reason, or None), and for a
+    timed side ``call_s`` / ``cpu_s`` (medians), ``tokens``,
+    ``tokens_per_s``, ``tokens_per_cpu_s``, ``context_tokens_per_s`` (when
+    ``prepare`` or ``check`` recorded ``context_tokens``) and ``timing``. A
+    side is skipped past ``deadline``, when its call is predicted (from
+    ``history``, which this updates) to take longer than ``max_call_s``,
+    when it raises :class:`Skip`, or when it runs out of memory."""
+    infos: dict[str, dict[str, Any]] = {}
     live: list[_Side] = []
-    for name in sides:
+    for spec in specs:
         info: dict[str, Any] = {}
-        row["sides"][name] = info
+        infos[spec.name] = info
         if time.perf_counter() > deadline:
             info["skipped"] = "run budget (--budget-s) spent"
             continue
-        pred = _predict(history, name, batch)
+        pred = _predict(history, spec.name, batch)
         if pred is not None and pred > max_call_s:
-            info["skipped"] = (f"predicted {pred:.0f} s per call (from B={history[name][0]}) "
+            info["skipped"] = (f"predicted {pred:.0f} s per call (from B={history[spec.name][0]}) "
                                f"> --max-call-s {max_call_s:.0f}")
             continue
-        tokens = batch * (n * steps if name.startswith("rollout") else new_tokens)
         try:
-            if name.startswith("hf"):
-                if peer is None:
-                    info["skipped"] = "peer unavailable"
-                    continue
-                call = peer.generator(batch, new_tokens, prompt_token, use_cache=name == "hf_cache")
-                info["compile_s"] = None
-            else:
-                with matmul_precision(precision):
-                    compiled, info["compile_s"] = M.compile_ahead(progs[name], params, key)
-                mem = M.xla_memory(compiled)
-                info.update(mem)
-                reason = M.memory_shortfall(mem)
-                if reason:
-                    info["skipped"] = reason
-                    continue
-                call = functools.partial(compiled, params, key)
-            side = _Side(name, call, tokens, info)
+            side = _Side(spec.name, spec.prepare(info), spec.tokens, info)
             w, c, out = side.time()  # warm-up
             info["warmup_s"] = w
-            if name.startswith("hf"):
-                info["generated_shape"] = list(out.shape)
-                if out.shape[1] != 1 + new_tokens:
-                    raise RuntimeError(f"generate returned {out.shape[1] - 1} new tokens, "
-                                       f"not {new_tokens}")
-            elif name.startswith("rollout"):
-                info["context_tokens"] = int(out[1])
+            if spec.check is not None:
+                spec.check(info, out)
             del out
             side.n = int(min(repeats, max(1, math.floor(target_s / max(w, 1e-9)))))
             live.append(side)
+        except Skip as e:
+            info["skipped"] = str(e)
         except Exception as e:
             if M.is_oom(e) or type(e).__name__ == "OutOfMemoryError":
                 info["skipped"] = f"out of memory: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
@@ -366,7 +382,58 @@ def measure_point(size: str, batch: int, *, env, student: TransformerPolicy, par
         if "context_tokens" in side.row:
             side.row["context_tokens_per_s"] = side.row["context_tokens"] / s
         history[side.name] = (batch, s)
-        row[f"{side.name}_tokens_per_s"] = side.tokens / s
+    return infos
+
+
+# -- one size, one batch -----------------------------------------------------------------
+
+
+def measure_point(size: str, batch: int, *, env, student: TransformerPolicy, params, peer,
+                  sides: Sequence[str], new_tokens: int, prompt_token: int, repeats: int,
+                  target_s: float, max_call_s: float, history: dict, precision: str,
+                  deadline: float, seed: int = 0, log=print) -> dict[str, Any]:
+    """The row of one size and batch: every side of ``sides`` timed
+    alternately (see the module docstring)."""
+    n = env.spec.num_agents
+    steps = env.spec.max_steps
+    row: dict[str, Any] = {"size": size, "batch": batch, "new_tokens": new_tokens,
+                           "rollout_steps": steps, "sides": {}}
+    key = jax.random.PRNGKey(seed + 1)
+    progs: dict[str, Callable] = {}
+    if any(s.startswith("decode") for s in sides):
+        progs.update(decoders(student.net, batch, new_tokens, prompt_token))
+    if any(s.startswith("rollout") for s in sides):
+        progs.update(rollouts(env, student, batch, steps))
+
+    def prepare(name):
+        def run(info):
+            if not name.startswith("hf"):
+                return compiled_call(progs[name], (params, key), info, precision)
+            if peer is None:
+                raise Skip("peer unavailable")
+            info["compile_s"] = None
+            return peer.generator(batch, new_tokens, prompt_token, use_cache=name == "hf_cache")
+
+        return run
+
+    def check_hf(info, out):
+        info["generated_shape"] = list(out.shape)
+        if out.shape[1] != 1 + new_tokens:
+            raise RuntimeError(f"generate returned {out.shape[1] - 1} new tokens, not {new_tokens}")
+
+    def check_rollout(info, out):
+        info["context_tokens"] = int(out[1])
+
+    specs = [SideSpec(name, batch * (n * steps if name.startswith("rollout") else new_tokens),
+                      prepare(name),
+                      check_hf if name.startswith("hf") else
+                      check_rollout if name.startswith("rollout") else None)
+             for name in sides]
+    row["sides"] = time_sides(specs, batch, repeats=repeats, target_s=target_s,
+                              max_call_s=max_call_s, history=history, deadline=deadline)
+    for name, info in row["sides"].items():
+        if not info.get("skipped"):
+            row[f"{name}_tokens_per_s"] = info["tokens_per_s"]
     _ratios(row)
     log(f"  {size} B={batch}: " + ", ".join(
         f"{k} {M.si(v['tokens_per_s'])} tok/s" if not v.get("skipped") else f"{k} skipped"
