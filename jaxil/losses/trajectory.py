@@ -46,26 +46,32 @@ def discounted_score(values: jax.Array, mask: jax.Array, gamma) -> jax.Array:
 def log_ratio_score(logp_num: jax.Array, logp_den: jax.Array, mask: jax.Array) -> jax.Array:
     """Log-likelihood ratio of a trajectory's actions under two policies.
 
-        r_c(τ) = Σ_t m_t Σ_i [log π_num(a_{t,i}|o_{t,i}) − log π_den(a_{t,i}|o_{t,i})]
+        r_c(τ) = Σ_t Σ_i m_{t,i} [log π_num(a_{t,i}|h_{t,i}) − log π_den(a_{t,i}|h_{t,i})]
                = log π_num(τ) − log π_den(τ)
 
     (the transition probabilities cancel; AfD's analytic Init–SFT reward with
     ``num = π_SFT``, ``den = π_0``: Sun & van der Schaar, arXiv 2405.15624).
+    A step mask ``m_t`` counts every agent of a valid step; a per-agent mask
+    ``m_{t,i}`` selects tokens (a token episode's agent-token loss mask,
+    :func:`jaxil.losses.sequence.agent_token_mask`).
 
     Args:
       logp_num: ``[B, T, N]`` per-agent log-probabilities under π_num.
       logp_den: ``[B, T, N]`` under π_den.
-      mask: ``[B, T]`` valid steps.
+      mask: ``[B, T]`` valid steps, or ``[B, T, N]`` the agent actions to count.
 
     Returns:
       ``[B]`` log-ratios.
     """
     logp_num, logp_den, mask = map(jnp.asarray, (logp_num, logp_den, mask))
-    chex.assert_rank([logp_num, logp_den, mask], [3, 3, 2])
+    chex.assert_rank([logp_num, logp_den], 3)
     chex.assert_equal_shape([logp_num, logp_den])
-    chex.assert_equal_shape_prefix([logp_num, mask], 2)
     chex.assert_type([logp_num, logp_den], float)
+    if mask.ndim == 2:
+        chex.assert_equal_shape_prefix([logp_num, mask], 2)
+        mask = mask[..., None]
+    else:
+        chex.assert_equal_shape([logp_num, mask])
     # where, not multiply: padding steps may hold -inf log-probabilities
-    diff = jnp.where(mask[..., None].astype(bool), logp_num - logp_den, 0.0)
+    diff = jnp.where(jnp.broadcast_to(mask.astype(bool), logp_num.shape), logp_num - logp_den, 0.0)
     return jnp.sum(diff, axis=(1, 2))
-

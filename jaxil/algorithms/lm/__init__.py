@@ -9,6 +9,10 @@
   student (:func:`covariate_shift`): next-token disagreement with the
   expert on its own histories against the expert's, and the MMD² of its
   hidden states, each with its floor.
+- :mod:`jaxil.algorithms.lm.reward`: sequence reward models over token
+  episodes (:class:`SequenceRewardModel`, a discriminator between two
+  sources of episodes) and the analytic Init–SFT reward
+  (:func:`analytic_reward`).
 """
 
 from jaxil.algorithms.lm.diagnostics import (
@@ -22,6 +26,15 @@ from jaxil.algorithms.lm.diagnostics import (
     shift_table,
     student_disagreement_by_turn,
     turn_bin_labels,
+)
+from jaxil.algorithms.lm.reward import (
+    RewardEpisodes,
+    SequenceRewardConfig,
+    SequenceRewardModel,
+    SequenceRewardState,
+    analytic_reward,
+    sequence_reward_loss,
+    source_episodes,
 )
 from jaxil.algorithms.lm.sft import (
     SFTConfig,
@@ -39,10 +52,15 @@ from jaxil.algorithms.lm.sft import (
 )
 
 __all__ = [
+    "RewardEpisodes",
     "SFTConfig",
     "SFTState",
+    "SequenceRewardConfig",
+    "SequenceRewardModel",
+    "SequenceRewardState",
     "ShiftEpisodes",
     "TokenEpisodes",
+    "analytic_reward",
     "check_demos",
     "collect_demos",
     "covariate_shift",
@@ -53,11 +71,13 @@ __all__ = [
     "make_student",
     "mmd2_by_turn",
     "score_demos",
+    "sequence_reward_loss",
     "sft_identity",
     "sft_loss",
     "sft_program",
     "shift_episodes",
     "shift_table",
+    "source_episodes",
     "student_disagreement_by_turn",
     "train_sft",
     "turn_bin_labels",

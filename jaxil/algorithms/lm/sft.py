@@ -183,11 +183,11 @@ def make_student(env: envs.MultiAgentEnv, config: SFTConfig) -> TransformerPolic
     return TransformerPolicy(config_for_env(env, config.size, agent_ids=config.agent_ids))
 
 
-def _check_token_env(env: envs.MultiAgentEnv) -> None:
+def _check_token_env(env: envs.MultiAgentEnv,
+                     why: str = "SFT trains a transformer on token episodes") -> None:
     if not (hasattr(env, "token_width") and hasattr(env, "max_context")):
         raise ValueError(f"{env.spec.env_id} is not a token environment (tokens:repair, "
-                         "tokens:arith, tokens:exchange); SFT trains a transformer on token "
-                         "episodes")
+                         f"tokens:arith, tokens:exchange); {why}")
 
 
 def check_demos(env: envs.MultiAgentEnv, demos: TokenEpisodes, what: str = "demos") -> None:

@@ -202,6 +202,7 @@ def arith_shift():
     return student, params, eps, table
 
 
+@pytest.mark.slow
 def test_covariate_shift_table_matches_a_reference_from_its_own_episodes(arith_shift):
     """The driver's per-turn columns recomputed outside it from the same
     episodes: turns by a loop over the tokens, the student's greedy token by

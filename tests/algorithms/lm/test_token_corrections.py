@@ -233,6 +233,7 @@ def test_the_fixed_switch_hands_over_exactly_at_turn_k(repair, roll):
     assert ep.carry.expert_acted.any() and (~ep.carry.expert_acted & ep.mask).any()
 
 
+@pytest.mark.slow
 def test_dagger_coins_fall_per_turn_and_the_gate_is_sticky(roll):
     """β = 1: the expert plays everything, β = 0 (and switch none): the
     student everything; β = 0.5: who acts is constant within each turn and

@@ -10,7 +10,6 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from jaxil import envs
@@ -115,6 +114,7 @@ def _nll_after_updates(env, expert, sign):
     return before, nll(after_state.params)
 
 
+@pytest.mark.slow
 def test_the_student_update_raises_the_labels_likelihood_and_its_negation_lowers_it(env, expert):
     """30 updates lower the demonstrations' token NLL well below its start;
     with the objective's sign flipped the NLL rises. Kills a flipped loss

@@ -1,0 +1,348 @@
+"""Sequence reward models over token episodes (AfD-style IRL for token agents).
+
+A reward model is a discriminator between *negative* and *positive* token
+episodes whose logit, the episode's score, is the reward (Sun & van der
+Schaar, "Inverse RL from demonstrations", arXiv 2405.15624). The sample
+sources are those of :data:`jaxil.algorithms.irl.reward_model.SOURCES`
+(negatives → positives): ``"init-sft"`` (episodes of π_0 → episodes of
+π_SFT; AfD's proposal), ``"init-demo"`` and ``"sft-demo"``
+(:func:`source_episodes`).
+
+**The network** is a :class:`jaxil.nn.transformer.TransformerPolicy` (its
+own architecture, or π_SFT's parameters as the starting point, as AfD
+initialises its reward model from the SFT model). Teacher-forced over an
+episode it gives, at every step, the head's outputs ``ℓ_θ(h_t) [V]`` on the
+agent's context ``h_t`` before its token (:meth:`TransformerPolicy.chunk_logits`);
+the reward of the token ``a_t`` the agent emitted is the output at that
+token, one scalar per (context, token):
+
+    r_θ(h_t, a_t) = ℓ_θ(h_t)[a_t]
+
+(a head over the context alone could not see the token it scores: ``h_t``
+holds the tokens before ``a_t``, and an episode's last token never enters a
+context). The episode's score sums the reads over a read mask ``ρ [T, N]``
+(:func:`read_mask`):
+
+    S_θ(τ) = Σ_t Σ_i ρ_ti · r_θ(h_ti, a_ti)
+
+- ``read="token"``: every token an agent emits on its turn
+  (:func:`jaxil.algorithms.lm.turns.speaking`, forced tokens included: their
+  read still depends on the context);
+- ``read="turn"``: once per turn, at its ``<eot>``, where the context holds
+  the whole turn (a reward per turn, summed).
+
+**The loss** (:func:`sequence_reward_loss`) is the logistic discriminator
+loss on episode scores (:func:`jaxil.losses.discriminator_loss`, positives
+labelled 1, negatives 0),
+
+    L(θ) = E_{τ∼P}[softplus(−S_θ(τ))] + E_{τ∼Q}[softplus(S_θ(τ))],
+
+whose optimum is ``S_θ(τ) = log P(τ)/Q(τ)``.
+
+**The analytic reward** of the Init–SFT pair (:func:`analytic_reward`) needs
+no training: with deterministic transitions (tool answers are functions of
+the history) the optimum above is the log-likelihood ratio of the agents'
+tokens,
+
+    r_c(τ) = log π_SFT(τ) − log π_0(τ)
+           = Σ_t Σ_i m_ti [log π_SFT(a_ti | h_ti) − log π_0(a_ti | h_ti)],
+
+over the agent-token loss mask ``m`` of SFT
+(:func:`jaxil.losses.sequence.agent_token_mask` with the legal masks:
+tokens the grammar forces have ``log π = 0`` under every policy), from
+:meth:`TransformerPolicy.episode_scores` and
+:func:`jaxil.losses.log_ratio_score`.
+
+API (pure functions over pytrees; vmap seeds over the state)::
+
+    rm = SequenceRewardModel(env, SequenceRewardConfig(read="token"))
+    state = rm.init_state(key)                      # or rm.init_state(key, params=sft_params)
+    data = RewardEpisodes.build(env, positive, negative)   # TokenEpisodes of each source
+    state, metrics, health = rm.update_n(state, data, k)   # k fused Adam steps
+    s = rm.scores(state.params, episodes)           # [E] episode scores
+    r_c = analytic_reward(student, sft_params, init_params, episodes)   # [E]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from jaxil import envs
+from jaxil.algorithms.irl.reward_model import source_roles
+from jaxil.algorithms.lm.sft import (
+    TokenEpisodes,
+    _check_token_env,
+    _token_mask,
+    check_demos,
+)
+from jaxil.algorithms.lm.turns import speaking
+from jaxil.envs.tokens import EOT
+from jaxil.losses import discriminator_loss, log_ratio_score
+from jaxil.nn.transformer import SIZES, TransformerPolicy, config_for_env
+from jaxil.runs.guard import Health
+from jaxil.runs.updates import fused_updates
+
+#: Where a sequence reward model reads its per-token rewards (:func:`read_mask`).
+READS = ("token", "turn")
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceRewardConfig:
+    """Settings of a sequence reward model.
+
+    Attributes:
+      size: the transformer size (:data:`jaxil.nn.transformer.SIZES`); to
+        start from π_SFT's parameters, use π_SFT's size and ``agent_ids``.
+      agent_ids: add the learned agent-id embedding.
+      read: ``"token"`` (a reward on every token an agent emits on its turn)
+        or ``"turn"`` (one at each turn's ``<eot>``); see :func:`read_mask`.
+      learning_rate: Adam's step size.
+      max_grad_norm: global-norm gradient clipping.
+      batch_episodes: episodes per source in each update (drawn with
+        replacement).
+    """
+
+    size: str = "tiny"
+    agent_ids: bool = False
+    read: str = "token"
+    learning_rate: float = 1e-3
+    max_grad_norm: float = 1.0
+    batch_episodes: int = 32
+
+    def __post_init__(self):
+        if self.size not in SIZES:
+            raise ValueError(f"SequenceRewardConfig.size must be one of {list(SIZES)}, got "
+                             f"{self.size!r}")
+        if self.read not in READS:
+            raise ValueError(f"SequenceRewardConfig.read must be one of {READS}, got "
+                             f"{self.read!r}")
+        if int(self.batch_episodes) < 1:
+            raise ValueError(f"SequenceRewardConfig.batch_episodes must be >= 1, got "
+                             f"{self.batch_episodes}")
+        if not self.learning_rate > 0 or not self.max_grad_norm > 0:
+            raise ValueError(f"SequenceRewardConfig.learning_rate and max_grad_norm must be "
+                             f"positive, got {self.learning_rate} and {self.max_grad_norm}")
+
+
+@struct.dataclass
+class SequenceRewardState:
+    """A reward model's training state (stack it ``[R]`` to vmap seeds)."""
+
+    params: Any
+    opt_state: Any
+    step: jax.Array
+    key: jax.Array
+
+
+@struct.dataclass
+class RewardEpisodes:
+    """The two sources of a reward model, on device: ``positive`` (labelled
+    1) and ``negative`` (labelled 0) :class:`TokenEpisodes`, of any sizes."""
+
+    positive: TokenEpisodes
+    negative: TokenEpisodes
+
+    @staticmethod
+    def build(env: envs.MultiAgentEnv, positive: TokenEpisodes,
+              negative: TokenEpisodes) -> "RewardEpisodes":
+        """Both sources, checked against ``env`` (one-line errors for
+        episodes of another task or configuration)."""
+        check_demos(env, positive, "positive episodes")
+        check_demos(env, negative, "negative episodes")
+        return RewardEpisodes(positive, negative)
+
+
+def source_episodes(source: str, episodes: dict[str, TokenEpisodes]) -> RewardEpisodes:
+    """The :class:`RewardEpisodes` of ``source`` (``"init-sft"``,
+    ``"init-demo"`` or ``"sft-demo"``) from ``episodes``, which maps the
+    roles ``"init"`` (π_0's episodes), ``"sft"`` (π_SFT's) and ``"demo"``
+    (the demonstrations) to episodes; only the source's two roles are needed."""
+    neg, pos = source_roles(source)
+    missing = [r for r in (neg, pos) if r not in episodes]
+    if missing:
+        raise ValueError(f"source {source} needs episodes of {missing}; got {sorted(episodes)}")
+    return RewardEpisodes(positive=episodes[pos], negative=episodes[neg])
+
+
+def read_mask(avail: jax.Array, actions: jax.Array, valid: jax.Array,
+              read: str = "token") -> jax.Array:
+    """``[T, N]`` bool: where a reward model reads one episode's rewards.
+
+        ρ_ti = speaking_ti                    (read="token")
+        ρ_ti = speaking_ti ∧ [a_ti = <eot>]   (read="turn")
+
+    with ``speaking`` the valid steps at which agent i is on turn
+    (:func:`jaxil.algorithms.lm.turns.speaking`).
+
+    Args:
+      avail: ``[T, N, V]`` legal-token masks.
+      actions: ``[T, N]`` int tokens emitted.
+      valid: ``[T]`` bool, the episode's valid steps.
+      read: ``"token"`` or ``"turn"``.
+    """
+    chex.assert_rank([avail, actions, valid], [3, 2, 1])
+    if read not in READS:
+        raise ValueError(f"read must be one of {READS}, got {read!r}")
+    on_turn = speaking(avail, valid)
+    return on_turn & (actions == EOT) if read == "turn" else on_turn
+
+
+def masked_episode_sum(values: jax.Array, mask: jax.Array) -> jax.Array:
+    """``[B]``: ``Σ_{t,i} m_bti · v_bti`` of ``values``, ``mask`` ``[B, T, N]``
+    (select, not multiply: masked-out entries may be non-finite)."""
+    chex.assert_rank([values, mask], 3)
+    chex.assert_type(values, float)
+    chex.assert_equal_shape([values, mask])
+    return jnp.sum(jnp.where(mask.astype(bool), values, 0.0), axis=(1, 2))
+
+
+def sequence_reward_loss(positive_rewards: jax.Array, positive_mask: jax.Array,
+                         negative_rewards: jax.Array, negative_mask: jax.Array) -> jax.Array:
+    """The logistic discriminator loss on episode scores.
+
+        S(τ) = Σ_{t,i} ρ_ti · r_ti
+        L = mean_{τ∈P} softplus(−S(τ)) + mean_{τ∈Q} softplus(S(τ))
+
+    (:func:`jaxil.losses.discriminator_loss` on the scores; at the optimum
+    ``S = log P(τ)/Q(τ)``; Sun & van der Schaar, arXiv 2405.15624).
+
+    Args:
+      positive_rewards: ``[B, T, N]`` per-token rewards of the positive
+        episodes (anything, even non-finite, where the mask is off).
+      positive_mask: ``[B, T, N]`` the reads (:func:`read_mask`).
+      negative_rewards: ``[B2, T, N]`` of the negative episodes.
+      negative_mask: ``[B2, T, N]``.
+
+    Returns:
+      Scalar loss.
+    """
+    chex.assert_rank([positive_rewards, positive_mask, negative_rewards, negative_mask], 3)
+    chex.assert_equal_shape([positive_rewards, positive_mask])
+    chex.assert_equal_shape([negative_rewards, negative_mask])
+    return discriminator_loss(masked_episode_sum(positive_rewards, positive_mask),
+                              masked_episode_sum(negative_rewards, negative_mask))
+
+
+class SequenceRewardModel:
+    """The sequence reward model of ``env`` and ``config`` (see the module
+    docstring): a transformer whose head, read at each emitted token, is
+    that token's reward, summed into the episode's score."""
+
+    def __init__(self, env: envs.MultiAgentEnv,
+                 config: SequenceRewardConfig = SequenceRewardConfig()):
+        _check_token_env(env, "a sequence reward model scores token episodes")
+        self.env, self.config = env, config
+        self.net = TransformerPolicy(config_for_env(env, config.size, agent_ids=config.agent_ids))
+        self.tx = optax.chain(optax.clip_by_global_norm(config.max_grad_norm),
+                              optax.adam(config.learning_rate))
+
+    # -- parameters ------------------------------------------------------------------
+    def init(self, key: jax.Array) -> Any:
+        """Fresh network parameters."""
+        return self.net.init(key)
+
+    def init_state(self, key: jax.Array, params: Optional[Any] = None) -> SequenceRewardState:
+        """Parameters (``params``, e.g. π_SFT's of the same architecture, or a
+        fresh draw from ``key``), a fresh Adam state, step 0."""
+        k_net, k_state = jax.random.split(key)
+        if params is None:
+            params = self.init(k_net)
+        else:
+            want = jax.tree.map(lambda x: tuple(x.shape), jax.eval_shape(self.init, k_net))
+            got = jax.tree.map(lambda x: tuple(x.shape), params)
+            if want != got:
+                raise ValueError("the starting parameters do not fit the reward model's "
+                                 f"transformer ({self.net.config}); give the reward model "
+                                 "the policy's size and agent_ids")
+        return SequenceRewardState(params, self.tx.init(params), jnp.int32(0), k_state)
+
+    # -- the reward --------------------------------------------------------------------
+    def token_rewards(self, params: Any, obs: jax.Array, actions: jax.Array) -> jax.Array:
+        """``r_θ(h_t, a_t) [T, N]``: the head's output at each emitted token
+        of one episode (``obs [T, N, K]``, ``actions [T, N]``), on the
+        context before it."""
+        chex.assert_rank([obs, actions], [3, 2])
+        logits = self.net.chunk_logits(params, obs)
+        return jnp.take_along_axis(logits, actions[..., None].astype(jnp.int32), -1)[..., 0]
+
+    def read_masks(self, episodes: TokenEpisodes) -> jax.Array:
+        """``[E, T, N]`` the reads (:func:`read_mask` with ``config.read``)."""
+        return jax.vmap(read_mask, in_axes=(0, 0, 0, None))(
+            episodes.avail, episodes.actions, episodes.mask, self.config.read)
+
+    def scores(self, params: Any, episodes: TokenEpisodes) -> jax.Array:
+        """``S_θ(τ) [E]``: each episode's summed reads."""
+        r = jax.vmap(self.token_rewards, in_axes=(None, 0, 0))(params, episodes.obs,
+                                                               episodes.actions)
+        return masked_episode_sum(r, self.read_masks(episodes))
+
+    # -- training ------------------------------------------------------------------------
+    def loss(self, params: Any, positive: TokenEpisodes, negative: TokenEpisodes
+             ) -> tuple[jax.Array, dict]:
+        """:func:`sequence_reward_loss` of a positive and a negative batch, and
+        its metrics (``accuracy``: positives scored > 0 and negatives < 0;
+        the mean scores). Pure; differentiable in ``params``."""
+        rewards = jax.vmap(self.token_rewards, in_axes=(None, 0, 0))
+        r_p = rewards(params, positive.obs, positive.actions)
+        r_n = rewards(params, negative.obs, negative.actions)
+        m_p, m_n = self.read_masks(positive), self.read_masks(negative)
+        loss = sequence_reward_loss(r_p, m_p, r_n, m_n)
+        s_p, s_n = masked_episode_sum(r_p, m_p), masked_episode_sum(r_n, m_n)
+        return loss, dict(loss=loss, accuracy=0.5 * (jnp.mean(s_p > 0) + jnp.mean(s_n < 0)),
+                          score_positive=jnp.mean(s_p), score_negative=jnp.mean(s_n))
+
+    def update(self, state: SequenceRewardState, positive: TokenEpisodes,
+               negative: TokenEpisodes) -> tuple[SequenceRewardState, dict]:
+        """One clipped-Adam step on :meth:`loss`. Jit-able; vmap it over seeds."""
+        grads, metrics = jax.grad(self.loss, has_aux=True)(state.params, positive, negative)
+        updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+        return state.replace(params=optax.apply_updates(state.params, updates),
+                             opt_state=opt_state, step=state.step + 1), metrics
+
+    def sample(self, key: jax.Array, data: RewardEpisodes) -> tuple[TokenEpisodes, TokenEpisodes]:
+        """A positive and an independent negative batch of
+        ``batch_episodes`` episodes each (with replacement)."""
+        b = self.config.batch_episodes
+
+        def pick(k, eps):
+            return eps.take(jax.random.randint(k, (b,), 0, eps.num_episodes))
+
+        kp, kn = jax.random.split(key)
+        return pick(kp, data.positive), pick(kn, data.negative)
+
+    def update_n(self, state: SequenceRewardState, data: RewardEpisodes, k: int
+                 ) -> tuple[SequenceRewardState, dict, Health]:
+        """``k`` updates fused in one ``lax.scan`` with on-device batches
+        (:func:`jaxil.runs.updates.fused_updates`): ``(state, the last
+        update's metrics, jaxil.runs.guard.Health)``."""
+        return fused_updates(lambda s, key: self.update(s, *self.sample(key, data)), state, k)
+
+
+def analytic_reward(policy: TransformerPolicy, params_sft: Any, params_0: Any,
+                    episodes: TokenEpisodes) -> jax.Array:
+    """``r_c(τ) = log π_SFT(τ) − log π_0(τ)`` per episode ``[E]``.
+
+    The teacher-forced token log-probabilities of both parameter sets
+    (:meth:`TransformerPolicy.episode_scores`), differenced and summed over
+    the agent tokens of SFT's loss mask (valid steps with a choice:
+    :func:`jaxil.losses.sequence.agent_token_mask`) by
+    :func:`jaxil.losses.log_ratio_score`.
+
+    Args:
+      policy: the transformer both parameter sets belong to (π_SFT's
+        student, e.g. :func:`jaxil.algorithms.lm.sft.make_student`).
+      params_sft: π_SFT's parameters.
+      params_0: π_0's (the same network at its initialisation).
+      episodes: the episodes to score.
+    """
+    score = jax.vmap(policy.episode_scores, in_axes=(None, 0, 0, 0))
+    num, _ = score(params_sft, episodes.obs, episodes.avail, episodes.actions)
+    den, _ = score(params_0, episodes.obs, episodes.avail, episodes.actions)
+    return log_ratio_score(num, den, _token_mask(episodes, forced_tokens=False))

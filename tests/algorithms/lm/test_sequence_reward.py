@@ -1,0 +1,304 @@
+"""Sequence reward models over token episodes (:mod:`jaxil.algorithms.lm.reward`):
+the loss and the episode scores against float64 numpy references, the
+analytic reward ``r_c = log π_SFT(τ) − log π_0(τ)`` against a token-by-token
+sum along the KV-cache step path, masks one token off giving other numbers,
+and a reward model that learns to rank the scripted expert's episodes above
+random play (while a negated loss drives the held-out loss up).
+
+The episodes are ``tokens:arith`` with two operations (``CALC``, ``CALC``,
+``SUBMIT``: 13 tokens for the expert), of the scripted expert and of the
+uniformly random legal policy, from one compiled collector.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxil import envs
+from jaxil import losses as L
+from jaxil.algorithms.lm import reward as R
+from jaxil.algorithms.lm import sft
+from jaxil.envs.experts import scripted_expert
+from jaxil.envs.policies import Policy, as_policy, random_policy
+from jaxil.envs.tokens import EOT
+from helpers.fast_compile import fast_call, fast_compile  # XLA level 0: compiling dominates
+
+NUM_TRAIN, NUM_HELDOUT = 64, 32
+CFG = R.SequenceRewardConfig(batch_episodes=8, learning_rate=1e-3)
+UPDATES = 60
+
+
+def _softplus(x):
+    return np.logaddexp(0.0, x)
+
+
+@pytest.fixture(scope="module")
+def env():
+    return envs.make("tokens:arith", num_ops=2)
+
+
+@pytest.fixture(scope="module")
+def episodes(env):
+    """``(expert, random)`` TokenEpisodes, ``NUM_TRAIN + NUM_HELDOUT`` each:
+    one compiled collector whose boolean ``params`` picks the scripted
+    expert's token or a uniformly random legal one."""
+    expert, rand = as_policy(scripted_expert(env)[0]), random_policy(env.spec)
+
+    def act(use_expert, obs, avail, key, carry):
+        a, carry = expert.act(None, obs, avail, key, carry)
+        return jnp.where(use_expert, a, rand(None, obs, avail, key)), carry
+
+    mixed = Policy(expert.init, act)
+    n = NUM_TRAIN + NUM_HELDOUT
+    collect = fast_compile(lambda p, k: envs.run_episodes(env, mixed, p, k, n),
+                           jnp.bool_(True), jax.random.PRNGKey(0))
+    ex = sft.from_episodes(env, collect(jnp.bool_(True), jax.random.PRNGKey(0)))
+    rn = sft.from_episodes(env, collect(jnp.bool_(False), jax.random.PRNGKey(1)))
+    return ex, rn
+
+
+def _sharp(params, factor):
+    """``params`` with every kernel and embedding scaled by ``factor``:
+    sharper distributions than at init, so log π moves by far more than
+    rounding when a mask or an alignment is wrong."""
+    def scale(path, x):
+        name = jax.tree_util.keystr(path)
+        return x * factor if ("kernel" in name or "embed" in name) else x
+    return jax.tree_util.tree_map_with_path(scale, params)
+
+
+def _mixed_batch(episodes, k=6):
+    """The first ``k`` expert and the first ``k`` random episodes, concatenated."""
+    ex, rn = episodes
+    return jax.tree.map(lambda a, b: jnp.concatenate([a[:k], b[:k]]), ex, rn)
+
+
+# -- the loss ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_sequence_reward_loss_matches_float64_numpy(jit):
+    """``sequence_reward_loss`` on random rewards and masks (batches of
+    different sizes, NaN and inf where the mask is off) equals the float64
+    reference ``mean softplus(−S_pos) + mean softplus(S_neg)`` with ``S`` the
+    masked sum over steps and agents. Kills: a multiplied mask (NaN from
+    the padding), swapped labels, a mean over tokens instead of the sum, a
+    sum over one axis only, and scores averaged across the two batches."""
+    rng = np.random.default_rng(0)
+    B, B2, T, N = 5, 7, 9, 2
+    r_p, r_n = 0.7 * rng.normal(size=(B, T, N)), 0.7 * rng.normal(size=(B2, T, N))
+    m_p, m_n = rng.uniform(size=(B, T, N)) < 0.6, rng.uniform(size=(B2, T, N)) < 0.6
+    s_p, s_n = (r_p * m_p).sum((1, 2)), (r_n * m_n).sum((1, 2))
+    want = _softplus(-s_p).mean() + _softplus(s_n).mean()
+    junk_p = np.where(m_p, r_p, np.nan).astype(np.float32)
+    junk_n = np.where(m_n, r_n, np.inf).astype(np.float32)
+    fn = jax.jit(R.sequence_reward_loss) if jit else R.sequence_reward_loss
+    got = fn(junk_p, m_p, junk_n, m_n)
+    np.testing.assert_allclose(float(got), want, rtol=1e-5, atol=1e-6)
+    assert abs(want - (_softplus(s_p).mean() + _softplus(-s_n).mean())) > 0.1  # labels matter
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_log_ratio_score_sums_the_tokens_of_a_per_agent_mask(jit):
+    """``log_ratio_score`` (the sum behind ``analytic_reward``) with a
+    ``[B, T, N]`` token mask equals the float64 masked sum of the
+    differences, ignoring -inf where the mask is off; a ``[B, T]`` step mask
+    still counts every agent of a valid step. Kills a token mask read as a
+    step mask (or broadcast over the wrong axis) and a multiplied mask."""
+    rng = np.random.default_rng(1)
+    B, T, N = 4, 6, 3
+    a, b = rng.normal(size=(B, T, N)), rng.normal(size=(B, T, N))
+    tokens = rng.uniform(size=(B, T, N)) < 0.5
+    steps = rng.uniform(size=(B, T)) < 0.7
+    fn = jax.jit(L.log_ratio_score) if jit else L.log_ratio_score
+    a_pad = np.where(tokens, a, -np.inf).astype(np.float32)
+    np.testing.assert_allclose(fn(a_pad, b.astype(np.float32), tokens),
+                               np.where(tokens, a - b, 0.0).sum((1, 2)), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(fn(a.astype(np.float32), b.astype(np.float32), steps),
+                               np.where(steps[..., None], a - b, 0.0).sum((1, 2)),
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("read", R.READS)
+def test_scores_sum_the_head_at_each_emitted_token(env, episodes, read):
+    """``SequenceRewardModel.scores`` of expert and random episodes, on
+    random sharp weights, equals a numpy sum of the teacher-forced head
+    output at the emitted token, ``logits[t, i, a_t]``, over the valid steps
+    (``read="token"``) or over the ``<eot>`` tokens only (``"turn"``), and
+    not the sum with the tokens read one step late. Kills: reading the
+    output of the next step (``logits[t+1]``, the context after the token),
+    counting padding steps, and a turn read that counts every token."""
+    rm = R.SequenceRewardModel(env, R.SequenceRewardConfig(read=read))
+    params = _sharp(rm.init(jax.random.PRNGKey(3)), 3.0)
+    batch = _mixed_batch(episodes)
+    got, logits = fast_call(
+        lambda p, b: (rm.scores(p, b), jax.vmap(rm.net.chunk_logits, in_axes=(None, 0))(p, b.obs)),
+        params, batch)
+    logits, acts = np.asarray(logits, np.float64), np.asarray(batch.actions)
+    valid = np.asarray(batch.mask)[..., None]
+    reads = valid & (acts == EOT) if read == "turn" else np.broadcast_to(valid, acts.shape)
+    picked = np.take_along_axis(logits, acts[..., None], -1)[..., 0]  # [E, T, N]
+    want = np.where(reads, picked, 0.0).sum((1, 2))
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-4)
+    late = np.take_along_axis(logits[:, 1:], acts[:, :-1, :, None], -1)[..., 0]
+    late = np.where(reads[:, :-1], late, 0.0).sum((1, 2))
+    assert np.all(np.abs(late - want) > 1e-2)
+    assert reads.sum() < valid.sum() if read == "turn" else reads.sum() == valid.sum()
+
+
+# -- the analytic reward ------------------------------------------------------------------
+
+def _token_by_token(policy, params, batch):
+    """``[E, T, N]`` float64 log π(a_t) along the KV-cache step path:
+    ``step_log_probs`` one step at a time, the cache carried."""
+    step = jax.jit(jax.vmap(policy.step_log_probs, in_axes=(None, 0, 0, 0)))
+    E, T, N = batch.actions.shape
+    carry = jax.vmap(lambda k: policy.init_carry(k, N))(jax.random.split(jax.random.PRNGKey(0), E))
+    out = np.zeros((E, T, N))
+    acts = np.asarray(batch.actions)
+    for t in range(T):
+        log_p, carry = step(params, batch.obs[:, t], batch.avail[:, t], carry)
+        log_p = np.asarray(log_p, np.float64)
+        out[:, t] = np.take_along_axis(log_p, acts[:, t, :, None], -1)[..., 0]
+    return out
+
+
+@pytest.fixture(scope="module")
+def analytic_case(env, episodes):
+    """Two sharp random parameter sets of one student, a mixed batch, the
+    ``analytic_reward`` of it, the per-token log-ratios along the step path
+    and the agent-token mask (valid steps with more than one legal token),
+    built in numpy."""
+    student = sft.make_student(env, sft.SFTConfig())
+    p_sft = _sharp(student.init(jax.random.PRNGKey(1)), 3.0)
+    p_0 = _sharp(student.init(jax.random.PRNGKey(2)), 3.0)
+    batch = _mixed_batch(episodes)
+    got = np.asarray(fast_call(lambda a, b, e: R.analytic_reward(student, a, b, e),
+                               p_sft, p_0, batch))
+    diff = _token_by_token(student, p_sft, batch) - _token_by_token(student, p_0, batch)
+    mask = np.asarray(batch.mask)[..., None] & (np.asarray(batch.avail).sum(-1) > 1)
+    return got, diff, mask
+
+
+def test_analytic_reward_equals_a_token_by_token_sum_on_the_kv_cache(analytic_case):
+    """``analytic_reward`` (teacher-forced ``episode_scores``) equals
+    ``Σ log π_SFT(a_t) − log π_0(a_t)`` accumulated token by token along the
+    KV-cache step path (``step_log_probs`` fed one step at a time), over the
+    valid steps with a choice, for expert and random episodes on random
+    sharp weights. Kills: teacher forcing that reads another step's
+    context, the two parameter sets swapped (the sign), and the sum over
+    other tokens than SFT's loss mask."""
+    got, diff, mask = analytic_case
+    want = np.where(mask, diff, 0.0).sum((1, 2))
+    assert np.abs(want).min() > 0.5  # the policies differ on every episode
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+
+
+def test_masks_one_token_off_change_the_analytic_reward(analytic_case):
+    """The token-by-token sum with the mask one token off — the last
+    counted token dropped, the first one dropped, or the whole mask shifted
+    one step later — differs from ``analytic_reward`` on every episode by
+    far more than the tolerance of the equality test above, so that test
+    would catch each of these off-by-one masks."""
+    got, diff, mask = analytic_case
+    E = mask.shape[0]
+    flat = mask.reshape(E, -1)
+    idx = np.arange(flat.shape[1])
+    last = flat.shape[1] - 1 - np.argmax(flat[:, ::-1], 1)
+    first = np.argmax(flat, 1)
+    variants = {
+        "last dropped": flat & (idx[None] != last[:, None]),
+        "first dropped": flat & (idx[None] != first[:, None]),
+        "one step later": np.concatenate([np.zeros((E, 1), bool), flat[:, :-1]], 1),
+    }
+    d = diff.reshape(E, -1)
+    for name, m in variants.items():
+        off = np.where(m, np.nan_to_num(d, nan=0.0, posinf=0.0, neginf=0.0), 0.0).sum(1)
+        assert np.all(np.abs(off - got) > 1e-2), name
+
+
+# -- learning ------------------------------------------------------------------------------
+
+def _auc(pos, neg):
+    pos, neg = np.asarray(pos)[:, None], np.asarray(neg)[None, :]
+    return float(np.mean(pos > neg) + 0.5 * np.mean(pos == neg))
+
+
+def _heldout_loss(s_pos, s_neg):
+    """The logistic loss of held-out scores, in float64 numpy (independent
+    of the module's loss, which one test replaces)."""
+    return float(_softplus(-np.asarray(s_pos, np.float64)).mean()
+                 + _softplus(np.asarray(s_neg, np.float64)).mean())
+
+
+def _train_and_rank(env, episodes):
+    """A reward model trained ``UPDATES`` fused updates on the training
+    expert (positive) and random (negative) episodes: ``(AUC of the held-out
+    scores, held-out loss before, after, the last update's metrics, state)``."""
+    ex, rn = episodes
+    rm = R.SequenceRewardModel(env, CFG)
+    data = R.RewardEpisodes.build(env, ex.take(slice(0, NUM_TRAIN)), rn.take(slice(0, NUM_TRAIN)))
+    state = rm.init_state(jax.random.PRNGKey(4))
+    held_ex, held_rn = ex.take(slice(NUM_TRAIN, None)), rn.take(slice(NUM_TRAIN, None))
+    score = fast_compile(lambda p, a, b: (rm.scores(p, a), rm.scores(p, b)),
+                         state.params, held_ex, held_rn)
+    before = _heldout_loss(*score(state.params, held_ex, held_rn))
+    state, metrics, _ = fast_call(lambda s, d: rm.update_n(s, d, UPDATES), state, data)
+    s_p, s_n = score(state.params, held_ex, held_rn)
+    return _auc(s_p, s_n), before, _heldout_loss(s_p, s_n), metrics, state
+
+
+@pytest.mark.slow
+def test_reward_model_ranks_held_out_expert_episodes_above_random_play(env, episodes):
+    """Trained for 60 fused updates on 64 expert (positive) and 64 random
+    (negative) episodes, the reward model scores held-out expert episodes
+    above held-out random ones (AUC > 0.9) and its held-out logistic loss
+    falls below half the initial one. Kills: a loss that does not reach
+    the parameters, swapped labels (AUC near 0), sampling that draws one
+    source for both batches, scores that ignore the episode's tokens."""
+    auc, before, after, metrics, state = _train_and_rank(env, episodes)
+    assert int(state.step) == UPDATES
+    assert auc > 0.9, auc
+    assert after < 0.5 * before, (before, after)
+    assert float(metrics["score_positive"]) > float(metrics["score_negative"])
+
+
+@pytest.mark.slow
+def test_negated_reward_loss_drives_the_held_out_loss_up(env, episodes, monkeypatch):
+    """The same run with :func:`sequence_reward_loss` negated (gradient
+    ascent) drives the held-out logistic loss far above its initial value
+    (the real run lowers it). Kills a flipped objective.
+    (Its ranking need not flip: ascent saturates on the positives,
+    ``∂/∂S softplus(−S) = −σ(−S) → 0`` once their scores are positive, while
+    raising every token's reward lifts the longer expert episodes most.)"""
+    real = R.sequence_reward_loss
+    monkeypatch.setattr(R, "sequence_reward_loss", lambda *a: -real(*a))
+    _, before, after, metrics, _ = _train_and_rank(env, episodes)
+    assert after > before + 5.0, (before, after)
+    assert float(metrics["accuracy"]) <= 0.5
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+def test_bad_settings_and_sources_raise_one_line_errors(env, episodes):
+    """A reward model refuses, in one line: a non-token environment, an
+    unknown read, episodes of another configuration, starting parameters of
+    another architecture, and a source whose episodes are missing. Kills
+    shape errors surfacing deep inside jit instead."""
+    ex, rn = episodes
+    with pytest.raises(ValueError, match="not a token environment.*reward model"):
+        R.SequenceRewardModel(envs.make("mpe:simple_spread"))
+    with pytest.raises(ValueError, match="read must be one of"):
+        R.SequenceRewardConfig(read="episode")
+    with pytest.raises(ValueError, match="field `obs` has shape"):
+        R.RewardEpisodes.build(envs.make("tokens:arith", num_ops=3), ex, rn)
+    with pytest.raises(ValueError, match="positive episodes come from"):
+        R.RewardEpisodes.build(env, ex.replace(env_id="tokens:repair"), rn)
+    rm = R.SequenceRewardModel(env, CFG)
+    other = R.SequenceRewardModel(env, R.SequenceRewardConfig(size="mini"))
+    with pytest.raises(ValueError, match="do not fit"):
+        rm.init_state(jax.random.PRNGKey(0), jax.eval_shape(other.init, jax.random.PRNGKey(0)))
+    with pytest.raises(ValueError, match=r"needs episodes of \['sft'\]"):
+        R.source_episodes("init-sft", {"init": rn, "demo": ex})
+    pair = R.source_episodes("sft-demo", {"sft": rn, "demo": ex})
+    assert pair.positive is ex and pair.negative is rn
