@@ -64,3 +64,19 @@ def insert(buf: StepBuffer, obs: jax.Array, avail: jax.Array, actions: jax.Array
         obs=put(buf.obs, obs), avail=put(buf.avail, avail), actions=put(buf.actions, actions),
         ptr=(buf.ptr + n) % C, size=jnp.minimum(buf.size + n, C),
     )
+
+
+def mixed_draw(key: jax.Array, n_demo: jax.Array, n_buffer: jax.Array, ratio: jax.Array,
+               size: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Where each of ``size`` training samples comes from: ``(i_demo,
+    i_buffer, from_demo)``, each ``[size]``. A sample is the demonstration
+    ``i_demo`` with probability ρ (``ratio``, or ``n_demo / (n_demo +
+    n_buffer)`` when it is −1, i.e. uniform over the union), else the buffer
+    entry ``i_buffer``; all from the demonstrations while the buffer is
+    empty, all from the buffer when there are no demonstrations."""
+    kd, kb, kc = jax.random.split(key, 3)
+    i_d = jax.random.randint(kd, (size,), 0, jnp.maximum(n_demo, 1))
+    i_b = jax.random.randint(kb, (size,), 0, jnp.maximum(n_buffer, 1))
+    rho = jnp.where(ratio < 0, n_demo / jnp.maximum(n_demo + n_buffer, 1), ratio)
+    rho = jnp.where(n_buffer == 0, 1.0, jnp.where(n_demo == 0, 0.0, rho))
+    return i_d, i_b, jax.random.uniform(kc, (size,)) < rho

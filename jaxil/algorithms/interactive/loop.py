@@ -34,7 +34,7 @@ from jaxil import envs
 from jaxil.envs.core import MultiAgentEnv
 from jaxil.runs import guard
 from jaxil.algorithms.interactive import labels as L
-from jaxil.algorithms.interactive.buffer import StepBuffer, empty_buffer, insert
+from jaxil.algorithms.interactive.buffer import StepBuffer, empty_buffer, insert, mixed_draw
 from jaxil.algorithms.interactive.config import (InteractiveConfig, RegimeHParams, check_regime, resolve_auto,
                                       stack_regimes)
 from jaxil.algorithms.interactive.rollout import SwitchRule, mixed_episodes
@@ -99,14 +99,8 @@ def sample_batch(key: jax.Array, state: InteractiveState, demos: Demos, batch_si
     (``hp.demo_ratio``, or ``demo_steps / (demo_steps + buffer.size)`` when
     it is −1, i.e. uniform over the union), else from the buffer; all from
     the demos while the buffer is empty."""
-    kd, kb, kc = jax.random.split(key, 3)
-    nd, nb = state.demo_steps, state.buffer.size
-    i_d = jax.random.randint(kd, (batch_size,), 0, jnp.maximum(nd, 1))
-    i_b = jax.random.randint(kb, (batch_size,), 0, jnp.maximum(nb, 1))
-    ratio = state.hp.demo_ratio
-    rho = jnp.where(ratio < 0, nd / jnp.maximum(nd + nb, 1), ratio)
-    rho = jnp.where(nb == 0, 1.0, jnp.where(nd == 0, 0.0, rho))
-    take_d = jax.random.uniform(kc, (batch_size,)) < rho
+    i_d, i_b, take_d = mixed_draw(key, state.demo_steps, state.buffer.size, state.hp.demo_ratio,
+                                  batch_size)
     pick = lambda d, b: jnp.where(take_d.reshape((-1,) + (1,) * (d.ndim - 1)), d[i_d], b[i_b])
     buf = state.buffer
     return Batch(obs=pick(demos.obs, buf.obs), avail=pick(demos.avail, buf.avail),

@@ -45,6 +45,7 @@ from jaxil.envs.core import MultiAgentEnv
 from jaxil.envs.rollout import run_episodes
 from jaxil.envs.tokens import EOT
 from jaxil.algorithms.interactive import labels as L
+from jaxil.algorithms.interactive.buffer import mixed_draw
 from jaxil.algorithms.interactive.config import (METHODS, RegimeHParams, check_regime, regime,
                                                  resolve_auto, stack_regimes)
 from jaxil.algorithms.interactive.schedule import expert_probability
@@ -221,14 +222,8 @@ def _batch(key, state: TokenRunState, demos: Demos, size: int):
     """``size`` episodes, each from the demos with probability ρ
     (``hp.demo_ratio``, or in proportion to the episodes when −1), else
     from the buffer; all from the demos while the buffer is empty."""
-    kd, kb, kc = jax.random.split(key, 3)
-    nd, nb = state.demo_eps, state.buffer.size
-    i_d = jax.random.randint(kd, (size,), 0, jnp.maximum(nd, 1))
-    i_b = jax.random.randint(kb, (size,), 0, jnp.maximum(nb, 1))
-    ratio = state.hp.demo_ratio
-    rho = jnp.where(ratio < 0, nd / jnp.maximum(nd + nb, 1), ratio)
-    rho = jnp.where(nb == 0, 1.0, jnp.where(nd == 0, 0.0, rho))
-    from_d = jax.random.uniform(kc, (size,)) < rho
+    i_d, i_b, from_d = mixed_draw(key, state.demo_eps, state.buffer.size, state.hp.demo_ratio,
+                                  size)
     pick = lambda d, b: jnp.where(from_d.reshape((-1,) + (1,) * (d.ndim - 1)), d[i_d],
                                   b[i_b].astype(d.dtype))
     ep, buf = demos.episodes, state.buffer
