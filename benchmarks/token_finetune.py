@@ -112,7 +112,9 @@ try:
         SideSpec,
         Skip,
         compiled_call,
+        finish_row,
         peer_unavailable,
+        ratio_of,
         time_sides,
     )
 except ImportError:  # run as a script: its own folder is on sys.path, the repository root is not
@@ -121,7 +123,9 @@ except ImportError:  # run as a script: its own folder is on sys.path, the repos
         SideSpec,
         Skip,
         compiled_call,
+        finish_row,
         peer_unavailable,
+        ratio_of,
         time_sides,
     )
 
@@ -387,26 +391,17 @@ def measure_point(size: str, batch: sft.TokenEpisodes, *, student: TransformerPo
     if len(after_k) == 2:  # both did the same K updates from the same state
         row["fused_separate_max_param_diff"] = float(max(jax.tree.leaves(jax.tree.map(
             lambda a, b: jnp.max(jnp.abs(a - b)), after_k["fused"], after_k["separate"]))))
-    for name, info in row["sides"].items():
+    for info in row["sides"].values():
         if not info.get("skipped"):
             info["updates_per_s"] = info["updates"] / info["call_s"]
-            row[f"{name}_tokens_per_s"] = info["tokens_per_s"]
-            row[f"{name}_context_tokens_per_s"] = info["context_tokens_per_s"]
-    _ratios(row)
-    log(f"  {size} B={B}: " + ", ".join(
-        f"{n} {M.si(v['tokens_per_s'])} tok/s" if not v.get("skipped") else f"{n} skipped"
-        for n, v in row["sides"].items()), flush=True)
+    finish_row(row, size, B, _ratios, log)
     return row
 
 
 def _ratios(row: dict[str, Any]) -> None:
-    def ratio(a, b):
-        x, y = row.get(f"{a}_tokens_per_s"), row.get(f"{b}_tokens_per_s")
-        return x / y if x and y else None
-
-    row["jaxil_over_peer"] = ratio("update", "peer")
-    row["fused_over_peer"] = ratio("fused", "peer")
-    row["fused_over_separate"] = ratio("fused", "separate")
+    row["jaxil_over_peer"] = ratio_of(row, "update", "peer")
+    row["fused_over_peer"] = ratio_of(row, "fused", "peer")
+    row["fused_over_separate"] = ratio_of(row, "fused", "separate")
 
 
 # -- the run -------------------------------------------------------------------------------

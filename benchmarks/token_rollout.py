@@ -431,20 +431,33 @@ def measure_point(size: str, batch: int, *, env, student: TransformerPolicy, par
              for name in sides]
     row["sides"] = time_sides(specs, batch, repeats=repeats, target_s=target_s,
                               max_call_s=max_call_s, history=history, deadline=deadline)
-    for name, info in row["sides"].items():
-        if not info.get("skipped"):
-            row[f"{name}_tokens_per_s"] = info["tokens_per_s"]
-    _ratios(row)
-    log(f"  {size} B={batch}: " + ", ".join(
-        f"{k} {M.si(v['tokens_per_s'])} tok/s" if not v.get("skipped") else f"{k} skipped"
-        for k, v in row["sides"].items()), flush=True)
+    finish_row(row, size, batch, _ratios, log)
     return row
 
 
+def finish_row(row: dict[str, Any], size: str, batch: int, ratios: Callable[[dict], None],
+               log: Callable[..., None]) -> None:
+    """Copy each timed side's ``tokens_per_s`` (and ``context_tokens_per_s``
+    where measured) into ``row``, add the ``ratios``, and log one line."""
+    for name, info in row["sides"].items():
+        if not info.get("skipped"):
+            row[f"{name}_tokens_per_s"] = info["tokens_per_s"]
+            if "context_tokens_per_s" in info:
+                row[f"{name}_context_tokens_per_s"] = info["context_tokens_per_s"]
+    ratios(row)
+    log(f"  {size} B={batch}: " + ", ".join(
+        f"{k} {M.si(v['tokens_per_s'])} tok/s" if not v.get("skipped") else f"{k} skipped"
+        for k, v in row["sides"].items()), flush=True)
+
+
+def ratio_of(row: dict[str, Any], a: str, b: str) -> float | None:
+    """``row[a_tokens_per_s] / row[b_tokens_per_s]``, None if either is missing."""
+    x, y = row.get(f"{a}_tokens_per_s"), row.get(f"{b}_tokens_per_s")
+    return x / y if x and y else None
+
+
 def _ratios(row: dict[str, Any]) -> None:
-    def ratio(a, b):
-        x, y = row.get(f"{a}_tokens_per_s"), row.get(f"{b}_tokens_per_s")
-        return x / y if x and y else None
+    ratio = lambda a, b: ratio_of(row, a, b)
 
     row["decode_cached_over_recompute"] = ratio("decode_cached", "decode_recompute")
     row["rollout_cached_over_recompute"] = ratio("rollout_cached", "rollout_recompute")
