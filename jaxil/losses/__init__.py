@@ -33,7 +33,13 @@ from jaxil.losses.ppo import (
     normalize_advantages,
 )
 from jaxil.losses.preference import preference_loss
-from jaxil.losses.sequence import after_switch, agent_token_mask, masked_sequence_nll
+from jaxil.losses.sequence import (
+    after_switch,
+    agent_token_mask,
+    leave_one_out_advantages,
+    masked_sequence_nll,
+    reinforce_loss,
+)
 from jaxil.losses.trajectory import discounted_score, log_ratio_score
 from jaxil.losses.value import gumbel_value_loss, gumbel_weights
 
@@ -61,6 +67,8 @@ __all__ = [
     "gumbel_weights",
     "log_ratio_score",
     "masked_sequence_nll",
+    "leave_one_out_advantages",
+    "reinforce_loss",
     "kl_penalized_reward",
     "normalize_advantages",
     "nu_gradient_penalty",

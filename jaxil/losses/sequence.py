@@ -102,3 +102,61 @@ def after_switch(t: jax.Array, switch: jax.Array) -> jax.Array:
         return t >= switch
     chex.assert_rank(switch, 1)
     return t[:, None] >= switch[None, :]
+
+
+def leave_one_out_advantages(returns: jax.Array) -> jax.Array:
+    """REINFORCE advantages with a leave-one-out baseline (RLOO).
+
+        A_mk = R_mk − (Σ_j R_mj − R_mk) / (K − 1)
+
+    for K ≥ 2 rollouts of each of M prompts (the same start state): each
+    rollout's baseline is the mean return of the prompt's other rollouts,
+    which does not depend on its own tokens, so the policy gradient stays
+    unbiased while the prompt's difficulty cancels (Kool et al., "Buy 4
+    REINFORCE samples, get a baseline for free!", 2019; Ahmadian et al.,
+    "Back to basics", arXiv 2402.14740).
+
+    Args:
+      returns: ``[M, K]`` float episode returns, K ≥ 2.
+
+    Returns:
+      ``[M, K]`` advantages (they sum to 0 over each prompt's K rollouts).
+    """
+    returns = jnp.asarray(returns)
+    chex.assert_rank(returns, 2)
+    chex.assert_type(returns, float)
+    k = returns.shape[1]
+    if k < 2:
+        raise ValueError(f"a leave-one-out baseline needs >= 2 rollouts per prompt, got {k}")
+    others = (jnp.sum(returns, axis=1, keepdims=True) - returns) / (k - 1)
+    return returns - others
+
+
+def reinforce_loss(log_probs: jax.Array, mask: jax.Array, advantages: jax.Array) -> jax.Array:
+    """The REINFORCE surrogate of whole token episodes.
+
+        L(θ) = − mean_e  A_e · Σ_{t,i} m_eti · log π_θ(a_eti | context_eti)
+
+    Its gradient is the score-function estimate of ``−∇ E[R]`` when ``A_e``
+    is the episode's return minus a baseline that does not depend on the
+    episode's own tokens (:func:`leave_one_out_advantages`); the advantages
+    are constants (gradients are stopped through them).
+
+    Args:
+      log_probs: ``[E, T, N]`` float teacher-forced log-probabilities of the
+        emitted tokens under the parameters being trained (anything, even
+        −inf, where the mask is off).
+      mask: ``[E, T, N]`` bool or 0/1: the tokens the policy chose
+        (:func:`agent_token_mask` with the legal masks).
+      advantages: ``[E]`` float.
+
+    Returns:
+      Scalar loss.
+    """
+    log_probs, mask, advantages = map(jnp.asarray, (log_probs, mask, advantages))
+    chex.assert_rank([log_probs, mask, advantages], [3, 3, 1])
+    chex.assert_equal_shape([log_probs, mask])
+    chex.assert_shape(advantages, log_probs.shape[:1])
+    chex.assert_type([log_probs, advantages], float)
+    picked = jnp.where(mask.astype(bool), log_probs, jnp.zeros_like(log_probs))
+    return -jnp.mean(jax.lax.stop_gradient(advantages) * jnp.sum(picked, axis=(1, 2)))

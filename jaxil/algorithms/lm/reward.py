@@ -66,11 +66,13 @@ API (pure functions over pytrees; vmap seeds over the state)::
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any, Optional, Sequence
 
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import struct
 
@@ -86,6 +88,8 @@ from jaxil.algorithms.lm.turns import speaking
 from jaxil.envs.tokens import EOT
 from jaxil.losses import discriminator_loss, log_ratio_score
 from jaxil.nn.transformer import SIZES, TransformerPolicy, config_for_env
+from jaxil.runs import engine
+from jaxil.runs.checkpoint import params_digest
 from jaxil.runs.guard import Health
 from jaxil.runs.updates import fused_updates
 
@@ -107,6 +111,9 @@ class SequenceRewardConfig:
       max_grad_norm: global-norm gradient clipping.
       batch_episodes: episodes per source in each update (drawn with
         replacement).
+      num_updates: updates in a whole run (:func:`train_reward_model`).
+      eval_every: updates per chunk; an evaluation and a checkpoint follow
+        each (must divide ``num_updates``).
     """
 
     size: str = "tiny"
@@ -115,6 +122,8 @@ class SequenceRewardConfig:
     learning_rate: float = 1e-3
     max_grad_norm: float = 1.0
     batch_episodes: int = 32
+    num_updates: int = 200
+    eval_every: int = 100
 
     def __post_init__(self):
         if self.size not in SIZES:
@@ -129,6 +138,10 @@ class SequenceRewardConfig:
         if not self.learning_rate > 0 or not self.max_grad_norm > 0:
             raise ValueError(f"SequenceRewardConfig.learning_rate and max_grad_norm must be "
                              f"positive, got {self.learning_rate} and {self.max_grad_norm}")
+        if int(self.num_updates) < 1 or int(self.eval_every) < 1 \
+                or self.num_updates % self.eval_every:
+            raise ValueError(f"SequenceRewardConfig.num_updates ({self.num_updates}) must be a "
+                             f"positive multiple of eval_every ({self.eval_every})")
 
 
 @struct.dataclass
@@ -325,6 +338,32 @@ class SequenceRewardModel:
         return fused_updates(lambda s, key: self.update(s, *self.sample(key, data)), state, k)
 
 
+def token_rewards_of(model: "SequenceRewardModel"):
+    """The per-token reward function ``(params, episodes) -> (r [E, T, N],
+    ρ [E, T, N])`` of a learned reward model: ``r_θ(h_t, a_t)`` and its read
+    mask, whose masked sum is :meth:`SequenceRewardModel.scores` (the form
+    RL against a learned reward consumes, :mod:`jaxil.algorithms.lm.align`)."""
+
+    def fn(params: Any, episodes: TokenEpisodes) -> tuple[jax.Array, jax.Array]:
+        r = jax.vmap(model.token_rewards, in_axes=(None, 0, 0))(params, episodes.obs,
+                                                                episodes.actions)
+        return r, model.read_masks(episodes)
+
+    return fn
+
+
+def analytic_token_rewards(policy: TransformerPolicy, params: dict, episodes: TokenEpisodes
+                           ) -> tuple[jax.Array, jax.Array]:
+    """The per-token form of :func:`analytic_reward`: ``(log π_SFT(a_ti|h_ti)
+    − log π_0(a_ti|h_ti) [E, T, N], the agent-token mask m [E, T, N])`` with
+    ``params = {"sft": π_SFT's, "init": π_0's}``; the masked sum is r_c."""
+    score = jax.vmap(policy.episode_scores, in_axes=(None, 0, 0, 0))
+    num, _ = score(params["sft"], episodes.obs, episodes.avail, episodes.actions)
+    den, _ = score(params["init"], episodes.obs, episodes.avail, episodes.actions)
+    mask = _token_mask(episodes, forced_tokens=False)
+    return jnp.where(mask, num - den, 0.0), mask
+
+
 def analytic_reward(policy: TransformerPolicy, params_sft: Any, params_0: Any,
                     episodes: TokenEpisodes) -> jax.Array:
     """``r_c(τ) = log π_SFT(τ) − log π_0(τ)`` per episode ``[E]``.
@@ -346,3 +385,128 @@ def analytic_reward(policy: TransformerPolicy, params_sft: Any, params_0: Any,
     num, _ = score(params_sft, episodes.obs, episodes.avail, episodes.actions)
     den, _ = score(params_0, episodes.obs, episodes.avail, episodes.actions)
     return log_ratio_score(num, den, _token_mask(episodes, forced_tokens=False))
+
+
+def check_stacked(tree: Any, runs: int, what: str) -> None:
+    """Raise a one-line ``ValueError`` unless every leaf of ``tree`` has the
+    leading size ``runs`` (one entry per stacked run)."""
+    lead = {int(np.shape(x)[0]) if np.ndim(x) else -1 for x in jax.tree.leaves(tree)}
+    if lead != {runs}:
+        raise ValueError(f"{what} must be stacked with one entry per run ([{runs}, ...]), got "
+                         f"leading sizes {sorted(lead)}")
+
+
+def reward_program(env: envs.MultiAgentEnv, data: RewardEpisodes, config: SequenceRewardConfig,
+                   seeds: Sequence[int], labels: Sequence[str],
+                   init_params: Optional[Any] = None,
+                   heldout: Optional[RewardEpisodes] = None) -> engine.Program:
+    """The :class:`jaxil.runs.engine.Program` of R reward models at once.
+
+    Run r trains on ``data`` entry r (every leaf stacked ``[R, ...]``, e.g.
+    one source of one seed's episodes), from ``init_params[r]`` (stacked
+    ``[R]``, e.g. π_SFT's; None: fresh parameters from the seed), with seed
+    ``seeds[r]``; ``labels[r]`` names it in rows (``source``) and errors.
+    A chunk is ``eval_every`` fused updates of every run (one compiled
+    ``vmap``). Rows carry the last update's ``loss`` and ``accuracy``; with
+    ``heldout`` (stacked like ``data``) the evaluation adds ``eval_loss`` and
+    ``eval_accuracy`` on it (also at update 0).
+    """
+    seeds, labels = [int(s) for s in seeds], [str(x) for x in labels]
+    if not seeds or len(seeds) != len(labels):
+        raise ValueError(f"reward_program needs one label per seed, got {len(seeds)} seeds and "
+                         f"{len(labels)} labels")
+    r = len(seeds)
+    rm = SequenceRewardModel(env, config)
+    check_stacked(data, r, "reward data")
+    if heldout is not None:
+        check_stacked(heldout, r, "held-out reward data")
+    if init_params is not None:
+        check_stacked(init_params, r, "init_params")
+        rm.init_state(jax.random.PRNGKey(0), jax.tree.map(lambda x: x[0], init_params))
+
+    def init_one(seed, params):
+        return rm.init_state(jax.random.PRNGKey(seed), params)
+
+    def init():
+        seeds_ = jnp.asarray(seeds, jnp.int32)
+        if init_params is None:
+            return jax.jit(jax.vmap(lambda s: init_one(s, None)))(seeds_)
+        return jax.jit(jax.vmap(init_one))(seeds_, init_params)
+
+    def chunk_one(state, d):
+        state, metrics, health = rm.update_n(state, d, config.eval_every)
+        return state, dict(loss=metrics["loss"], accuracy=metrics["accuracy"]), health
+
+    chunk = jax.jit(jax.vmap(chunk_one))
+
+    def evaluate_one(params, held):
+        _, m = rm.loss(params, held.positive, held.negative)
+        return dict(eval_loss=m["loss"], eval_accuracy=m["accuracy"])
+
+    evaluate = jax.jit(jax.vmap(evaluate_one))
+
+    def summarize(rows):
+        last = max(row["update"] for row in rows)
+        at = [row for row in rows if row["update"] == last]
+        points = []
+        for label in dict.fromkeys(labels):
+            rs = [row for row in at if row["source"] == label]
+            entry = dict(source=label, seeds=len(rs),
+                         accuracy_mean=float(np.mean([row.get("accuracy", np.nan) for row in rs])))
+            if heldout is not None:
+                acc = [row["eval_accuracy"] for row in rs]
+                entry.update(eval_accuracy_mean=float(np.mean(acc)),
+                             eval_accuracy_std=float(np.std(acc)))
+            points.append(entry)
+        return {"learner": "sequence reward model", "env_id": env.spec.env_id, "update": last,
+                "points": points}
+
+    return engine.Program(
+        name=f"sequence reward models on {env.spec.env_id}", step_key="update",
+        num_chunks=config.num_updates // config.eval_every,
+        steps_per_chunk=config.eval_every, step_unit=config.eval_every,
+        run_ids=[dict(run=i, seed=s, source=lab) for i, (s, lab) in enumerate(zip(seeds, labels))],
+        run_labels=[f"{lab}, seed {s}" for s, lab in zip(seeds, labels)],
+        init=init, chunk=lambda s, c: chunk(s, data),
+        evaluate=(lambda s, c: evaluate(s.params, heldout)) if heldout is not None
+        else (lambda s, c: {}),
+        eval_at_start=heldout is not None, summarize=summarize,
+        postfix=lambda v: dict(acc=f"{np.mean(v.get('eval_accuracy', v.get('accuracy', np.nan))):.2f}"))
+
+
+def _episodes_digest(data: RewardEpisodes) -> str:
+    return params_digest((data.positive.obs, data.positive.avail, data.positive.actions,
+                          data.positive.mask, data.negative.obs, data.negative.avail,
+                          data.negative.actions, data.negative.mask))
+
+
+def train_reward_model(env: envs.MultiAgentEnv, data: RewardEpisodes,
+                       config: SequenceRewardConfig, seeds: Sequence[int],
+                       labels: Sequence[str], init_params: Optional[Any] = None,
+                       heldout: Optional[RewardEpisodes] = None, *,
+                       out_dir: Optional[str | Path] = None, resume: bool = False,
+                       overwrite: bool = False, progress: bool = False,
+                       stop_after_chunks: Optional[int] = None) -> engine.RunResult:
+    """Train R sequence reward models (:func:`reward_program` run by
+    :func:`jaxil.runs.engine.run`); ``out_dir``, ``resume`` and
+    ``overwrite`` as in :func:`jaxil.algorithms.lm.sft.train_sft` (a resumed
+    run reproduces the uninterrupted one exactly; ``stop_after_chunks``
+    stops early, as a kill would). ``state.params`` of the result are the
+    reward models' parameters, stacked ``[R]``."""
+    program = reward_program(env, data, config, seeds, labels, init_params, heldout)
+    rd = None
+    if out_dir is not None:
+        cfg = dataclasses.asdict(config)
+        cfg.pop("num_updates")
+        identity = dict(learner="sequence reward model", env_id=env.spec.env_id,
+                        spec=env.spec.to_dict(), config=cfg, seeds=[int(s) for s in seeds],
+                        labels=[str(x) for x in labels], data=_episodes_digest(data),
+                        heldout=None if heldout is None else _episodes_digest(heldout),
+                        init_params=None if init_params is None else params_digest(init_params))
+        rd = engine.open_run(out_dir, identity, step_key="update", resume=resume,
+                             overwrite=overwrite, info=dict(num_updates=config.num_updates))
+        if rd.latest is not None and rd.latest > config.num_updates:
+            rd.close()
+            raise ValueError(f"num_updates {config.num_updates} is less than the {rd.latest} "
+                             f"updates already trained in {out_dir}")
+    return engine.run(program, rundir=rd, progress=progress, stop_after_chunks=stop_after_chunks)

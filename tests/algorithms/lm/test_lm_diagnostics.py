@@ -266,6 +266,7 @@ def test_covariate_shift_table_matches_a_reference_from_its_own_episodes(arith_s
             np.testing.assert_allclose(table[f"mmd2_{col}"][b], m, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_covariate_shift_rows_are_json_ready(arith_shift):
     """One row per turn bin with Python numbers and None for the empty
     bins, and the scalars repeated. Kills NaN written into JSON (invalid

@@ -51,6 +51,7 @@ def _row(result, update):
     return row
 
 
+@pytest.mark.slow
 def test_sft_student_learns_the_expert_episodes(env, demos, trained):
     """The untrained student never solves the task and scores the expert's
     tokens near chance; after 40 updates on 96 demonstrations its own
@@ -70,6 +71,7 @@ def test_sft_student_learns_the_expert_episodes(env, demos, trained):
     assert trained.summary["update"] == CFG.num_updates
 
 
+@pytest.mark.slow
 def test_negated_sft_loss_makes_the_expert_tokens_less_likely(env, demos, trained, monkeypatch):
     """The same run with the learner's loss negated (gradient ascent on the
     NLL) makes the held-out expert tokens LESS likely, while the real loss
@@ -84,6 +86,7 @@ def test_negated_sft_loss_makes_the_expert_tokens_less_likely(env, demos, traine
     assert _row(trained, CFG.num_updates)["eval_nll"] < _row(trained, 0)["eval_nll"]
 
 
+@pytest.mark.slow
 def test_sft_stopped_after_one_chunk_and_resumed_repeats_the_uninterrupted_rows(
         env, demos, trained, tmp_path):
     """A run stopped after the first of its 2 chunks (as a kill would) and

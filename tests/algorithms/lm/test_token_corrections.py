@@ -215,6 +215,7 @@ def roll(repair):
     return go
 
 
+@pytest.mark.slow
 def test_the_fixed_switch_hands_over_exactly_at_turn_k(repair, roll):
     """With the switch fixed at turn 2 the expert plays exactly the steps
     after the student's second ``<eot>`` (and every episode that lasts two
