@@ -278,6 +278,38 @@ def test_negated_reward_loss_drives_the_held_out_loss_up(env, episodes, monkeypa
     assert float(metrics["accuracy"]) <= 0.5
 
 
+def _two_runs(episodes, lo, hi):
+    """RewardEpisodes stacked [2]: expert (positive) vs random episodes
+    ``lo:hi``, the same for both runs."""
+    ex, rn = episodes
+    one = R.RewardEpisodes(positive=ex.take(slice(lo, hi)), negative=rn.take(slice(lo, hi)))
+    return jax.tree.map(lambda x: jnp.stack([x, x]), one)
+
+
+@pytest.mark.slow
+def test_a_stopped_reward_model_run_resumes_to_the_uninterrupted_rows(env, episodes, tmp_path):
+    """Two reward models (seeds 0 and 1) as one engine run, stopped after
+    its first chunk and resumed, give the uninterrupted run's rows exactly;
+    the held-out accuracy rises over the run and the seeds differ. Kills: a
+    resume that restarts the minibatch keys or the Adam state, runs that
+    share one seed, an evaluation of stale parameters."""
+    import dataclasses
+    cfg = dataclasses.replace(CFG, num_updates=20, eval_every=10)
+    data, held = _two_runs(episodes, 0, NUM_TRAIN), _two_runs(episodes, NUM_TRAIN, None)
+    args = (env, data, cfg, [0, 1], ["expert-random"] * 2, None, held)
+    full = R.train_reward_model(*args)
+    R.train_reward_model(*args, out_dir=tmp_path / "r", stop_after_chunks=1)
+    resumed = R.train_reward_model(*args, out_dir=tmp_path / "r", resume=True)
+    assert resumed.rows == full.rows
+    acc = {(r["update"], r["seed"]): r["eval_accuracy"] for r in full.rows}
+    assert acc[(20, 0)] > acc[(0, 0)] and acc[(0, 0)] != acc[(0, 1)]
+    assert full.summary["points"][0]["source"] == "expert-random"
+    with pytest.raises(ValueError, match="differ"):
+        R.train_reward_model(env, data, dataclasses.replace(cfg, learning_rate=3e-3), [0, 1],
+                             ["expert-random"] * 2, None, held, out_dir=tmp_path / "r",
+                             resume=True)
+
+
 # -- errors ------------------------------------------------------------------------------------
 
 def test_bad_settings_and_sources_raise_one_line_errors(env, episodes):
@@ -294,6 +326,10 @@ def test_bad_settings_and_sources_raise_one_line_errors(env, episodes):
         R.RewardEpisodes.build(envs.make("tokens:arith", num_ops=3), ex, rn)
     with pytest.raises(ValueError, match="positive episodes come from"):
         R.RewardEpisodes.build(env, ex.replace(env_id="tokens:repair"), rn)
+    with pytest.raises(ValueError, match="positive multiple of eval_every"):
+        R.SequenceRewardConfig(num_updates=10, eval_every=4)
+    with pytest.raises(ValueError, match="stacked with one entry per run"):
+        R.reward_program(env, R.RewardEpisodes(ex, rn), CFG, [0], ["a"])
     rm = R.SequenceRewardModel(env, CFG)
     other = R.SequenceRewardModel(env, R.SequenceRewardConfig(size="mini"))
     with pytest.raises(ValueError, match="do not fit"):
