@@ -6,6 +6,8 @@
     jaxil lm interactive oec --env tokens:repair --budget 4000 --seeds 4 --out runs/oec
     jaxil lm interactive gated --env tokens:repair --budget 4000 --entropy-gate 0.3
     jaxil lm interactive oec --env tokens:repair --budget 4000 --out runs/oec --resume
+    jaxil lm sft --env tokens:arith --demo-epsilon 0.2 --seeds 2 --out runs/sft-noisy
+    jaxil lm align --env tokens:arith --sft runs/sft-noisy --kl 0 0.1 --out runs/align
 
 ``sft`` fine-tunes a transformer on the scripted expert's episodes
 (behaviour cloning, :mod:`jaxil.algorithms.lm.sft`); with ``--out`` the
@@ -19,7 +21,15 @@ expert tokens and OEC's switch in turns::
 
     jaxil lm sft --env tokens:repair --size mini --demos 1536 --out runs/expert-lm
     jaxil lm interactive oec --env tokens:repair --budget 2000 --expert runs/expert-lm
-Both run on the run engine: ``--out`` holds ``run.json``, ``metrics.jsonl``,
+``align`` trains a sequence reward model between two sources of episodes
+(``--reward init-sft``, AfD's pair: the students' initialisation π_0 against
+the students π_SFT; or ``r_c``, log π_SFT − log π_0 with no training) and
+then improves every student by RL against it with a per-token KL penalty
+to itself, one run per student and ``--kl`` coefficient
+(:mod:`jaxil.algorithms.lm.align`); ``--out`` holds the two stages'
+run directories, ``OUT/reward`` and ``OUT/rl``.
+
+All run on the run engine: ``--out`` holds ``run.json``, ``metrics.jsonl``,
 orbax checkpoints and ``results.json``; ``--resume`` continues a stopped run
 and reproduces the uninterrupted one.
 """
@@ -29,7 +39,7 @@ from __future__ import annotations
 import argparse
 
 from jaxil.cli.args import (add_progress, add_run_dir, add_seeds, nonneg_float, nonneg_int,
-                            positive_float, positive_int)
+                            positive_float, positive_int, probability)
 from jaxil.cli.interactive import add_method_knobs, knob_overrides
 
 
@@ -70,31 +80,44 @@ def _save_students(out: str, env_id: str, knobs: dict, cfg, seeds: list[int], pa
         env_id=env_id, knobs=knobs, size=cfg.size, agent_ids=cfg.agent_ids, seeds=seeds)))
 
 
-def load_expert_lm(path: str, env, knobs: dict, seed_index: int = 0):
-    """``(policy, params, name)`` of the student ``seed_index`` saved by
-    ``jaxil lm sft --out PATH``, acting greedily, for ``env`` (refused in
-    one line when it was trained on another task or setting)."""
+def load_students(path: str, env, knobs: dict, flag: str = "--expert", alternative: str = ""):
+    """``(TransformerPolicy, params stacked [S], students.json)`` of the
+    students saved by ``jaxil lm sft --out PATH`` for ``env`` (refused in
+    one line, naming ``flag`` and offering ``alternative``, when there are
+    none or they were trained on another task or setting)."""
     import json
     from pathlib import Path
 
     import jax
 
     from jaxil.nn.transformer import TransformerPolicy, config_for_env
-    from jaxil.runs.checkpoint import params_digest, restore_tree
+    from jaxil.runs.checkpoint import restore_tree
 
     meta_path = Path(path) / f"{STUDENTS}.json"
     if not meta_path.is_file():
-        raise ValueError(f"--expert {path}: no {STUDENTS}.json there; pass `scripted` or the "
-                         "--out directory of a finished `jaxil lm sft` run")
+        raise ValueError(f"{flag} {path}: no {STUDENTS}.json there; pass {alternative}the --out "
+                         "directory of a finished `jaxil lm sft` run")
     meta = json.loads(meta_path.read_text())
     if meta["env_id"] != env.spec.env_id or meta["knobs"] != knobs:
-        raise ValueError(f"--expert {path} was trained on {meta['env_id']} {meta['knobs']}, not "
+        raise ValueError(f"{flag} {path} was trained on {meta['env_id']} {meta['knobs']}, not "
                          f"{env.spec.env_id} {knobs}; give the same --env and --task-knob")
-    if not 0 <= seed_index < len(meta["seeds"]):
-        raise ValueError(f"--expert-seed {seed_index}: {path} holds {len(meta['seeds'])} students")
     policy = TransformerPolicy(config_for_env(env, meta["size"], agent_ids=meta["agent_ids"]))
     like = jax.vmap(policy.init)(jax.random.split(jax.random.PRNGKey(0), len(meta["seeds"])))
-    params = jax.tree.map(lambda x: x[seed_index], restore_tree(Path(path) / STUDENTS, like))
+    return policy, restore_tree(Path(path) / STUDENTS, like), meta
+
+
+def load_expert_lm(path: str, env, knobs: dict, seed_index: int = 0):
+    """``(policy, params, name)`` of the student ``seed_index`` saved by
+    ``jaxil lm sft --out PATH``, acting greedily, for ``env`` (refused in
+    one line when it was trained on another task or setting)."""
+    import jax
+
+    from jaxil.runs.checkpoint import params_digest
+
+    policy, stacked, meta = load_students(path, env, knobs, "--expert", "`scripted` or ")
+    if not 0 <= seed_index < len(meta["seeds"]):
+        raise ValueError(f"--expert-seed {seed_index}: {path} holds {len(meta['seeds'])} students")
+    params = jax.tree.map(lambda x: x[seed_index], stacked)
     return policy.policy(deterministic=True), params, f"lm:{meta['size']}:{params_digest(params)}"
 
 
@@ -107,8 +130,13 @@ def _sft(args) -> int:
     cfg = sft.SFTConfig(size=args.size, agent_ids=args.agent_ids, learning_rate=args.lr,
                         batch_episodes=args.batch_episodes, num_updates=args.updates,
                         eval_every=args.eval_every, eval_episodes=args.eval_episodes)
+    if args.demo_epsilon > 0:
+        from jaxil.envs.policies import as_policy, epsilon_mixture
+        expert = epsilon_mixture(as_policy(expert), env.spec, args.demo_epsilon)
     demos = sft.collect_demos(env, expert, None, jax.random.PRNGKey(args.seed + 777_777),
                               args.demos + args.heldout)
+    print(f"demonstrations: success {float(demos.won.mean()):.3f}, score "
+          f"{float(demos.episode_return.mean()):.3f}")
     train, held = demos.take(slice(0, args.demos)), demos.take(slice(args.demos, None))
     seeds = list(range(args.seed, args.seed + args.seeds))
     res = sft.train_sft(env, train, cfg, seeds=seeds,
@@ -156,6 +184,71 @@ def _interactive(args) -> int:
     return 0
 
 
+def _align(args) -> int:
+    from pathlib import Path
+
+    import jax
+    import jax.numpy as jnp
+
+    from jaxil.algorithms.lm import align as A
+    from jaxil.algorithms.lm import reward as R
+    from jaxil.algorithms.lm import sft
+    from jaxil.envs.policies import as_policy, epsilon_mixture
+
+    env, expert, knobs = _token_env(args.env, args.task_knob)
+    student, sft_params, meta = load_students(args.sft, env, knobs, "--sft")
+    seeds = [int(x) for x in meta["seeds"]]
+    init_params = jax.tree.map(lambda *xs: jnp.stack(xs),
+                               *[sft.initial_params(student, s) for s in seeds])
+    out = Path(args.out) if args.out else None
+    progress = not args.no_progress
+
+    def stage(name):
+        d = None if out is None else out / name
+        return dict(out_dir=d, resume=bool(args.resume and d is not None and d.exists()),
+                    overwrite=args.overwrite, progress=progress)
+
+    if args.reward == "r_c":
+        token_reward = lambda p, e: R.analytic_token_rewards(student, p, e)  # noqa: E731
+        reward_params = {"sft": sft_params, "init": init_params}
+    else:
+        roles = {}
+        for i, role in enumerate(("init", "sft")):
+            if role in R.source_roles(args.reward):
+                params = init_params if role == "init" else sft_params
+                roles[role] = R.policy_episodes(env, student, params,
+                                                jax.random.PRNGKey(args.seed + 3 + i),
+                                                args.source_episodes)
+        if "demo" in R.source_roles(args.reward):
+            demonstrator = epsilon_mixture(as_policy(expert), env.spec, args.demo_epsilon)
+            demos = sft.collect_demos(env, demonstrator, None, jax.random.PRNGKey(args.seed + 1),
+                                      args.source_episodes)
+            roles["demo"] = jax.tree.map(lambda x: jnp.stack([x] * len(seeds)), demos)
+        data, labels = R.stacked_sources([args.reward], roles)
+        rm_cfg = R.SequenceRewardConfig(size=meta["size"], agent_ids=meta["agent_ids"],
+                                        num_updates=args.rm_updates,
+                                        eval_every=args.rm_updates)
+        rm_res = R.train_reward_model(env, data, rm_cfg, seeds, labels, sft_params,
+                                      **stage("reward"))
+        token_reward = R.token_rewards_of(R.SequenceRewardModel(env, rm_cfg))
+        reward_params = rm_res.state.params
+
+    pairs = [(b, i) for b in args.kl for i in range(len(seeds))]
+    idx = jnp.asarray([i for _, i in pairs])
+    pick = lambda tree: jax.tree.map(lambda x: x[idx], tree)  # noqa: E731
+    cfg = A.AlignConfig(size=meta["size"], agent_ids=meta["agent_ids"], prompts=args.prompts,
+                        rollouts_per_prompt=args.rollouts, learning_rate=args.lr,
+                        num_updates=args.updates, eval_every=args.eval_every,
+                        eval_episodes=args.eval_episodes)
+    res = A.train_align(env, token_reward, pick(reward_params), pick(sft_params),
+                        [b for b, _ in pairs], [seeds[i] for _, i in pairs], cfg,
+                        reward_name=args.reward, **stage("rl"))
+    print(A.format_table(res.summary))
+    if out is not None:
+        print(f"results in {out}/rl (reward model: {out}/reward)")
+    return 0
+
+
 def _common(p, size_default: str = "tiny") -> None:
     from jaxil.nn.transformer import SIZES
 
@@ -169,10 +262,11 @@ def _common(p, size_default: str = "tiny") -> None:
 
 
 def register(sub) -> None:
+    from jaxil.algorithms.lm.align import AlignConfig
     from jaxil.algorithms.lm.interactive import TOKEN_METHODS, TokenInteractiveConfig
     from jaxil.algorithms.lm.sft import SFTConfig
 
-    lm = sub.add_parser("lm", help="transformer students on token tasks: sft, interactive",
+    lm = sub.add_parser("lm", help="transformer students on token tasks: sft, interactive, align",
                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     lsub = lm.add_subparsers(dest="lm_command", metavar="COMMAND", required=True)
 
@@ -187,9 +281,43 @@ def register(sub) -> None:
     s.add_argument("--batch-episodes", type=positive_int, default=d.batch_episodes)
     s.add_argument("--lr", type=positive_float, default=d.learning_rate)
     s.add_argument("--eval-episodes", type=positive_int, default=d.eval_episodes)
+    s.add_argument("--demo-epsilon", type=probability, default=0.0,
+                   help="demonstrator of stated quality: the scripted expert emits a uniformly "
+                        "random legal token with this probability (default 0: the expert)")
     add_run_dir(s)
     add_progress(s)
     s.set_defaults(func=_sft)
+
+    a = lsub.add_parser("align", help="RL of `jaxil lm sft` students against a learned sequence "
+                                      "reward with a KL penalty to them (alignment from "
+                                      "demonstrations)")
+    a.add_argument("--env", required=True, help="the token task the students were trained on")
+    a.add_argument("--task-knob", action="append", default=[], metavar="NAME=VALUE",
+                   help="the students' task knobs (repeatable)")
+    a.add_argument("--sft", required=True, help="the --out directory of a `jaxil lm sft` run")
+    a.add_argument("--reward", choices=("init-sft", "init-demo", "sft-demo", "r_c"),
+                   default="init-sft",
+                   help="a reward model trained on this source (negatives-positives), or r_c: "
+                        "log π_SFT − log π_0 (default: init-sft)")
+    a.add_argument("--source-episodes", type=positive_int, default=256,
+                   help="episodes of each role the reward model trains on")
+    a.add_argument("--demo-epsilon", type=probability, default=0.0,
+                   help="the demonstrations' token noise (sources with demo)")
+    a.add_argument("--rm-updates", type=positive_int, default=200)
+    a.add_argument("--kl", type=nonneg_float, nargs="+", default=[0.1],
+                   help="KL coefficients, each run with every student (default 0.1)")
+    ac = AlignConfig()
+    a.add_argument("--updates", type=positive_int, default=ac.num_updates)
+    a.add_argument("--eval-every", type=positive_int, default=ac.eval_every)
+    a.add_argument("--prompts", type=positive_int, default=ac.prompts)
+    a.add_argument("--rollouts", type=positive_int, default=ac.rollouts_per_prompt,
+                   help="rollouts per prompt (>= 2, the leave-one-out baseline's group)")
+    a.add_argument("--lr", type=positive_float, default=ac.learning_rate)
+    a.add_argument("--eval-episodes", type=positive_int, default=ac.eval_episodes)
+    a.add_argument("--seed", type=nonneg_int, default=0, help="base seed of the source episodes")
+    add_run_dir(a, "directory of the run: OUT/reward and OUT/rl")
+    add_progress(a)
+    a.set_defaults(func=_align)
 
     i = lsub.add_parser("interactive", help="bc, dagger, oec, oec_mix, onpolicy or gated on a "
                                             "token task")

@@ -9,17 +9,19 @@ from pathlib import Path
 
 
 def kill_then_resume(args: list[str], tmp_path: Path, *, min_step: int, max_step: int,
-                     timeout_s: float = 600) -> tuple[Path, Path]:
+                     timeout_s: float = 600, stage: str = "") -> tuple[Path, Path]:
     """Run ``args`` to the end in ``tmp_path/full``; run it again in
     ``tmp_path/killed``, SIGKILL it once a checkpoint of step >= ``min_step``
-    exists (asserting it had not finished and stopped before ``max_step``),
-    then ``--resume`` it there. Returns the two run directories."""
+    exists in the run directory (its subdirectory ``stage`` for a command
+    with several stages), asserting it had not finished and stopped before
+    ``max_step``, then ``--resume`` it there. Returns the two ``--out``
+    directories."""
     env = dict(os.environ, PYTHONPATH=os.getcwd())
     full, killed = tmp_path / "full", tmp_path / "killed"
     subprocess.run(args + ["--out", str(full)], check=True, env=env, capture_output=True)
     p = subprocess.Popen(args + ["--out", str(killed)], env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    ckpt = killed / "checkpoints"
+    ckpt = killed / stage / "checkpoints"
     deadline = time.time() + timeout_s
     while time.time() < deadline and p.poll() is None:
         if ckpt.exists() and any(c.name.isdigit() and int(c.name) >= min_step

@@ -83,6 +83,7 @@ from jaxil.algorithms.lm.sft import (
     _check_token_env,
     _token_mask,
     check_demos,
+    from_episodes,
 )
 from jaxil.algorithms.lm.turns import speaking
 from jaxil.envs.tokens import EOT
@@ -182,6 +183,37 @@ def source_episodes(source: str, episodes: dict[str, TokenEpisodes]) -> RewardEp
     if missing:
         raise ValueError(f"source {source} needs episodes of {missing}; got {sorted(episodes)}")
     return RewardEpisodes(positive=episodes[pos], negative=episodes[neg])
+
+
+def policy_episodes(env: envs.MultiAgentEnv, policy: Any, params: Any, key: jax.Array,
+                    num_episodes: int) -> TokenEpisodes:
+    """``[S, E]`` sampled episodes of each of the S stacked parameter sets
+    ``params`` of ``policy`` (a :class:`TransformerPolicy`), all on the
+    instances and draws of ``key``; one compiled program. The ``"init"`` and
+    ``"sft"`` roles of :func:`source_episodes` for S seeds."""
+    _check_token_env(env, "reward-model sources are token episodes")
+    act = policy.policy()
+    return jax.jit(jax.vmap(lambda p: from_episodes(
+        env, envs.run_episodes(env, act, p, key, num_episodes))))(params)
+
+
+def stacked_sources(sources: Sequence[str], roles: dict[str, TokenEpisodes]
+                    ) -> tuple[RewardEpisodes, list[str]]:
+    """``(data [len(sources)·S], labels)``: the :class:`RewardEpisodes` of
+    every source in ``sources`` for each of S seeds, source-major (entry
+    ``j`` is source ``j // S`` of seed ``j % S``), from ``roles`` that map
+    ``"init"``, ``"sft"`` and ``"demo"`` to episodes stacked ``[S, E]``
+    (only the roles the sources need); the input of
+    :func:`train_reward_model` for every (source, seed) at once."""
+    if not sources:
+        raise ValueError("stacked_sources needs at least one source")
+    per = [source_episodes(s, roles) for s in sources]
+    sizes = {int(x.shape[0]) for p in per for x in jax.tree.leaves(p)}
+    if len(sizes) != 1:
+        raise ValueError(f"the roles hold different numbers of seeds: {sorted(sizes)}")
+    data = jax.tree.map(lambda *xs: jnp.concatenate(xs), *per)
+    (seeds,) = sizes
+    return data, [s for s in sources for _ in range(seeds)]
 
 
 def read_mask(avail: jax.Array, actions: jax.Array, valid: jax.Array,

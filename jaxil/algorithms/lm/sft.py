@@ -183,6 +183,12 @@ def make_student(env: envs.MultiAgentEnv, config: SFTConfig) -> TransformerPolic
     return TransformerPolicy(config_for_env(env, config.size, agent_ids=config.agent_ids))
 
 
+def initial_params(student: TransformerPolicy, seed: int) -> Any:
+    """The parameters an SFT run of ``seed`` starts from (π_0 of alignment
+    from demonstrations: the same network before fine-tuning)."""
+    return student.init(jax.random.split(jax.random.PRNGKey(seed))[0])
+
+
 def _check_token_env(env: envs.MultiAgentEnv,
                      why: str = "SFT trains a transformer on token episodes") -> None:
     if not (hasattr(env, "token_width") and hasattr(env, "max_context")):
@@ -282,9 +288,9 @@ def sft_program(env: envs.MultiAgentEnv, demos: TokenEpisodes, config: SFTConfig
     eval_key = jax.random.PRNGKey(eval_seed)
 
     def init_one(seed):
-        k_init, k_run = jax.random.split(jax.random.PRNGKey(seed))
-        params = student.init(k_init)
-        return SFTState(params=params, opt_state=tx.init(params), key=k_run)
+        params = initial_params(student, seed)
+        return SFTState(params=params, opt_state=tx.init(params),
+                        key=jax.random.split(jax.random.PRNGKey(seed))[1])
 
     def update(state: SFTState, key: jax.Array, data: TokenEpisodes):
         batch = data.take(jax.random.randint(key, (config.batch_episodes,), 0, n_demos))

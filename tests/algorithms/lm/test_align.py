@@ -218,3 +218,54 @@ def test_bad_settings_raise_one_line_errors(env):
         B.same_start_token_episodes(env, random_policy(env.spec), None,
                                     jax.random.split(jax.random.PRNGKey(0), 2),
                                     jax.random.PRNGKey(1), 0)
+
+
+@pytest.mark.slow
+def test_cli_sft_then_align_killed_with_sigkill_resumes_exactly(tmp_path):
+    """``jaxil lm sft`` on an ε-noisy expert, then ``jaxil lm align``
+    (an Init–SFT reward model, then RL at two KL coefficients) killed by
+    SIGKILL once the RL stage has a checkpoint and ``--resume``d: both
+    stages' metrics equal the uninterrupted run's line for line. Kills a
+    resume that retrains the reward model differently, redraws the rollout
+    keys or restarts the update count."""
+    import json
+    import subprocess
+    import sys
+
+    from helpers.cli_kill import kill_then_resume
+
+    cli = [sys.executable, "-m", "jaxil.cli.main", "lm"]
+    task = ["--env", "tokens:arith", "--task-knob", "num_ops=2"]
+    sft_dir = tmp_path / "sft"
+    subprocess.run(cli + ["sft"] + task + ["--demos", "32", "--heldout", "0", "--updates", "20",
+                                           "--eval-every", "20", "--eval-episodes", "8",
+                                           "--seeds", "2", "--demo-epsilon", "0.1",
+                                           "--no-progress", "--out", str(sft_dir)],
+                   check=True, capture_output=True)
+    args = cli + ["align"] + task + ["--sft", str(sft_dir), "--rm-updates", "10",
+                                     "--source-episodes", "16", "--kl", "0", "0.1",
+                                     "--updates", "12", "--eval-every", "2", "--prompts", "2",
+                                     "--rollouts", "2", "--eval-episodes", "8", "--no-progress"]
+    full, killed = kill_then_resume(args, tmp_path, min_step=2, max_step=12, stage="rl",
+                                    timeout_s=400)
+    for stage in ("reward", "rl"):
+        a = (full / stage / "metrics.jsonl").read_text().splitlines()
+        b = (killed / stage / "metrics.jsonl").read_text().splitlines()
+        assert [json.loads(x) for x in a] == [json.loads(x) for x in b], stage
+    rows = [json.loads(x) for x in (full / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert {r["kl_coef"] for r in rows} == {0.0, 0.1} and max(r["update"] for r in rows) == 12
+
+
+def test_cli_align_refuses_bad_input_in_one_line(tmp_path, capsys):
+    """``jaxil lm align`` with a directory that holds no students, a
+    non-token task or too few rollouts per prompt exits 1 with one line
+    naming the fix (no traceback)."""
+    from jaxil.cli.main import main
+
+    base = ["lm", "align", "--no-progress"]
+    for extra, needle in (
+            (["--env", "tokens:arith", "--sft", str(tmp_path)], "no students.json there"),
+            (["--env", "mpe:simple_spread", "--sft", str(tmp_path)], "is not a token task")):
+        assert main(base + extra) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0], err

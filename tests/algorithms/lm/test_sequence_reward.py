@@ -310,6 +310,30 @@ def test_a_stopped_reward_model_run_resumes_to_the_uninterrupted_rows(env, episo
                              resume=True)
 
 
+def test_stacked_sources_are_source_major_with_each_roles_seed(episodes):
+    """Entry ``j`` of the stacked data is source ``j // S`` of seed ``j % S``:
+    its positives and negatives are that source's roles of that seed, and
+    the labels name the sources. Kills a seed-major order (labels misaligned
+    with the data), swapped roles, and seeds mixed between entries."""
+    ex, _ = episodes
+    S = 3
+    def role(code):  # [S] stacked episodes whose actions encode (role, seed)
+        eps = ex.take(slice(0, 2))
+        return jax.tree.map(lambda x: jnp.stack([x] * S), eps).replace(
+            actions=jnp.broadcast_to((code * 10 + jnp.arange(S))[:, None, None, None],
+                                     (S,) + eps.actions.shape).astype(jnp.int32))
+    roles = {"init": role(1), "sft": role(2), "demo": role(3)}
+    data, labels = R.stacked_sources(["init-sft", "sft-demo"], roles)
+    assert labels == ["init-sft"] * S + ["sft-demo"] * S
+    pos = np.asarray(data.positive.actions)[:, 0, 0, 0]
+    neg = np.asarray(data.negative.actions)[:, 0, 0, 0]
+    np.testing.assert_array_equal(pos, [20, 21, 22, 30, 31, 32])
+    np.testing.assert_array_equal(neg, [10, 11, 12, 20, 21, 22])
+    with pytest.raises(ValueError, match="different numbers of seeds"):
+        R.stacked_sources(["init-sft"], {"init": role(1), "sft": jax.tree.map(
+            lambda x: x[:2], role(2))})
+
+
 # -- errors ------------------------------------------------------------------------------------
 
 def test_bad_settings_and_sources_raise_one_line_errors(env, episodes):
