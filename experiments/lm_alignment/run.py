@@ -63,6 +63,9 @@ def parse(argv=None):
     p.add_argument("--sft-updates", type=int, default=300)
     p.add_argument("--rm-updates", type=int, default=100)
     p.add_argument("--rm-lr", type=float, default=3e-4)
+    p.add_argument("--read", choices=("token", "turn", "last"), default="token",
+                   help="where the reward models read: every agent token, each turn's <eot>, "
+                        "or the episode's last token (jaxil.algorithms.lm.reward.read_mask)")
     p.add_argument("--prompts", type=int, default=16, help="best-of-N task instances")
     p.add_argument("--rollouts", type=int, default=256, help="best-of-N completions per prompt")
     p.add_argument("--rl-updates", type=int, default=80)
@@ -72,6 +75,8 @@ def parse(argv=None):
     p.add_argument("--quick", action="store_true", help="a few-minute smoke run")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--report-only", action="store_true",
+                   help="rebuild table.md and the plots from --out/results.json")
     args = p.parse_args(argv)
     if args.quick:
         args.seeds, args.demos, args.source_episodes = 2, 64, 64
@@ -172,11 +177,11 @@ def run_task(env_id: str, args) -> dict:
                   for role, e in roles.items()}
 
     # -- reward models: every (source, seed) in one program, each from its seed's π_SFT ----------
-    rm_cfg = R.SequenceRewardConfig(batch_episodes=16, learning_rate=args.rm_lr,
+    rm_cfg = R.SequenceRewardConfig(batch_episodes=16, learning_rate=args.rm_lr, read=args.read,
                                     num_updates=args.rm_updates, eval_every=args.rm_updates // 2)
     data, labels = R.stacked_sources(SOURCES, roles)
     held_data, _ = R.stacked_sources(SOURCES, held)
-    rm_dir = runs / "reward_models"
+    rm_dir = runs / f"reward_models_{args.read}"
     rm_res = R.train_reward_model(env, data, rm_cfg, seeds * len(SOURCES), labels,
                                   _stack([sft_params] * len(SOURCES), concat=True), held_data,
                                   out_dir=rm_dir, resume=rm_dir.exists(), progress=progress)
@@ -215,14 +220,14 @@ def run_task(env_id: str, args) -> dict:
     pairs = [(b, s) for b in args.kl for s in seeds]
     j0 = SOURCES.index("init-sft") * len(seeds)
     pick = lambda tree, idx: jax.tree.map(lambda x: x[jnp.asarray(idx)], tree)  # noqa: E731
-    rl_dir = runs / "rl_init_sft"
+    rl_dir = runs / f"rl_init_sft_{args.read}"
     rl_res = A.train_align(env, R.token_rewards_of(rm), pick(rm_params, [j0 + s for _, s in pairs]),
                            pick(sft_params, [s for _, s in pairs]), [b for b, _ in pairs],
                            [s for _, s in pairs], rl_cfg, reward_name="init-sft",
                            out_dir=rl_dir, resume=rl_dir.exists(), progress=progress)
     timings["rl_s"] = time.time() - t
     timings["total_s"] = time.time() - t0
-    return dict(env_id=env_id, knobs=task["knobs"],
+    return dict(env_id=env_id, read=args.read, knobs=task["knobs"],
                 demonstrator_kind=(f"scripted expert, token noise ε = {task['epsilon']}"
                                    if "epsilon" in task else
                                    f"expert LM (tiny, {task['lm_updates']} SFT updates on 256 "
@@ -252,7 +257,10 @@ def bon_table(entry: dict, metric: str = "score") -> dict:
     for name in reps[0]["rewards"]:
         curves = np.array([r["rewards"][name]["curve"] for r in reps])
         rho = np.array([r["rewards"][name]["spearman"] for r in reps])
-        out["rewards"][name] = dict(curve_mean=curves.mean(0).tolist(),
+        lengths = [b.get("length_spearman", {}).get(name) for b in entry["best_of_n"]]
+        lengths = [x for x in lengths if x is not None]
+        out["rewards"][name] = dict(length_rho=float(np.nanmean(lengths)) if lengths else None,
+                                    curve_mean=curves.mean(0).tolist(),
                                     curve_std=curves.std(0).tolist(),
                                     best_n=int(ns[int(np.argmax(curves.mean(0)))]),
                                     rho_mean=float(np.nanmean(rho)), rho_std=float(np.nanstd(rho)))
@@ -288,22 +296,24 @@ def write_report(entries: list[dict], out: Path) -> str:
     lines = ["# Alignment from demonstrations on the token tasks", ""]
     for e in entries:
         t, d = bon_table(e), e["demonstrator"]
-        lines += [f"## {e['env_id']} ({', '.join(f'{k}={v}' for k, v in e['knobs'].items())})",
+        lines += [f"## {e['env_id']} ({', '.join(f'{k}={v}' for k, v in e['knobs'].items())}), "
+                  f"reward read: {e.get('read', 'token')}",
                   "", f"Demonstrator: {e['demonstrator_kind']}.", "",
                   f"Demonstrator on the best-of-N instances: score {d['same_instances_score']:.3f}, "
                   f"success {d['same_instances_win']:.3f}. π_SFT: score {pm(*t['sft'])}. "
                   f"Oracle best-of-{t['ns'][-1]}: {t['oracle'][-1]:.3f}.", "",
                   "| reward | ρ (within prompt) | best-of-1 | best-of-16 | best-of-"
-                  f"{t['ns'][-1]} | best N | beats demonstrator (1 std) |",
-                  "|---|---|---|---|---|---|---|"]
+                  f"{t['ns'][-1]} | best N: score | beats demonstrator (1 std) | ρ with length |",
+                  "|---|---|---|---|---|---|---|---|"]
         i16 = t["ns"].index(16) if 16 in t["ns"] else -1
         for name, r in t["rewards"].items():
             m, s = np.array(r["curve_mean"]), np.array(r["curve_std"])
             best = int(np.argmax(m))
             beats = m[best] - s[best] > d["same_instances_score"]
             lines.append(f"| {name} | {pm(r['rho_mean'], r['rho_std'])} | {pm(m[0], s[0])} | "
-                         f"{pm(m[i16], s[i16])} | {pm(m[-1], s[-1])} | {r['best_n']} | "
-                         f"{'yes' if beats else 'no'} |")
+                         f"{pm(m[i16], s[i16])} | {pm(m[-1], s[-1])} | "
+                         f"{r['best_n']}: {pm(m[best], s[best])} | {'yes' if beats else 'no'} | "
+                         + (f"{r['length_rho']:.3f} |" if r["length_rho"] is not None else "– |"))
         lines += ["", "RL against the Init–SFT reward model (start = π_SFT):", "",
                   "| KL coef | true score start → end | success start → end | learned reward "
                   "start → end | KL to π_SFT | beats π_SFT (1 std) | hacking |",
@@ -315,7 +325,8 @@ def write_report(entries: list[dict], out: Path) -> str:
                          f"{pm(*r['end_kl'])} | {'yes' if r['beats_sft'] else 'no'} | "
                          f"{'yes' if r['hacking'] else 'no'} |")
         tm = e["timings"]
-        lines += ["", "Wall time: " + ", ".join(f"{k[:-2]} {v:.0f} s" for k, v in tm.items()), ""]
+        lines += ["", "Wall time: " + ", ".join(f"{k[:-2]} {v:.0f} s" for k, v in tm.items())
+                  + f" (`{e.get('command', '')}`)", ""]
     text = "\n".join(lines)
     (out / "table.md").write_text(text + "\n")
     return text
@@ -339,7 +350,8 @@ def plot(entries: list[dict], out: Path) -> None:
                    label="demonstrator")
         ax.axhline(t["sft"][0], color="grey", ls="-.", label="π_SFT mean")
         ax.set_xscale("log", base=2)
-        ax.set(title=f"{e['env_id']}: best-of-N", xlabel="N", ylabel="true score (return)")
+        ax.set(title=f"{e['env_id']}: best-of-N (read {e.get('read', 'token')})", xlabel="N",
+               ylabel="true score (return)")
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "best_of_n.png", dpi=120)
@@ -354,7 +366,7 @@ def plot(entries: list[dict], out: Path) -> None:
                 vals = [np.mean([r[key] for r in rows if r["kl_coef"] == b and r["update"] == u])
                         for u in steps]
                 ax.plot(steps, vals, marker="o", ms=3, label=f"KL coef {b:g}")
-        axes[0, col].set(title=f"{e['env_id']}: RL on the Init–SFT reward",
+        axes[0, col].set(title=f"{e['env_id']}: RL on Init–SFT (read {e.get('read', 'token')})",
                          ylabel="true score (return)")
         axes[1, col].set(xlabel="update", ylabel="learned reward")
         axes[0, col].legend(fontsize=7)
@@ -367,15 +379,26 @@ def main(argv=None) -> int:
     args = parse(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.report_only:
+        entries = json.loads((out / "results.json").read_text())["tasks"]
+        print(write_report(entries, out))
+        plot(entries, out)
+        return 0
     t0 = time.time()
     entries = []
     for env_id in args.tasks:
         entries.append(run_task(env_id, args))
         print(f"{env_id}: {entries[-1]['timings']}", flush=True)
     wall = time.time() - t0
-    doc = dict(command="python experiments/lm_alignment/run.py " + " ".join(sys.argv[1:]),
-               wall_seconds=wall, tasks=entries)
-    (out / "results.json").write_text(json.dumps(doc, indent=1, default=float))
+    for e in entries:
+        e["command"] = "python experiments/lm_alignment/run.py " + " ".join(sys.argv[1:])
+        e["wall_seconds"] = wall
+    # Merge with earlier invocations (other tasks or reads): an entry per (task, read).
+    path = out / "results.json"
+    new = {(e["env_id"], e["read"]) for e in entries}
+    old = json.loads(path.read_text())["tasks"] if path.exists() else []
+    entries = [e for e in old if (e["env_id"], e.get("read", "token")) not in new] + entries
+    path.write_text(json.dumps(dict(tasks=entries), indent=1, default=float))
     print(write_report(entries, out))
     plot(entries, out)
     print(f"wall time {wall:.0f} s")

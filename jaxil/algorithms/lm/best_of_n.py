@@ -51,11 +51,15 @@ def token_best_of_n(episodes: TokenEpisodes, num_prompts: int,
     :func:`same_start_token_episodes`) under each reward in ``rewards``
     (name → ``episodes -> [E]`` scores).
 
-    Returns ``{"score": report, "success": report, "num_prompts", "rollouts"}``
-    with :func:`jaxil.algorithms.irl.best_of_n.report` against the episode
-    return (``score``) and against success (``success``): curves over ``ns``
+    Returns ``{"score": report, "success": report, "length_spearman",
+    "num_prompts", "rollouts"}`` with
+    :func:`jaxil.algorithms.irl.best_of_n.report` against the episode return
+    (``score``) and against success (``success``): curves over ``ns``
     (default 1, 2, 4, … K), the oracle's, the policy's mean and each reward's
-    Spearman ρ.
+    Spearman ρ; ``length_spearman`` is each reward's within-prompt ρ with the
+    episode's length in steps (a reward summed over tokens favours long
+    episodes; on tasks where failing episodes run to the turn limit that
+    ranks failures first).
     """
     e = episodes.num_episodes
     if num_prompts < 1 or e % num_prompts:
@@ -69,6 +73,9 @@ def token_best_of_n(episodes: TokenEpisodes, num_prompts: int,
         if not np.isfinite(s).all():
             raise ValueError(f"the reward {name!r} gave NaN or inf scores; check its parameters")
         scores[name] = s
+    length = grid(np.asarray(episodes.mask).sum(axis=1))
     return dict(num_prompts=int(num_prompts), rollouts=int(k),
                 score=bon.report(scores, grid(episodes.episode_return), ns),
-                success=bon.report(scores, grid(episodes.won), ns))
+                success=bon.report(scores, grid(episodes.won), ns),
+                length_spearman={name: bon.spearman_per_state(sc, length)[0]
+                                 for name, sc in scores.items()})

@@ -29,7 +29,12 @@ context). The episode's score sums the reads over a read mask ``ρ [T, N]``
   (:func:`jaxil.algorithms.lm.turns.speaking`, forced tokens included: their
   read still depends on the context);
 - ``read="turn"``: once per turn, at its ``<eot>``, where the context holds
-  the whole turn (a reward per turn, summed).
+  the whole turn (a reward per turn, summed);
+- ``read="last"``: once per episode, at the last token an agent emits,
+  where the context holds the whole episode (one score per sequence, as a
+  language-model reward model reads the end of its sequence; a sum over
+  tokens or turns grows with the episode's length, which RL against it can
+  exploit).
 
 **The loss** (:func:`sequence_reward_loss`) is the logistic discriminator
 loss on episode scores (:func:`jaxil.losses.discriminator_loss`, positives
@@ -95,7 +100,7 @@ from jaxil.runs.guard import Health
 from jaxil.runs.updates import fused_updates
 
 #: Where a sequence reward model reads its per-token rewards (:func:`read_mask`).
-READS = ("token", "turn")
+READS = ("token", "turn", "last")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,8 +111,9 @@ class SequenceRewardConfig:
       size: the transformer size (:data:`jaxil.nn.transformer.SIZES`); to
         start from π_SFT's parameters, use π_SFT's size and ``agent_ids``.
       agent_ids: add the learned agent-id embedding.
-      read: ``"token"`` (a reward on every token an agent emits on its turn)
-        or ``"turn"`` (one at each turn's ``<eot>``); see :func:`read_mask`.
+      read: ``"token"`` (a reward on every token an agent emits on its turn),
+        ``"turn"`` (one at each turn's ``<eot>``) or ``"last"`` (one at the
+        episode's last emitted token); see :func:`read_mask`.
       learning_rate: Adam's step size.
       max_grad_norm: global-norm gradient clipping.
       batch_episodes: episodes per source in each update (drawn with
@@ -222,8 +228,10 @@ def read_mask(avail: jax.Array, actions: jax.Array, valid: jax.Array,
 
         ρ_ti = speaking_ti                    (read="token")
         ρ_ti = speaking_ti ∧ [a_ti = <eot>]   (read="turn")
+        ρ_ti = speaking_ti ∧ [t = t_last]     (read="last")
 
-    with ``speaking`` the valid steps at which agent i is on turn
+    with ``speaking`` the valid steps at which agent i is on turn and
+    ``t_last`` the last step at which any agent is
     (:func:`jaxil.algorithms.lm.turns.speaking`).
 
     Args:
@@ -236,7 +244,13 @@ def read_mask(avail: jax.Array, actions: jax.Array, valid: jax.Array,
     if read not in READS:
         raise ValueError(f"read must be one of {READS}, got {read!r}")
     on_turn = speaking(avail, valid)
-    return on_turn & (actions == EOT) if read == "turn" else on_turn
+    if read == "turn":
+        return on_turn & (actions == EOT)
+    if read == "last":  # the last step at which any agent speaks
+        t = jnp.arange(on_turn.shape[0])
+        last = jnp.max(jnp.where(jnp.any(on_turn, axis=1), t, -1))
+        return on_turn & (t == last)[:, None]
+    return on_turn
 
 
 def masked_episode_sum(values: jax.Array, mask: jax.Array) -> jax.Array:

@@ -96,8 +96,9 @@ def env():
 def test_same_start_episodes_are_prompt_major_and_best_of_n_by_truth_is_the_oracle(env):
     """Episodes ``m·K … m·K+K−1`` share prompt m's tokens (the first
     observation) and prompts differ; scoring by the true return gives the
-    oracle curve and ρ = 1. Kills: a rollout-major reshape (prompts mixed
-    within a group), a curve that ignores the scores."""
+    oracle curve and ρ = 1; the length diagnostic ranks by the episode's
+    steps. Kills: a rollout-major reshape (prompts mixed within a group), a
+    curve that ignores the scores, lengths read off the wrong axis."""
     rand = random_policy(env.spec)
     M, K = 3, 4
     eps = fast_call(lambda k: B.same_start_token_episodes(
@@ -114,6 +115,10 @@ def test_same_start_episodes_are_prompt_major_and_best_of_n_by_truth_is_the_orac
     assert score["rewards"]["negated"]["curve"][-1] == pytest.approx(score["oracle"][-1])
     if score["rewards"]["truth"]["spearman_states"]:
         assert score["rewards"]["truth"]["spearman"] == pytest.approx(1.0)
+    steps = np.asarray(eps.mask).sum(1)
+    rep_len = B.token_best_of_n(eps, M, {"length": lambda e: steps, "minus": lambda e: -steps})
+    assert rep_len["length_spearman"]["length"] == pytest.approx(1.0)  # random play: lengths vary
+    assert rep_len["length_spearman"]["minus"] == pytest.approx(-1.0)
     with pytest.raises(ValueError, match="prompts"):
         B.token_best_of_n(eps, 5, {"truth": lambda e: e.episode_return})
     with pytest.raises(ValueError, match="NaN or inf"):

@@ -124,10 +124,11 @@ def test_scores_sum_the_head_at_each_emitted_token(env, episodes, read):
     """``SequenceRewardModel.scores`` of expert and random episodes, on
     random sharp weights, equals a numpy sum of the teacher-forced head
     output at the emitted token, ``logits[t, i, a_t]``, over the valid steps
-    (``read="token"``) or over the ``<eot>`` tokens only (``"turn"``), and
-    not the sum with the tokens read one step late. Kills: reading the
-    output of the next step (``logits[t+1]``, the context after the token),
-    counting padding steps, and a turn read that counts every token."""
+    (``read="token"``), over the ``<eot>`` tokens only (``"turn"``) or at
+    the last valid step only (``"last"``), and not the sum with the tokens
+    read one step late. Kills: reading the output of the next step
+    (``logits[t+1]``, the context after the token), counting padding steps,
+    a turn read that counts every token, and a last read one step off."""
     rm = R.SequenceRewardModel(env, R.SequenceRewardConfig(read=read))
     params = _sharp(rm.init(jax.random.PRNGKey(3)), 3.0)
     batch = _mixed_batch(episodes)
@@ -136,14 +137,19 @@ def test_scores_sum_the_head_at_each_emitted_token(env, episodes, read):
         params, batch)
     logits, acts = np.asarray(logits, np.float64), np.asarray(batch.actions)
     valid = np.asarray(batch.mask)[..., None]
-    reads = valid & (acts == EOT) if read == "turn" else np.broadcast_to(valid, acts.shape)
+    reads = {"turn": valid & (acts == EOT), "token": np.broadcast_to(valid, acts.shape),
+             "last": (np.arange(valid.shape[1])[None, :, None]
+                      == (valid.sum(1, keepdims=True) - 1)) & valid}[read]
     picked = np.take_along_axis(logits, acts[..., None], -1)[..., 0]  # [E, T, N]
     want = np.where(reads, picked, 0.0).sum((1, 2))
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-4)
     late = np.take_along_axis(logits[:, 1:], acts[:, :-1, :, None], -1)[..., 0]
     late = np.where(reads[:, :-1], late, 0.0).sum((1, 2))
     assert np.all(np.abs(late - want) > 1e-2)
-    assert reads.sum() < valid.sum() if read == "turn" else reads.sum() == valid.sum()
+    if read == "last":
+        assert (reads.sum((1, 2)) == 1).all()
+    else:
+        assert reads.sum() < valid.sum() if read == "turn" else reads.sum() == valid.sum()
 
 
 # -- the analytic reward ------------------------------------------------------------------
