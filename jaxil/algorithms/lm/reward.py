@@ -55,8 +55,9 @@ tokens,
 over the agent-token loss mask ``m`` of SFT
 (:func:`jaxil.losses.sequence.agent_token_mask` with the legal masks:
 tokens the grammar forces have ``log π = 0`` under every policy), from
-:meth:`TransformerPolicy.episode_scores` and
-:func:`jaxil.losses.log_ratio_score`.
+:meth:`TransformerPolicy.episode_scores`, per token
+(:func:`analytic_token_rewards`, the form RL consumes) or summed
+(:func:`analytic_reward`).
 
 API (pure functions over pytrees; vmap seeds over the state)::
 
@@ -92,7 +93,7 @@ from jaxil.algorithms.lm.sft import (
 )
 from jaxil.algorithms.lm.turns import speaking
 from jaxil.envs.tokens import EOT
-from jaxil.losses import discriminator_loss, log_ratio_score
+from jaxil.losses import discriminator_loss
 from jaxil.nn.transformer import SIZES, TransformerPolicy, config_for_env
 from jaxil.runs import engine
 from jaxil.runs.checkpoint import params_digest
@@ -418,7 +419,7 @@ def analytic_reward(policy: TransformerPolicy, params_sft: Any, params_0: Any,
     (:meth:`TransformerPolicy.episode_scores`), differenced and summed over
     the agent tokens of SFT's loss mask (valid steps with a choice:
     :func:`jaxil.losses.sequence.agent_token_mask`) by
-    :func:`jaxil.losses.log_ratio_score`.
+    :func:`analytic_token_rewards`.
 
     Args:
       policy: the transformer both parameter sets belong to (π_SFT's
@@ -427,10 +428,8 @@ def analytic_reward(policy: TransformerPolicy, params_sft: Any, params_0: Any,
       params_0: π_0's (the same network at its initialisation).
       episodes: the episodes to score.
     """
-    score = jax.vmap(policy.episode_scores, in_axes=(None, 0, 0, 0))
-    num, _ = score(params_sft, episodes.obs, episodes.avail, episodes.actions)
-    den, _ = score(params_0, episodes.obs, episodes.avail, episodes.actions)
-    return log_ratio_score(num, den, _token_mask(episodes, forced_tokens=False))
+    return masked_episode_sum(*analytic_token_rewards(
+        policy, {"sft": params_sft, "init": params_0}, episodes))
 
 
 def check_stacked(tree: Any, runs: int, what: str) -> None:
