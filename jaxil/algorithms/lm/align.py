@@ -50,12 +50,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import struct
 
 from jaxil import envs
 from jaxil.algorithms.lm.best_of_n import same_start_token_episodes
 from jaxil.algorithms.lm.reward import check_stacked, masked_episode_sum
-from jaxil.algorithms.lm.sft import TokenEpisodes, _check_token_env, _token_mask, from_episodes
+from jaxil.algorithms.lm.sft import (
+    SFTState,
+    TokenEpisodes,
+    _check_token_env,
+    _token_mask,
+    from_episodes,
+)
 from jaxil.losses import kl_penalized_reward, leave_one_out_advantages, reinforce_loss
 from jaxil.nn.transformer import SIZES, TransformerPolicy, config_for_env
 from jaxil.runs import engine
@@ -114,13 +119,8 @@ class AlignConfig:
                              f"of eval_every ({self.eval_every})")
 
 
-@struct.dataclass
-class AlignState:
-    """One run's state (stacked ``[R]``): the policy, its optimiser, its key."""
-
-    params: Any
-    opt_state: Any
-    key: jax.Array
+#: One run's state (stacked ``[R]``): the policy, its optimiser, its key (SFT's).
+AlignState = SFTState
 
 
 def make_policy(env: envs.MultiAgentEnv, config: AlignConfig) -> TransformerPolicy:
