@@ -10,14 +10,13 @@ the test docstrings), else those tests are skipped.
 import json
 import shutil
 
-import jax
 import numpy as np
 import pytest
 
 from jaxil import envs
-from jaxil.envs.policies import random_policy
 from jaxil.cli import main as cli
-from jaxil.data import Dataset
+
+from helpers.mpe_data import poor_and_expert
 from jaxil.runs.export import load_run, to_marl_eval
 from jaxil.algorithms.offline import LearnerData, make_learner
 from jaxil.runs.plot import plot_runs
@@ -32,9 +31,9 @@ def run_dirs(tmp_path_factory):
     """``plain``: bc_union × 2 seeds; ``sweep``: bc_union, lr ∈ LRS × 2 seeds."""
     root = tmp_path_factory.mktemp("runs")
     env = envs.make("mpe:simple_spread")
-    run = jax.jit(lambda k: envs.run_episodes(env, random_policy(env.spec), None, k, 8))
-    ds = Dataset.from_episodes(run(jax.random.PRNGKey(0)), env.spec, "poor", "random", 0,
-                                expert=False)
+    # the dataset and settings of test_run_integrity.py's two-run `jaxil sweep`: the
+    # plain runs' program is that one, compiled once per session (conftest.py)
+    ds = poor_and_expert(0)
     data = LearnerData.from_dataset(ds)
     learner = make_learner("bc_union", env.spec, hidden=(8,), batch_size=16)
     for name, grid in (("plain", {}), ("sweep", {"lr": list(LRS)})):

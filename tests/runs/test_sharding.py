@@ -255,19 +255,9 @@ def test_multi_process_settings_are_all_or_none(monkeypatch):
 
 def _dataset():
     """12 random-policy episodes of mpe:simple_spread, half labelled expert."""
-    import jax
+    from helpers.mpe_data import poor_and_expert
 
-    from jaxil import envs
-    from jaxil.envs.policies import random_policy
-    from jaxil.data import Dataset, concatenate
-
-    env = envs.make("mpe:simple_spread")
-    spec = env.spec
-    run = jax.jit(lambda k: envs.run_episodes(env, random_policy(spec), None, k, 6))
-    return concatenate([
-        Dataset.from_episodes(run(jax.random.PRNGKey(0)), spec, "poor", "random", 0, expert=False),
-        Dataset.from_episodes(run(jax.random.PRNGKey(1)), spec, "expert", "random", 1, expert=True),
-    ])
+    return poor_and_expert(0)
 
 
 def _dump(run_dir: Path) -> None:

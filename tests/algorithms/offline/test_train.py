@@ -7,20 +7,16 @@ import numpy as np
 import pytest
 
 from jaxil import envs
-from jaxil.envs.policies import random_policy
-from jaxil.data import Dataset, concatenate
 from jaxil.algorithms.offline import LearnerData, make_learner
 from jaxil.algorithms.offline.train import expand_grid, train
+
+from helpers.mpe_data import poor_and_expert, random_dataset
 
 
 @pytest.fixture(scope="module")
 def spread():
     env = envs.make("mpe:simple_spread")
-    spec = env.spec
-    run = jax.jit(lambda k: envs.run_episodes(env, random_policy(spec), None, k, 12))
-    a = Dataset.from_episodes(run(jax.random.PRNGKey(0)), spec, "poor", "random", 0, expert=False)
-    b = Dataset.from_episodes(run(jax.random.PRNGKey(1)), spec, "expert", "random", 1, expert=True)
-    ds = concatenate([a, b])
+    ds = poor_and_expert(0, calls=2)  # 12 poor and 12 expert-labelled random episodes
     return env, ds
 
 
@@ -71,8 +67,8 @@ def test_grid_is_one_program_with_per_run_hparams(spread, tmp_path):
         _train(env, ds, "bc_union", None, 5, grid={"alpha": [0.1]})
 
 
-def test_bad_schedule_is_refused(spread):
-    env, ds = spread
+def test_bad_schedule_is_refused():
+    env, ds = envs.make("mpe:simple_spread"), random_dataset(0)  # refused before any training
     with pytest.raises(ValueError, match="multiple of --eval-every"):
         learner = make_learner("bc_union", env.spec, hidden=(8,), batch_size=8)
         train(learner, env, LearnerData.from_dataset(ds), runs=expand_grid({}, 1),
