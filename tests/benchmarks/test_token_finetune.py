@@ -99,6 +99,7 @@ def _check_side(row, side, updates):
         row[f"{side}_tokens_per_s"] * row["context_tokens"] / row["loss_tokens"])
 
 
+@pytest.mark.slow  # default-suite time (about 11 s of compile); run with -m slow
 def test_a_run_counts_the_tokens_of_its_batch(small_env):
     doc = _small_run(("peer",))  # no jaxil side: nothing to compile
     assert {"machine", "versions", "config", "peer", "definitions", "rows"} <= set(doc)

@@ -17,7 +17,9 @@ def _tiny(context=12):
                                          d_model=16, num_layers=2, num_heads=2))
 
 
-@pytest.mark.parametrize("new_tokens", [pytest.param(1, marks=pytest.mark.slow), 12])  # 1: -m slow
+@pytest.mark.slow  # default-suite time (about 10 s); test_transformer.py checks the cached
+# decoder against full recomputation by default
+@pytest.mark.parametrize("new_tokens", [1, 12])
 def test_cached_and_recompute_decoders_emit_the_same_greedy_tokens(new_tokens):
     net = _tiny()
     params = net.init(jax.random.PRNGKey(0))

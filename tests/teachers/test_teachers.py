@@ -93,6 +93,7 @@ def test_masked_actor_gives_unavailable_actions_zero_probability():
 # --------------------------------------------------------------------------
 # Pure training program
 # --------------------------------------------------------------------------
+@pytest.mark.slow  # default-suite time (about 15 s; the train_teacher run test stays); run with -m slow
 def test_train_runs_under_jit_and_vmap_over_seeds_and_learns():
     cfg = TINY.replace(total_timesteps=12 * 2 * 16 * 8, lr=1e-2)
     train = make_train(envs.make("toy:masked"), cfg)
@@ -113,6 +114,7 @@ def test_train_runs_under_jit_and_vmap_over_seeds_and_learns():
     assert (ret[:, -3:].mean(1) > ret[:, :2].mean(1) + 1.0).all(), ret
 
 
+@pytest.mark.slow  # default-suite time (shares the learning test's program); run with -m slow
 def test_train_descends_the_value_loss():
     """The critic's clipped value loss stays at its starting level while the
     policy improves (here about 1.0-1.5 over the 12 chunks); ascended, it

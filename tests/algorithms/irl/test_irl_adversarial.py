@@ -467,6 +467,7 @@ def _as_rollout(d, t=16):
                        env_reward=r(d.reward))
 
 
+@pytest.mark.slow  # default-suite time (about 13 s; the AIRL learning test and the reward-form tests stay); run with -m slow
 def test_gail_policy_learns_the_demonstrated_action():
     """GAIL from a random policy on toy:masked (64 PPO iterations, 4
     discriminator steps each, one compiled program): the policy's
