@@ -42,12 +42,14 @@ from pathlib import Path
 import numpy as np
 
 #: The tasks, their difficulty knobs and their demonstrators (README.md says why): on
-#: repair the scripted expert with token noise ε = 0.1 (success about 0.77); on arith an
-#: expert LM, a tiny transformer fine-tuned for 80 updates on 256 clean expert episodes
-#: and sampled (the tiny student does not learn to copy operands from ε-noisy arith demos).
+#: repair the scripted expert with token noise ε = 0.1 (success about 0.77); on arith and
+#: exchange an expert LM, a tiny transformer fine-tuned for 80 updates on 256 clean expert
+#: episodes and sampled (the tiny student does not learn to copy operands from ε-noisy
+#: arith demos).
 TASKS = {
     "tokens:repair": dict(knobs=dict(length=16, faults=4, values=32, max_turns=16), epsilon=0.1),
     "tokens:arith": dict(knobs=dict(num_ops=4, modulus=31, max_turns=8), lm_updates=80),
+    "tokens:exchange": dict(knobs=dict(half=3, values=32, sort=False, max_turns=6), lm_updates=80),
 }
 SOURCES = ("init-sft", "init-demo", "sft-demo")
 KL_COEFS = (0.0, 0.01, 0.1, 1.0)
