@@ -68,7 +68,7 @@ def _import_mabrax() -> tuple[Any, Any]:
         import brax  # noqa: F401
         from brax import envs as brax_envs
 
-        import_jaxmarl()
+        import_jaxmarl("mabrax")
         from jaxmarl.environments.mabrax import MABraxEnv
     except ImportError as e:
         raise ImportError(MISSING_BRAX) from e

@@ -34,7 +34,7 @@ from .core import ContinuousActions, DiscreteActions, EnvSpec, MultiAgentEnv, St
 from .registry import register
 
 try:
-    import_jaxmarl()
+    import_jaxmarl("mpe.default_params", "mpe.simple_spread")
     from jaxmarl.environments.mpe.default_params import CONTINUOUS_ACT, DISCRETE_ACT
     from jaxmarl.environments.mpe.simple_spread import SimpleSpreadMPE
 except ImportError as e:  # pragma: no cover - jaxmarl is a core dependency

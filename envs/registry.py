@@ -14,9 +14,12 @@ from typing import Callable
 from .core import MultiAgentEnv
 
 _FACTORIES: dict[str, Callable[..., MultiAgentEnv]] = {}
-# Sibling modules that register their families when imported.
-_FAMILY_MODULES = (".smax", ".mpe", ".jumanji", ".mabrax", ".tokens")
-_loaded = False
+# Sibling modules that register their families when imported, by family. Only
+# the family of the id asked for is imported (Jumanji's and JaxMARL's imports
+# cost seconds each); listing the ids, or an unknown family, imports them all.
+_FAMILY_MODULES = {"smax": ".smax", "mpe": ".mpe", "jumanji": ".jumanji", "mabrax": ".mabrax",
+                   "tokens": ".tokens"}
+_loaded: set[str] = set()
 
 
 def register(env_id: str, factory: Callable[..., MultiAgentEnv]) -> None:
@@ -25,12 +28,14 @@ def register(env_id: str, factory: Callable[..., MultiAgentEnv]) -> None:
     _FACTORIES[env_id] = factory
 
 
-def _load() -> None:
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        for mod in _FAMILY_MODULES:
-            importlib.import_module(mod, __package__)
+def _load(family: str | None = None) -> None:
+    """Import the module of ``family`` (every family's with ``None`` or an
+    unknown family)."""
+    names = [family] if family in _FAMILY_MODULES else list(_FAMILY_MODULES)
+    for name in names:
+        if name not in _loaded:
+            importlib.import_module(_FAMILY_MODULES[name], __package__)
+            _loaded.add(name)
 
 
 def list_envs() -> list[str]:
@@ -41,8 +46,9 @@ def list_envs() -> list[str]:
 
 def make(env_id: str, **kwargs) -> MultiAgentEnv:
     """Build an environment from its id; keyword arguments override defaults."""
-    _load()
+    _load(env_id.split(":", 1)[0] if isinstance(env_id, str) else None)
     if env_id not in _FACTORIES:
+        _load()  # the suggestions come from every family
         close = difflib.get_close_matches(env_id, list(_FACTORIES), n=5, cutoff=0.4)
         if not close:  # match on the part after the family too
             name = env_id.split(":")[-1].lower()

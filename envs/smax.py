@@ -28,7 +28,7 @@ from .policies import Policy
 from .registry import register
 
 try:
-    import_jaxmarl()
+    import_jaxmarl("smax")
     from jaxmarl.environments.smax import HeuristicEnemySMAX, map_name_to_scenario
     from jaxmarl.environments.smax.heuristic_enemy import (
         create_heuristic_policy,

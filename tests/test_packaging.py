@@ -71,16 +71,29 @@ def test_the_wheel_holds_jaxil_envs_and_every_package_and_no_top_level_envs(tmp_
 def test_import_jaxil_is_lazy_and_every_public_name_resolves(tmp_path):
     """``import jaxil`` imports neither JAX nor any sub-package; each name in
     ``jaxil.__all__`` then resolves (one subprocess, the import order as a
-    user's)."""
+    user's). Importing the JaxMARL adapters then prints nothing on stdout
+    (JaxMARL's import banner would come before the count) and imports none
+    of JaxMARL's other environments; a later ``import jaxmarl`` of the
+    user's still gets the whole package, with the classes the adapters use
+    (bare stand-in packages left in ``sys.modules`` would break it)."""
     code = ("import sys, jaxil\n"
             "assert 'jax' not in sys.modules, 'import jaxil started JAX'\n"
             "assert not [m for m in sys.modules if m.startswith('jaxil.')], sorted(sys.modules)\n"
             "missing = [n for n in jaxil.__all__ if getattr(jaxil, n, None) is None]\n"
             "assert not missing, missing\n"
             "assert jaxil.make_env is jaxil.envs.make\n"
-            "print(len(jaxil.__all__))\n")
+            "import jaxil.envs.smax, jaxil.envs.mpe\n"
+            "assert 'jaxmarl.environments.storm' not in sys.modules, 'all of JaxMARL imported'\n"
+            "print(len(jaxil.__all__), flush=True)\n"
+            "import jaxmarl, jaxmarl.environments.smax as smax\n"
+            "from jaxmarl.environments import SMAX, SimpleSpreadMPE\n"
+            "from jaxil.envs.mpe import SimpleSpreadMPE as ours\n"
+            "assert callable(jaxmarl.make) and SMAX is smax.SMAX and ours is SimpleSpreadMPE\n"
+            "print('jaxmarl ok')\n")
     r = _run(code, tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert int(r.stdout.strip()) > 20
+    count, _, rest = r.stdout.partition("\n")
+    assert count.isdigit() and int(count) > 20, repr(r.stdout[:300])
+    assert rest.endswith("jaxmarl ok\n"), repr(rest[-300:])
     r = _run("import jaxil; jaxil.no_such_thing", tmp_path)
     assert "module 'jaxil' has no attribute 'no_such_thing'" in r.stderr

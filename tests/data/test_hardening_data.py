@@ -228,6 +228,7 @@ def _run(code: str) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
+@pytest.mark.slow  # a subprocess importing everything; test_packaging's import test checks the same stdout by default
 def test_importing_the_adapters_prints_nothing_on_stdout():
     """Bug: JaxMARL prints "Importing submoduled environments..." on import, so
     every jaxil command's stdout (and --json output piped onward) began with

@@ -54,7 +54,7 @@ def smax_layout(spec: EnvSpec) -> SMAXLayout:
             f"world-state parser only reads SMAX datasets"
         )
 
-    import_jaxmarl()
+    import_jaxmarl("smax")
     from jaxmarl.environments.smax.smax_env import MAP_NAME_TO_SCENARIO
 
     map_name = env_id.split(":", 1)[1]
