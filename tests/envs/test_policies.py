@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from jaxil import envs
+from jaxil.envs.core import DiscreteActions, EnvSpec, MultiAgentEnv, Step
 from jaxil.envs.policies import as_policy, epsilon_mixture, random_policy
 from jaxil.envs.smax import heuristic_policy
 from helpers.fast_compile import fast_call
@@ -100,30 +101,60 @@ def test_quickstart_cli_flags(capsys):
     assert "heuristic" in out and "random" in out and "SMAX 3m dataset" not in out
 
 
+class _EndsEarly(MultiAgentEnv):
+    """Two agents; the episode ends (``done``) once agent 0 picks action 0 of
+    8, so random episodes have varied lengths, most below ``max_steps``; the
+    observation carries the step counter and a per-step random draw (a key
+    handed to the wrong step or episode changes it)."""
+
+    def __init__(self):
+        self.spec = EnvSpec("test:ends_early", num_agents=2, obs_dim=3, state_dim=3,
+                            action=DiscreteActions(8, noop_action=None), max_steps=24)
+
+    def _draw(self, key, t, reward=0.0, done=False):
+        u = jax.random.uniform(key, (2,))
+        obs = jnp.stack([jnp.full((2,), t / 24.0), u, 1.0 - u], axis=-1)
+        return Step(inner=jnp.int32(t), obs=obs, global_state=obs[0],
+                    avail_actions=jnp.ones((2, 8), bool), reward=reward, done=done,
+                    truncated=t >= 24)
+
+    def _reset(self, key):
+        return self._draw(key, 0)
+
+    def _step(self, key, t, actions):
+        return self._draw(key, t + 1, jnp.sum(actions).astype(jnp.float32),
+                          actions[0] == 0)
+
+
 def test_run_episodes_matches_a_step_by_step_reference_and_stops_early():
     """``run_episodes`` (a while loop that stops when every episode has ended)
     against a plain Python loop over ``env.step`` with the same keys, for
     episode ``i`` of the batch (a key handed to the wrong episode, an
-    off-by-one at the end or garbage in the padding fails)."""
-    env = _smax_3m()
+    off-by-one at the end or garbage in the padding fails). The environment
+    is a small one whose random episodes end early: the rollout is generic,
+    and SMAX's own ``run_episodes`` is checked by the conformance suite."""
+    env = _EndsEarly()
     pol = random_policy(env.spec)
-    i = 3
-    eps = jax.tree.map(lambda x: x[i:i + 1], _episodes("random"))
-    reset_key, _, run_key = jax.random.split(jax.random.PRNGKey(0), 3)
-    # (each piece jitted: op by op, the loop alone took 20 s of the suite)
-    state, ts = jax.jit(lambda k: jax.tree.map(
-        lambda x: x[i], jax.vmap(env.reset)(jax.random.split(k, EPISODES))))(reset_key)
-    step = jax.jit(env.step)
-    act = jax.jit(lambda obs, avail, k: pol(None, obs, avail, jax.random.split(k, EPISODES)[i]))
+    i, n = 3, 16
+    key = jax.random.PRNGKey(0)
+    eps = jax.tree.map(lambda x: x[i:i + 1],
+                       jax.jit(lambda k: envs.run_episodes(env, pol, None, k, n))(key))
+    reset_key, _, run_key = jax.random.split(key, 3)
+    state, ts = env.reset(jax.random.split(reset_key, n)[i])
+
+    @jax.jit
+    def act_and_step(state, ts, k):
+        a = pol(None, ts.obs, ts.avail_actions, jax.random.split(k, n)[i])
+        return a, *env.step(state, a)
+
     obs, actions, rewards = [ts.obs], [], []
-    for t, k in enumerate(jax.random.split(run_key, env.spec.max_steps)):
-        a = act(ts.obs, ts.avail_actions, k)
-        state, ts = step(state, a)
+    for k in jax.random.split(run_key, env.spec.max_steps):
+        a, state, ts = act_and_step(state, ts, k)
         obs.append(ts.obs), actions.append(a), rewards.append(ts.reward)
         if ts.last():
             break
     length = len(actions)
-    assert length < env.spec.max_steps // 2  # random 3m episodes end early
+    assert 1 < length < env.spec.max_steps // 2  # random episodes end early
     assert int(eps.length[0]) == length
     np.testing.assert_array_equal(eps.actions[0, :length], np.stack(actions))
     np.testing.assert_allclose(eps.reward[0, :length], np.array(rewards), rtol=1e-6, atol=1e-7)

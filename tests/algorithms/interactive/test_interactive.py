@@ -1,5 +1,6 @@
 """Interactive imitation: schedules, switch, masks, filters, buffer, rounds, resume."""
 
+import functools
 import json
 
 import jax
@@ -268,19 +269,29 @@ def _counter_policies(num_actions):
     return Policy(s_init, s_act), Policy(s_init, x_act)
 
 
+@functools.lru_cache(maxsize=None)
+def _mpe_mixed():
+    """``mixed_episodes`` on MPE spread with the counter policies, 64 episodes,
+    the switch rule an argument: ONE compiled program for the switch and the
+    coin tests below."""
+    env = envs.make("mpe:simple_spread")
+    student, expert = _counter_policies(env.spec.num_actions)
+    run = jax.jit(lambda rule, key: mixed_episodes(env, student, expert, None, None, rule, key, 64))
+    rule = lambda kind, lo, hi, p, beta: SwitchRule(  # noqa: E731  (one dtype per field: one compile)
+        jnp.int32(kind), jnp.int32(lo), jnp.int32(hi), jnp.float32(p), jnp.float32(beta))
+    return env, lambda key, *r: run(rule(*r), key)
+
+
 def test_expert_takes_over_at_k_and_inherits_its_history():
     """With a fixed switch k the played action is the student's for t < k and
     the expert's from k on; the expert has been run on every step, so at k
     its carry already counts k steps. Catches t > k (off by one), an expert
     started fresh at the switch, and a label that is the played action
     instead of the expert's."""
-    env = envs.make("mpe:simple_spread")
+    env, run = _mpe_mixed()
     A = env.spec.num_actions
-    student, expert = _counter_policies(A)
     k = 4
-    rule = SwitchRule(SWITCHES.index("fixed"), k, k, 1.0, 0.0)
-    ep = jax.jit(lambda key: mixed_episodes(env, student, expert, None, None, rule, key, 3))(
-        jax.random.PRNGKey(0))
+    ep = run(jax.random.PRNGKey(0), SWITCHES.index("fixed"), k, k, 1.0, 0.0)
     T = int(ep.length[0])
     t = np.arange(T)
     want_expert = 1 + t % (A - 1)
@@ -319,14 +330,17 @@ def test_dagger_coin_follows_beta():
     """β = 0 never, β = 1 always, β = 0.3 about 30 % of steps hands the
     controls to the expert (a coin drawn once per episode, or compared the
     wrong way, fails)."""
-    env = envs.make("mpe:simple_spread")
-    student, expert = _counter_policies(env.spec.num_actions)
-    run = jax.jit(lambda key, beta: mixed_episodes(
-        env, student, expert, None, None, SwitchRule(0, 0, 0, 1.0, beta), key, 64))
+    _, run = _mpe_mixed()
     key = jax.random.PRNGKey(2)
-    share = lambda b: float(np.asarray(run(key, b).carry.expert_acted)[np.asarray(run(key, b).mask)].mean())
-    assert share(0.0) == 0.0 and share(1.0) == 1.0
-    per_episode = np.asarray(run(key, 0.3).carry.expert_acted).mean(1)
+
+    def acted(beta):
+        ep = run(key, 0, 0, 0, 1.0, beta)
+        return np.asarray(ep.carry.expert_acted), np.asarray(ep.mask)
+
+    for beta, share in ((0.0, 0.0), (1.0, 1.0)):
+        a, m = acted(beta)
+        assert float(a[m].mean()) == share, beta
+    per_episode = acted(0.3)[0].mean(1)
     assert abs(per_episode.mean() - 0.3) < 0.04 and per_episode.std() < 0.2
 
 

@@ -10,7 +10,7 @@ from jaxil import envs
 from jaxil.algorithms.offline import LearnerData, make_learner
 from jaxil.algorithms.offline.train import expand_grid, train
 
-from helpers.mpe_data import poor_and_expert, random_dataset
+from helpers.mpe_data import poor_and_expert
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +68,10 @@ def test_grid_is_one_program_with_per_run_hparams(spread, tmp_path):
 
 
 def test_bad_schedule_is_refused():
-    env, ds = envs.make("mpe:simple_spread"), random_dataset(0)  # refused before any training
+    """Refused before the data is touched (no data is given: a check moved
+    after the first use of the data fails on ``None`` instead)."""
+    env = envs.make("mpe:simple_spread")
+    learner = make_learner("bc_union", env.spec, hidden=(8,), batch_size=8)
     with pytest.raises(ValueError, match="multiple of --eval-every"):
-        learner = make_learner("bc_union", env.spec, hidden=(8,), batch_size=8)
-        train(learner, env, LearnerData.from_dataset(ds), runs=expand_grid({}, 1),
-              num_updates=7, eval_every=5, progress=False)
+        train(learner, env, None, runs=expand_grid({}, 1), num_updates=7, eval_every=5,
+              progress=False)
