@@ -73,13 +73,14 @@ def regimes_for(task: dict, unit: int, sft_tokens: int, quick: bool,
     from jaxil.algorithms.lm.interactive import token_regime
 
     mults = task["multiples"][:2] if quick else task["multiples"]
+    methods = task.get("methods", tuple(METHOD_LABELS))
     out = []
     if ablations_at:
         mults = ()
         out.append((f"oec@{ablations_at}",
                     token_regime("oec", unit * ablations_at, sft_tokens=sft_tokens)))
     for m in mults:
-        for method in METHOD_LABELS:
+        for method in methods:
             out.append((f"{method}@{m}", token_regime(method, unit * m, sft_tokens=sft_tokens)))
     abl = ablations_at or (mults[-1] if quick else task["ablation"])
     for name, over in ABLATIONS.items() if abl else ():
@@ -262,6 +263,22 @@ def write_report(results: dict, out: Path) -> None:
     plt.close(fig)
 
 
+def _task(env_id: str, args) -> dict:
+    """``TASKS[env_id]`` with the command line's overrides."""
+    task = dict(TASKS[env_id])
+    if args.multiples:
+        task.update(multiples=tuple(sorted(args.multiples)), ablation=None)
+    if args.methods:
+        missing = [m for m in SHIFT_METHODS if m not in args.methods]
+        task.update(methods=tuple(m for m in METHOD_LABELS if m in args.methods))
+        if missing:
+            raise SystemExit(f"error: --methods must include {', '.join(missing)} (the "
+                             f"covariate-shift diagnostic's students)")
+    if args.episodes_per_round:
+        task.update(episodes=args.episodes_per_round)
+    return task
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -284,15 +301,26 @@ def main(argv=None) -> int:
     p.add_argument("--ablations-at", type=int, default=None, metavar="MULTIPLE",
                    help="run only OEC and its ablations at this budget multiple (merged into "
                         "results.json beside the main runs)")
+    p.add_argument("--multiples", type=int, nargs="+", default=None, metavar="M",
+                   help="the budgets, in expert episodes' worth of tokens, instead of the "
+                        "task's (no ablations then, unless --ablations-at)")
+    p.add_argument("--methods", nargs="+", default=None, choices=list(METHOD_LABELS),
+                   help="a subset of the regimes' methods")
+    p.add_argument("--episodes-per-round", type=int, default=None,
+                   help="rollouts per round instead of the task's")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
+    if args.multiples and min(args.multiples) < args.sft_episodes:
+        p.error(f"--multiples {min(args.multiples)} is below --sft-episodes "
+                f"{args.sft_episodes}: a budget includes the SFT start's demonstrations; "
+                f"raise the multiple")
     if args.quick:
         args.seeds, args.rounds, args.updates_per_round = 2, 2, 10
         args.sft_updates, args.eval_episodes, args.shift_episodes = 30, 16, 16
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    new = [run_task(eid, TASKS[eid], args) for eid in args.tasks]
+    new = [run_task(eid, _task(eid, args), args) for eid in args.tasks]
     # Merge with the entries of earlier invocations (other tasks, or the ablations).
     path = out / "results.json"
     old = json.loads(path.read_text())["tasks"] if path.exists() else []
