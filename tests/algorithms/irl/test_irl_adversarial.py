@@ -23,6 +23,8 @@ from jaxil.losses.adversarial import (
     kl_penalized_reward,
 )
 
+from helpers.fast_compile import fast_call
+
 RNG = np.random.default_rng(7)
 jit_param = pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 
@@ -111,7 +113,7 @@ def test_airl_logits_do_not_differentiate_the_policy_and_check_shapes():
     def loss(g, lp):
         return discriminator_loss(airl_logits(g, h, hn, last, lp, 0.9), jnp.zeros(4))
 
-    dg, dlp = jax.grad(loss, argnums=(0, 1))(g, lp)
+    dg, dlp = fast_call(jax.grad(loss, argnums=(0, 1)), g, lp)  # one compile, not op by op
     assert np.all(np.asarray(dlp) == 0.0)
     f = g + 0.9 * hn - h - lp
     np.testing.assert_allclose(np.asarray(dg), -(1 - 1 / (1 + np.exp(-f))) / 8, rtol=1e-4, atol=1e-6)
@@ -130,8 +132,8 @@ def test_agent_discriminator_loss_matches_numpy(jit):
     out = float(_maybe_jit(agent_discriminator_loss, jit)(e, p))
     ref = sum(_np_softplus(-e[:, i]).mean() + _np_softplus(p[:, i]).mean() for i in range(3))
     np.testing.assert_allclose(out, ref, **TOL)
-    # Agent i's loss depends on column i only.
-    g = np.asarray(jax.grad(agent_discriminator_loss)(jnp.asarray(e), jnp.asarray(p)))
+    # Agent i's loss depends on column i only (the gradient compiled once, not op by op).
+    g = np.asarray(fast_call(jax.grad(agent_discriminator_loss), e, p))
     e64 = e.astype(np.float64)
     np.testing.assert_allclose(g, -(1 - 1 / (1 + np.exp(-e64))) / 12, rtol=1e-4, atol=1e-6)
     with pytest.raises(AssertionError):
@@ -184,7 +186,7 @@ def test_kl_penalty_estimates_the_kl_in_expectation():
 # --------------------------------------------------------------------------
 from jaxil import envs  # noqa: E402
 from helpers import teachers as tt  # noqa: E402  (registers the toy environments)
-from helpers.fast_compile import FAST_COMPILE, fast_call  # noqa: E402
+from helpers.fast_compile import FAST_COMPILE  # noqa: E402
 from jaxil.teachers import make_train  # noqa: E402
 from jaxil.algorithms.rl.ppo import RewardHook  # noqa: E402
 
@@ -309,13 +311,15 @@ def test_policy_samples_keep_an_empty_legal_action_mask():
     spec = envs.make("toy:continuous").spec
     n, o, d = spec.num_agents, spec.obs_dim, spec.action.dim
     T, E = 3, 4
-    z = lambda *shape: jnp.zeros(shape)  # noqa: E731
+    z = lambda *shape: np.zeros(shape, np.float32)  # noqa: E731
     batch = RewardBatch(obs=z(T, E, n, o), global_state=z(T, E, spec.state_dim),
-                        avail=jnp.zeros((T, E, n, 0), bool), action=z(T, E, n, d),
+                        avail=np.zeros((T, E, n, 0), bool), action=z(T, E, n, d),
                         next_obs=z(T, E, n, o), next_global_state=z(T, E, spec.state_dim),
-                        last=jnp.zeros((T, E), bool), env_reward=z(T, E))
+                        last=np.zeros((T, E), bool), env_reward=z(T, E))
     adv = Adversarial(spec, make_actor(spec, SMALL), SMALL, GAIL)
-    got = adv.policy_samples(batch, jax.random.PRNGKey(0))
+    # Traced as inside the GAIL/AIRL program (the reshape fails when traced;
+    # nothing to compile: only the shapes are checked).
+    got = jax.eval_shape(adv.policy_samples, batch, jax.random.PRNGKey(0))
     assert got.avail.shape == (GAIL.disc_batch, n, 0)
     assert got.actions.shape == (GAIL.disc_batch, n, d)
 
@@ -345,6 +349,21 @@ def test_adversarial_chunk_on_box_actions(tmp_path, method):
 import json  # noqa: E402
 
 from jaxil.cli.main import main as cli_main  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def spread_file(tmp_path_factory):
+    """12 random episodes of ``mpe:simple_spread``'s shapes (numpy, no rollout
+    to compile) as an expert-tier jaxil dataset file: what the bad-input
+    checks read (its counts, tier and environment)."""
+    from helpers.data import make_dataset
+    from jaxil.data import save
+
+    ds = make_dataset(envs.make("mpe:simple_spread").spec, num=12, tier="expert",
+                      source="scripted", expert=True)
+    path = tmp_path_factory.mktemp("spread-file") / "demos.npz"
+    save(ds, path)
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -383,12 +402,12 @@ CLI_SMALL = ["--total-timesteps", "768", "--num-envs", "8", "--num-steps", "32",
      "num_minibatches.*must divide"),
     (["gail", "--env", "smax:3m", "--demos", "{d}"], "spec|env"),
 ])
-def test_cli_bad_input_is_one_line(spread_demos, capsys, argv, match):
+def test_cli_bad_input_is_one_line(spread_file, capsys, argv, match):
     """Bad counts, tiers, settings and a dataset of another environment end in
     a one-line error naming the problem (exit 1), before any compilation."""
     import re
 
-    argv = [a.replace("{d}", str(spread_demos)) for a in argv]
+    argv = [a.replace("{d}", str(spread_file)) for a in argv]
     assert cli_main(argv + ["--no-progress"]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and re.search(match, err), err

@@ -62,16 +62,32 @@ def _sharp(params, factor):
     """``params`` with every kernel and embedding scaled by ``factor``:
     sharper distributions than at init, so log π moves by far more than
     rounding when a mask or an alignment is wrong."""
-    def scale(path, x):
+    def scale(path, x):  # numpy parameters stay numpy (no eager op to compile)
         name = jax.tree_util.keystr(path)
-        return x * factor if ("kernel" in name or "embed" in name) else x
+        return x * np.float32(factor) if ("kernel" in name or "embed" in name) else x
     return jax.tree_util.tree_map_with_path(scale, params)
 
 
 def _mixed_batch(episodes, k=6):
-    """The first ``k`` expert and the first ``k`` random episodes, concatenated."""
+    """The first ``k`` expert and the first ``k`` random episodes, concatenated
+    (in numpy: eager slices and concatenations compile op by op)."""
     ex, rn = episodes
-    return jax.tree.map(lambda a, b: jnp.concatenate([a[:k], b[:k]]), ex, rn)
+    return jax.tree.map(lambda a, b: np.concatenate([np.asarray(a)[:k], np.asarray(b)[:k]]),
+                        ex, rn)
+
+
+@pytest.fixture(scope="module")
+def sharp_params(env):
+    """``seed -> _sharp(init(PRNGKey(seed)), 3)``: random sharp weights of the
+    transformer that the SFT student and the reward models (of every read)
+    share, from one init compiled once (XLA level 0; ``init`` jits a new
+    lambda at the default level on every call, ~9 s each on 2 cores)."""
+    student = sft.make_student(env, sft.SFTConfig())
+    for read in R.READS:  # one architecture: the reward models' parameters are the student's
+        assert R.SequenceRewardModel(env, R.SequenceRewardConfig(read=read)).net.config \
+            == student.config
+    init = fast_compile(student.init, jax.random.PRNGKey(0))
+    return lambda seed: _sharp(jax.device_get(init(jax.random.PRNGKey(seed))), 3.0)
 
 
 # -- the loss ---------------------------------------------------------------------------
@@ -119,8 +135,24 @@ def test_log_ratio_score_sums_the_tokens_of_a_per_agent_mask(jit):
                                rtol=1e-5, atol=1e-5)
 
 
+@pytest.fixture(scope="module")
+def scores_case(env, episodes, sharp_params):
+    """``(batch, {read: SequenceRewardModel(read).scores}, chunk logits)`` on
+    one mixed batch and one set of sharp random weights: the three reads'
+    scores and the teacher-forced logits in one compiled program."""
+    models = {read: R.SequenceRewardModel(env, R.SequenceRewardConfig(read=read))
+              for read in R.READS}
+    params = sharp_params(3)
+    batch = _mixed_batch(episodes)
+    scores, logits = fast_call(
+        lambda p, b: ({read: rm.scores(p, b) for read, rm in models.items()},
+                      jax.vmap(models["token"].net.chunk_logits, in_axes=(None, 0))(p, b.obs)),
+        params, batch)
+    return batch, scores, logits
+
+
 @pytest.mark.parametrize("read", R.READS)
-def test_scores_sum_the_head_at_each_emitted_token(env, episodes, read):
+def test_scores_sum_the_head_at_each_emitted_token(scores_case, read):
     """``SequenceRewardModel.scores`` of expert and random episodes, on
     random sharp weights, equals a numpy sum of the teacher-forced head
     output at the emitted token, ``logits[t, i, a_t]``, over the valid steps
@@ -129,12 +161,8 @@ def test_scores_sum_the_head_at_each_emitted_token(env, episodes, read):
     read one step late. Kills: reading the output of the next step
     (``logits[t+1]``, the context after the token), counting padding steps,
     a turn read that counts every token, and a last read one step off."""
-    rm = R.SequenceRewardModel(env, R.SequenceRewardConfig(read=read))
-    params = _sharp(rm.init(jax.random.PRNGKey(3)), 3.0)
-    batch = _mixed_batch(episodes)
-    got, logits = fast_call(
-        lambda p, b: (rm.scores(p, b), jax.vmap(rm.net.chunk_logits, in_axes=(None, 0))(p, b.obs)),
-        params, batch)
+    batch, scores, logits = scores_case
+    got = scores[read]
     logits, acts = np.asarray(logits, np.float64), np.asarray(batch.actions)
     valid = np.asarray(batch.mask)[..., None]
     reads = {"turn": valid & (acts == EOT), "token": np.broadcast_to(valid, acts.shape),
@@ -154,34 +182,49 @@ def test_scores_sum_the_head_at_each_emitted_token(env, episodes, read):
 
 # -- the analytic reward ------------------------------------------------------------------
 
-def _token_by_token(policy, params, batch):
-    """``[E, T, N]`` float64 log π(a_t) along the KV-cache step path:
-    ``step_log_probs`` one step at a time, the cache carried."""
-    step = jax.jit(jax.vmap(policy.step_log_probs, in_axes=(None, 0, 0, 0)))
+def _token_by_token(policy, batch):
+    """``params -> [E, T, N]`` float64 log π(a_t) along the KV-cache step path:
+    ``step_log_probs`` one step at a time (a ``lax.scan`` over the steps),
+    the cache carried; compiled once (XLA level 0) for every parameter set."""
     E, T, N = batch.actions.shape
-    carry = jax.vmap(lambda k: policy.init_carry(k, N))(jax.random.split(jax.random.PRNGKey(0), E))
-    out = np.zeros((E, T, N))
+    step = jax.vmap(policy.step_log_probs, in_axes=(None, 0, 0, 0))
+
+    def path(params, obs, avail):
+        carry = jax.vmap(lambda k: policy.init_carry(k, N))(
+            jax.random.split(jax.random.PRNGKey(0), E))
+
+        def one(carry, inputs):
+            log_p, carry = step(params, *inputs, carry)
+            return carry, log_p
+
+        _, log_p = jax.lax.scan(one, carry, (jnp.swapaxes(obs, 0, 1), jnp.swapaxes(avail, 0, 1)))
+        return jnp.swapaxes(log_p, 0, 1)  # [E, T, N, V]
+
     acts = np.asarray(batch.actions)
-    for t in range(T):
-        log_p, carry = step(params, batch.obs[:, t], batch.avail[:, t], carry)
-        log_p = np.asarray(log_p, np.float64)
-        out[:, t] = np.take_along_axis(log_p, acts[:, t, :, None], -1)[..., 0]
-    return out
+    compiled = {}
+
+    def log_probs(params):
+        if not compiled:
+            compiled["path"] = fast_compile(path, params, batch.obs, batch.avail)
+        log_p = np.asarray(compiled["path"](params, batch.obs, batch.avail), np.float64)
+        return np.take_along_axis(log_p, acts[..., None], -1)[..., 0]
+
+    return log_probs
 
 
 @pytest.fixture(scope="module")
-def analytic_case(env, episodes):
+def analytic_case(env, episodes, sharp_params):
     """Two sharp random parameter sets of one student, a mixed batch, the
     ``analytic_reward`` of it, the per-token log-ratios along the step path
     and the agent-token mask (valid steps with more than one legal token),
     built in numpy."""
     student = sft.make_student(env, sft.SFTConfig())
-    p_sft = _sharp(student.init(jax.random.PRNGKey(1)), 3.0)
-    p_0 = _sharp(student.init(jax.random.PRNGKey(2)), 3.0)
+    p_sft, p_0 = sharp_params(1), sharp_params(2)
     batch = _mixed_batch(episodes)
     got = np.asarray(fast_call(lambda a, b, e: R.analytic_reward(student, a, b, e),
                                p_sft, p_0, batch))
-    diff = _token_by_token(student, p_sft, batch) - _token_by_token(student, p_0, batch)
+    token_by_token = _token_by_token(student, batch)
+    diff = token_by_token(p_sft) - token_by_token(p_0)
     mask = np.asarray(batch.mask)[..., None] & (np.asarray(batch.avail).sum(-1) > 1)
     return got, diff, mask
 
@@ -323,11 +366,11 @@ def test_stacked_sources_are_source_major_with_each_roles_seed(episodes):
     with the data), swapped roles, and seeds mixed between entries."""
     ex, _ = episodes
     S = 3
-    def role(code):  # [S] stacked episodes whose actions encode (role, seed)
-        eps = ex.take(slice(0, 2))
-        return jax.tree.map(lambda x: jnp.stack([x] * S), eps).replace(
-            actions=jnp.broadcast_to((code * 10 + jnp.arange(S))[:, None, None, None],
-                                     (S,) + eps.actions.shape).astype(jnp.int32))
+    def role(code):  # [S] stacked episodes whose actions encode (role, seed); numpy
+        eps = jax.tree.map(lambda x: np.asarray(x)[:2], ex)
+        return jax.tree.map(lambda x: np.stack([x] * S), eps).replace(
+            actions=np.broadcast_to((code * 10 + np.arange(S))[:, None, None, None],
+                                    (S,) + eps.actions.shape).astype(np.int32))
     roles = {"init": role(1), "sft": role(2), "demo": role(3)}
     data, labels = R.stacked_sources(["init-sft", "sft-demo"], roles)
     assert labels == ["init-sft"] * S + ["sft-demo"] * S

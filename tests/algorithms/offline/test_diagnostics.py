@@ -12,8 +12,22 @@ from jaxil.algorithms.offline import make_learner
 from jaxil.algorithms.offline.diagnostics import (auc, dice_diagnostics, diagnostic_batches,
                                                   weight_stats)
 
-from helpers.fast_compile import fast_call
+from helpers.fast_compile import fast_call, fast_compile
 from helpers.data import FIDELITY_DATA as DATA, FIDELITY_SPEC as SPEC
+
+
+def _random_params(learner, seed):
+    """Random float32 parameters in the tree of ``learner.init``'s (shapes from
+    ``jax.eval_shape``): kernels N(0, 1/fan_in), the rest N(0, 0.1²)."""
+    rng = np.random.default_rng(seed)
+
+    def draw(path, x):
+        kernel = "kernel" in jax.tree_util.keystr(path)
+        scale = 1.0 / np.sqrt(x.shape[-2]) if kernel else 0.1
+        return (scale * rng.normal(size=x.shape)).astype(np.float32)
+
+    shapes = jax.eval_shape(learner.init, jax.random.PRNGKey(0)).params
+    return jax.tree_util.tree_map_with_path(draw, shapes)
 
 
 def test_weight_stats_and_auc_by_hand():
@@ -60,15 +74,21 @@ def test_dice_diagnostics_per_run_match_the_statistics_of_each_runs_weights():
     over the weights instead of the logits, and batches that ignore the
     expert flags' order."""
     learner = make_learner("misodice", SPEC, hidden=(8,), mixer_hidden=4, batch_size=16)
-    states = [learner.init(jax.random.PRNGKey(i)) for i in (1, 2)]
-    stacked = jax.tree.map(lambda *x: jax.numpy.stack(x), *states)
+    # Two runs' parameters: random, in the tree of the learner's (nothing to
+    # compile: an eager init draws every layer op by op); hparams the defaults.
+    runs = [_random_params(learner, seed) for seed in (1, 2)]
+    hp = learner.default_hparams()
+    stack = lambda *x: np.stack(x)  # noqa: E731
+    params, hparams = jax.tree.map(stack, *runs), jax.tree.map(stack, hp, hp)
     k = int(DATA.union.reward.shape[0])
     truth = np.random.default_rng(0).uniform(size=k) < 0.3
     batches, btruth = diagnostic_batches(DATA, truth, groups=3, batch=16)
     assert btruth.shape == (3, 16)
-    got = dice_diagnostics(learner, stacked.params, stacked.hparams, batches, btruth)
-    for r, s in enumerate(states):
-        logit, w = jax.vmap(learner.weigh, in_axes=(None, None, 0))(s.params, s.hparams, batches)
+    got = dice_diagnostics(learner, params, hparams, batches, btruth)
+    # each run's own weights: the learner's weigh per batch, compiled once for both runs
+    weigh = fast_compile(jax.vmap(learner.weigh, in_axes=(None, None, 0)), runs[0], hp, batches)
+    for r, p in enumerate(runs):
+        logit, w = weigh(p, hp, batches)
         want = weight_stats(np.asarray(w), btruth)
         for name, v in want.items():
             assert got[name][r] == pytest.approx(v, rel=1e-5), name

@@ -8,6 +8,8 @@ terminal, so ``done`` and ``init_obs`` carry information that a wrong mask
 or a wrong s0 source loses.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,6 +26,32 @@ from helpers.data import FIDELITY_DATA as DATA, FIDELITY_DS as DS, FIDELITY_N as
 from helpers.data import FIDELITY_SPEC as SPEC, FIDELITY_T as T
 
 
+# ----------------------------------------------------------------------------- compiled once
+
+
+def _fast_jit(fn):
+    """``fn`` compiled at XLA level 0 (helpers.fast_compile) once per argument
+    types: ``jax.jit``'s cache, without the default level's compile times."""
+    compiled = {}
+
+    def call(*args):
+        key = (jax.tree.structure(args), tuple(jax.typeof(x) for x in jax.tree.leaves(args)))
+        if key not in compiled:
+            compiled[key] = fast_compile(fn, *args)
+        return compiled[key](*args)
+
+    return call
+
+
+@functools.lru_cache(maxsize=None)
+def _learner(algo, **cfg):
+    """``(learner, init, sample, update)``, its functions compiled once per
+    process (the learning rates and γ are traced: every test below that
+    uses the same learner reuses its programs)."""
+    learner = make_learner(algo, SPEC, hidden=(16,), mixer_hidden=8, batch_size=64, **cfg)
+    return learner, _fast_jit(learner.init), _fast_jit(learner.sample), _fast_jit(learner.update)
+
+
 # ----------------------------------------------------------------------------- s0 source
 
 
@@ -36,7 +64,7 @@ def test_dice_s0_batch_is_uniform_over_trajectories():
     as often. ``init_sampling="transition"`` keeps the old, length-weighted
     draw (the union batch's own ``init_obs``)."""
     learner = make_learner("misodice", SPEC, hidden=(8,), mixer_hidden=4, batch_size=2048)
-    batch = jax.jit(learner.sample)(jax.random.PRNGKey(0), DATA)
+    batch = fast_call(learner.sample, jax.random.PRNGKey(0), DATA)
     u, s0 = batch.union, batch.init
     s0 = jax.tree.map(np.asarray, s0)
     assert (s0.step == 0).all()
@@ -53,10 +81,30 @@ def test_dice_s0_batch_is_uniform_over_trajectories():
     assert ratio(np.asarray(u.traj_index)) > 0.8 * expected_old  # the union batch: length-weighted
     old = make_learner("misodice", SPEC, hidden=(8,), mixer_hidden=4, batch_size=2048,
                        init_sampling="transition")
-    assert old.sample(jax.random.PRNGKey(0), DATA).init is None
+    # (no s0 batch: the batch's structure, decided when the sampler is traced)
+    assert jax.eval_shape(old.sample, jax.random.PRNGKey(0), DATA).init is None
 
 
 # ----------------------------------------------------------------------------- numpy reference
+
+
+@functools.lru_cache(maxsize=None)
+def _raw_outputs(spec, cfg):
+    """The raw network outputs the numpy reference starts from, each compiled
+    once per shape (eagerly, every flax layer compiles op by op): a
+    ``_Mixed`` net's local values and its mixer's ``(w, b)`` (zeros without
+    a hypernetwork), the policy's log-probabilities, the action encoding."""
+    net, pi = _Mixed(spec, cfg), PolicyNet(spec, cfg.hidden, cfg.shared)
+
+    def net_out(p, x, st):
+        local = net.local_values(p, x)
+        if cfg.mixing == "hyper":
+            w, b = net.mixer.apply(p["mixer"], st)
+            return local, w, b
+        return local, jnp.zeros(()), jnp.zeros(())
+
+    return dict(net=_fast_jit(net_out), log_prob=_fast_jit(pi.log_prob),
+                encode=_fast_jit(lambda a: encode_actions(spec, a)))
 
 
 def _np_reference(spec, cfg, params, hp, batch, mutation=None):
@@ -64,22 +112,21 @@ def _np_reference(spec, cfg, params, hp, batch, mutation=None):
     output; ``mutation`` recomputes them as a mutated learner would."""
     e, u, s0 = batch.expert, batch.union, batch.init
     f64 = lambda x: np.asarray(x, np.float64)  # noqa: E731
-    disc, nu = _Mixed(spec, cfg), _Mixed(spec, cfg)
+    raw = _raw_outputs(spec, cfg)
     per_agent = cfg.mixing == "none"
 
-    def team(net, p, x, st):
-        local = f64(net.local_values(p, x))  # [B, N]
+    def team(p, x, st):  # the discriminator and ν are two _Mixed nets of one architecture
+        local, w, b = map(f64, raw["net"](p, x, st))  # local [B, N]; the mixer's w, b
         if cfg.mixing == "hyper":
-            w, b = map(f64, net.mixer.apply(p["mixer"], st))
             return (w * local).sum(-1) + b
         return local.sum(-1) if cfg.mixing == "sum" else local
 
     def x_in(b):
-        return np.concatenate([b.obs, encode_actions(spec, b.actions)], -1)
+        return np.concatenate([b.obs, f64(raw["encode"](b.actions))], -1)
 
     softplus = lambda x: np.logaddexp(0.0, x)  # noqa: E731
-    l_e = team(disc, params["disc"], x_in(e), e.global_state)
-    l_u = team(disc, params["disc"], x_in(u), u.global_state)
+    l_e = team(params["disc"], x_in(e), e.global_state)
+    l_u = team(params["disc"], x_in(u), u.global_state)
     d_loss = np.sum(np.mean(softplus(-l_e), 0) + np.mean(softplus(l_u), 0))
     def to_reward(logit):
         if cfg.reward == "bounded":
@@ -105,10 +152,10 @@ def _np_reference(spec, cfg, params, hp, batch, mutation=None):
             done = 1 - done
         if per_agent:
             done = done[:, None]
-        return (r + gamma * (1 - done) * team(nu, params["nu"], b.next_obs, b.next_global_state)
-                - team(nu, params["nu"], b.obs, b.global_state))
+        return (r + gamma * (1 - done) * team(params["nu"], b.next_obs, b.next_global_state)
+                - team(params["nu"], b.obs, b.global_state))
 
-    nu_0 = team(nu, params["nu"], init_obs, init_gs)
+    nu_0 = team(params["nu"], init_obs, init_gs)
     adv = advantage(u, reward)
     x = adv / (1 + alpha)
     mx = x.max(0)
@@ -134,8 +181,7 @@ def _np_reference(spec, cfg, params, hp, batch, mutation=None):
         rho = rho.reshape(x.shape[:1] + (1,) * (x.ndim - 1))
         mx = x.max(0)
     w = rho * np.exp(x - mx) / np.mean(rho * np.exp(x - mx), 0)
-    pi = PolicyNet(spec, cfg.hidden, cfg.shared)
-    logp = f64(pi.log_prob(params["policy"], pb.obs, pb.avail, pb.actions))  # [B, N]
+    logp = f64(raw["log_prob"](params["policy"], pb.obs, pb.avail, pb.actions))  # [B, N]
     pi_loss = -np.mean((w * logp).sum(-1)) if per_agent else -np.mean(w * logp.sum(-1))
     out = {}
     if cfg.policy_sampling == "stratified":
@@ -180,14 +226,11 @@ def test_dice_update_matches_numpy_reference(algo, cfg):
     batch), inverted, or applied to the wrong half, the D_E half's
     advantage read off the D_U batch, and the policy trained on the D_U
     batch alone."""
-    learner = make_learner(algo, SPEC, hidden=(16,), mixer_hidden=8, batch_size=64, **cfg)
+    learner, init, sample, update = _learner(algo, **cfg)
     config = learner.config
     hp = learner.default_hparams().replace(gamma=jnp.float32(0.5), lr_disc=jnp.float32(3e-3),
                                            lr_critic=jnp.float32(3e-3))
-    state = fast_call(learner.init, jax.random.PRNGKey(0), hp)
-    sample = jax.jit(learner.sample)
-    batch = sample(jax.random.PRNGKey(1), DATA)
-    update = fast_compile(learner.update, state, batch)
+    state = init(jax.random.PRNGKey(0), hp)
     for i in range(15):  # away from the initialisation: rewards and values of size
         state, _ = update(state, sample(jax.random.PRNGKey(10 + i), DATA))
     batch = sample(jax.random.PRNGKey(99), DATA)
@@ -304,12 +347,11 @@ def test_dice_update_descends_the_nu_loss(algo, cfg):
     L_ν, not the direction the update takes it; ascent raises it). Same
     learners as ``test_dice_update_matches_numpy_reference`` (the learning
     rates are traced), so the compiled update is reused."""
-    learner = make_learner(algo, SPEC, hidden=(16,), mixer_hidden=8, batch_size=64, **cfg)
+    learner, init, sample, update = _learner(algo, **cfg)
     hp = learner.default_hparams().replace(gamma=jnp.float32(0.5), lr_disc=jnp.float32(1e-7),
                                            lr_critic=jnp.float32(3e-3))
-    state = fast_call(learner.init, jax.random.PRNGKey(0), hp)
-    batch = jax.jit(learner.sample)(jax.random.PRNGKey(1), DATA)
-    update = fast_compile(learner.update, state, batch)
+    state = init(jax.random.PRNGKey(0), hp)
+    batch = sample(jax.random.PRNGKey(1), DATA)
     first = float(update(state, batch)[1]["nu_loss"])
     for _ in range(10):
         state, _ = update(state, batch)
@@ -326,13 +368,11 @@ def test_dice_policy_weights_favour_the_demonstrations():
     weights exp(−e/(1+α))' in INDD's per-agent weights and in the stratified
     policy batch, whose numpy-reference cases above are slow. Same learner as
     the INDD case of ``test_dice_update_descends_the_nu_loss`` (compiled once)."""
-    learner = make_learner("indd", SPEC, hidden=(16,), mixer_hidden=8, batch_size=64,
-                           reward="bounded", nu_grad_penalty=True, policy_sampling="stratified")
+    learner, init, sample, update = _learner("indd", reward="bounded", nu_grad_penalty=True,
+                                             policy_sampling="stratified")
     hp = learner.default_hparams().replace(gamma=jnp.float32(0.5), lr_disc=jnp.float32(1e-2),
                                            lr_critic=jnp.float32(1e-6))
-    state = fast_call(learner.init, jax.random.PRNGKey(0), hp)
-    sample = jax.jit(learner.sample)
-    update = fast_compile(learner.update, state, sample(jax.random.PRNGKey(1), DATA))
+    state = init(jax.random.PRNGKey(0), hp)
     held_out = [sample(jax.random.PRNGKey(1000 + i), DATA) for i in range(4)]
 
     def share(s):  # mean share of the policy weight on the D_E half
