@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers.fast_compile import fast_call, fast_compile
 
 from jaxil.envs.core import ContinuousActions, DiscreteActions, EnvSpec
 from jaxil.envs.rollout import Episodes
@@ -84,10 +85,11 @@ def test_flatten_transitions_matches_dataset():
 def test_sample_transitions_jit_determinism_and_no_padding(spec):
     ds = make_dataset(spec)
     tr = flatten_transitions(ds)
-    sample = jax.jit(sample_transitions, static_argnums=2)
-    b1 = sample(jax.random.PRNGKey(0), tr, 64)
-    b2 = sample(jax.random.PRNGKey(0), tr, 64)
-    b3 = sample(jax.random.PRNGKey(1), tr, 64)
+    # One jitted program (XLA level 0: a gather, nothing to optimise), called three times.
+    sample = fast_compile(functools.partial(sample_transitions, batch_size=64), jax.random.PRNGKey(0), tr)
+    b1 = sample(jax.random.PRNGKey(0), tr)
+    b2 = sample(jax.random.PRNGKey(0), tr)
+    b3 = sample(jax.random.PRNGKey(1), tr)
     jax.tree.map(np.testing.assert_array_equal, b1, b2)
     assert not np.array_equal(b1.traj_index, b3.traj_index)
     assert b1.obs.shape == (64, 2, 3)
@@ -102,15 +104,19 @@ def test_sample_transitions_jit_determinism_and_no_padding(spec):
 def test_sample_where_only_returns_masked_transitions():
     ds = make_dataset()
     tr = flatten_transitions(ds, expert_flags=ds.expert)
-    sample = jax.jit(functools.partial(sample_where, batch_size=512))
-    b = sample(jax.random.PRNGKey(3), tr, weights_or_mask=tr.expert)
+    w = np.zeros(tr.num_transitions, np.float32)
+    w[[0, 5]] = [1.0, 3.0]
+
+    def by_mask_and_by_weights(key_mask, key_weights, tr, w):
+        return (sample_where(key_mask, tr, 512, weights_or_mask=tr.expert),
+                sample_where(key_weights, tr, 512, weights_or_mask=w))
+
+    # Both draws jitted in one program (XLA level 0: one compile).
+    b, b_w = fast_call(by_mask_and_by_weights, jax.random.PRNGKey(3), jax.random.PRNGKey(0), tr, w)
     assert np.asarray(b.expert).all()
     assert set(np.asarray(b.traj_index).tolist()) <= set(np.flatnonzero(ds.expert).tolist())
     # weights: proportional sampling, zero weight never drawn
-    w = np.zeros(tr.num_transitions, np.float32)
-    w[[0, 5]] = [1.0, 3.0]
-    b = sample(jax.random.PRNGKey(0), tr, weights_or_mask=w)
-    idx = np.asarray(b.traj_index) * 100 + np.asarray(b.step)
+    idx = np.asarray(b_w.traj_index) * 100 + np.asarray(b_w.step)
     key0 = int(tr.traj_index[0]) * 100 + int(tr.step[0])
     key5 = int(tr.traj_index[5]) * 100 + int(tr.step[5])
     assert set(idx.tolist()) <= {key0, key5}
@@ -123,11 +129,11 @@ def test_sample_where_inside_jit_and_vmap_over_seeds():
     ds = make_dataset()
     tr = flatten_transitions(ds, expert_flags=ds.expert)
 
-    @jax.jit
-    def batches(keys):
+    def batches(key):
+        keys = jax.random.split(key, 4)
         return jax.vmap(lambda k: sample_where(k, tr, 8, tr.expert).traj_index)(keys)
 
-    out = np.asarray(batches(jax.random.split(jax.random.PRNGKey(0), 4)))
+    out = np.asarray(fast_call(batches, jax.random.PRNGKey(0)))  # jitted (XLA level 0)
     assert out.shape == (4, 8) and ds.expert[out].all()
 
 
@@ -138,11 +144,15 @@ def test_sample_initial_states_uniform_over_trajectories():
     sampler (rows past step 0, or length-weighted trajectories)."""
     ds = make_dataset(num=9, seed=3)
     tr = flatten_transitions(ds)
-    mask = np.asarray(initial_state_mask(tr))
+
+    def draws(key, tr):
+        return (initial_state_mask(tr), sample_initial_states(key, tr, 9000),
+                sample_transitions(key, tr, 9000).traj_index)
+
+    # Every draw jitted in one program (XLA level 0: one compile).
+    mask, b, uniform_traj = jax.tree.map(np.asarray, fast_call(draws, jax.random.PRNGKey(0), tr))
     assert mask.sum() == ds.num_trajectories
     np.testing.assert_array_equal(np.sort(np.asarray(tr.traj_index)[mask]), np.arange(ds.num_trajectories))
-    b = jax.tree.map(np.asarray, jax.jit(sample_initial_states, static_argnums=2)(
-        jax.random.PRNGKey(0), tr, 9000))
     assert (b.step == 0).all()
     np.testing.assert_array_equal(b.init_obs, ds.obs[b.traj_index, 0])
     np.testing.assert_array_equal(b.obs, ds.obs[b.traj_index, 0])
@@ -150,8 +160,7 @@ def test_sample_initial_states_uniform_over_trajectories():
     counts = np.bincount(b.traj_index, minlength=ds.num_trajectories)
     np.testing.assert_allclose(counts / 9000, 1 / 9, atol=0.02)  # uniform; lengths vary 1..7
     assert ds.length.max() >= 3 * ds.length.min()
-    length_weighted = np.bincount(np.asarray(sample_transitions(jax.random.PRNGKey(0), tr, 9000).traj_index),
-                                  minlength=ds.num_trajectories) / 9000
+    length_weighted = np.bincount(uniform_traj, minlength=ds.num_trajectories) / 9000
     assert np.abs(length_weighted - 1 / 9).max() > 0.05
 
 
@@ -159,9 +168,11 @@ def test_segment_pairs_match_dataset():
     ds = make_dataset()
     trajs = trajectory_arrays(ds)
     L = 3
-    sample = jax.jit(sample_segment_pairs, static_argnums=(2, 3))
-    x, y = sample(jax.random.PRNGKey(0), trajs, 32, L)
-    x2, _ = sample(jax.random.PRNGKey(0), trajs, 32, L)
+    # One jitted program (XLA level 0: gathers, nothing to optimise), called twice.
+    sample = fast_compile(functools.partial(sample_segment_pairs, batch_size=32, segment_len=L),
+                          jax.random.PRNGKey(0), trajs)
+    x, y = sample(jax.random.PRNGKey(0), trajs)
+    x2, _ = sample(jax.random.PRNGKey(0), trajs)
     jax.tree.map(np.testing.assert_array_equal, x, x2)
     assert x.obs.shape == (32, L + 1, 2, 3) and x.global_state.shape == (32, L + 1, 4)
     assert x.actions.shape == (32, L, 2) and x.mask.shape == (32, L)
@@ -188,8 +199,9 @@ def test_segment_pairs_match_dataset():
 
 def test_whole_trajectory_pairs():
     ds = make_dataset()
-    sample = jax.jit(sample_segment_pairs, static_argnums=(2, 3))
-    x, y = sample(jax.random.PRNGKey(1), trajectory_arrays(ds), 6, None)
+    # jitted (XLA level 0: gathers, nothing to optimise)
+    x, y = fast_call(functools.partial(sample_segment_pairs, batch_size=6, segment_len=None),
+                     jax.random.PRNGKey(1), trajectory_arrays(ds))
     T = ds.num_steps
     assert x.obs.shape == (6, T + 1, 2, 3) and x.mask.shape == (6, T)
     assert not np.asarray(x.start).any()
@@ -219,10 +231,13 @@ def test_stratified_log_ratio_matches_numpy_and_reweights_to_the_union():
     k, k_e = trans.reward.shape[0], int(np.sum(trans.expert))
     rng = np.random.default_rng(0)
     is_e = rng.random(64) < 0.3
-    for lam in (0.5, 0.25):
+    lams = (0.5, 0.25)
+    # Jitted: both λ in one program.
+    jitted = jax.jit(lambda is_e, k_e: [stratified_log_ratio(is_e, lam, k_e, k) for lam in lams])(
+        jnp.asarray(is_e), jnp.asarray(k_e))
+    for lam, got_jit in zip(lams, jitted):
         want = -np.log(lam * is_e.astype(np.float64) * k / k_e + 1 - lam)
-        for fn in (stratified_log_ratio, jax.jit(stratified_log_ratio, static_argnums=(1, 3))):
-            got = fn(jnp.asarray(is_e), lam, jnp.asarray(k_e), k)
+        for got in (stratified_log_ratio(jnp.asarray(is_e), lam, jnp.asarray(k_e), k), got_jit):
             np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
     with pytest.raises(ValueError, match="expert_share"):
         stratified_log_ratio(jnp.asarray(is_e), 1.0, k_e, k)
@@ -230,7 +245,6 @@ def test_stratified_log_ratio_matches_numpy_and_reweights_to_the_union():
     f = np.asarray(trans.obs[:, 0, 0], np.float64) * np.where(np.asarray(trans.expert), 3.0, 1.0)
     half, b = 32, 64
 
-    @jax.jit
     def one(key):
         ke, ku = jax.random.split(key)
         e = sample_where(ke, trans, half, trans.expert)
@@ -241,7 +255,9 @@ def test_stratified_log_ratio_matches_numpy_and_reweights_to_the_union():
                                   half / b, jnp.sum(trans.expert), k)
         return jnp.concatenate([fe, fu]), jnp.exp(lr)
 
-    vals, rho = map(np.asarray, jax.vmap(one)(jax.random.split(jax.random.PRNGKey(0), 4000)))
+    # Jitted, the key split included (XLA level 0: one compile).
+    vals, rho = map(np.asarray, fast_call(lambda key: jax.vmap(one)(jax.random.split(key, 4000)),
+                                          jax.random.PRNGKey(0)))
     vals, rho = vals.astype(np.float64).ravel(), rho.astype(np.float64).ravel()
     union_mean = f.mean()
     reweighted = np.sum(rho * vals) / np.sum(rho)

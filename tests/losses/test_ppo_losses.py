@@ -37,14 +37,15 @@ def test_gae_matches_numpy_reference(jit):
     last = rng.uniform(size=(T, E, N)) < 0.3
     lv = rng.normal(size=(E, N)).astype(np.float32)
     gamma, lam = 0.9, 0.8
-    adv, tgt = _maybe_jit(L.gae, jit)(r, v, last, lv, gamma, lam)
+    gae = _maybe_jit(L.gae, jit)
+    adv, tgt = gae(r, v, last, lv, gamma, lam)
     ref_adv, ref_tgt = _np_gae(r, v, last, lv, gamma, lam)
     np.testing.assert_allclose(np.asarray(adv), ref_adv, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(tgt), ref_tgt, rtol=1e-5, atol=1e-5)
     # λ = 1 and no boundary: the advantage is the discounted return-to-go
     # (bootstrapped with the last value) minus V.
     no_last = np.zeros_like(last)
-    adv1, _ = L.gae(r, v, no_last, lv, gamma, 1.0)
+    adv1, _ = gae(r, v, no_last, lv, gamma, 1.0)  # (jitted: the same program, λ is traced)
     disc = gamma ** np.arange(T)
     g0 = (disc[:, None, None] * r.astype(np.float64)).sum(0) + gamma**T * lv
     np.testing.assert_allclose(np.asarray(adv1)[0], g0 - v[0], rtol=1e-5, atol=1e-5)
@@ -100,12 +101,15 @@ def test_clipped_surrogate_gradient_vanishes_where_clipped():
     old = jnp.zeros(4)
     lp = jnp.log(jnp.array([1.5, 0.5, 1.1, 0.9]))  # ρ = 1.5, 0.5, 1.1, 0.9
     adv = jnp.array([1.0, -1.0, 1.0, -1.0])
-    g_lp, g_old = jax.grad(lambda a, b: L.clipped_surrogate_loss(a, b, adv, 0.2)[0],
-                           argnums=(0, 1))(lp, old)
+    g_lp, g_old = jax.jit(jax.grad(lambda a, b: L.clipped_surrogate_loss(a, b, adv, 0.2)[0],
+                                   argnums=(0, 1)))(lp, old)
     ratio = np.array([1.5, 0.5, 1.1, 0.9])
     want = np.where([False, False, True, True], -ratio * np.asarray(adv) / 4, 0.0)
     np.testing.assert_allclose(np.asarray(g_lp), want, rtol=1e-6, atol=1e-7)
     np.testing.assert_array_equal(np.asarray(g_old), 0.0)
+
+
+_value_loss_grad = jax.jit(jax.grad(L.clipped_value_loss), static_argnums=3)
 
 
 @jit_param
@@ -121,7 +125,7 @@ def test_clipped_value_loss_matches_numpy(jit):
     vc = o + np.clip(v - o, -0.2, 0.2)
     want = 0.5 * np.mean(np.maximum((v - t) ** 2, (vc - t) ** 2))
     np.testing.assert_allclose(float(got), want, rtol=1e-5)
-    g = jax.grad(lambda x: L.clipped_value_loss(x, old, target, 0.2))(value)
+    g = _value_loss_grad(value, old, target, 0.2)  # jitted once, for both cases
     # Where the clipped error is the larger one and V left the clip range, V
     # gets no gradient.
     frozen = (np.abs(v - o) > 0.2) & ((vc - t) ** 2 > (v - t) ** 2)
