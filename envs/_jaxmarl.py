@@ -22,8 +22,9 @@ command and every worker that only needs SMAX or MPE.
 for (``import_jaxmarl("smax")``; ``"mpe.simple_spread"`` skips the MPE
 package's ``__init__``, which imports matplotlib's pyplot for its
 visualiser): it stands in for the packages above them with bare package
-modules during that import and removes them afterwards, so a later ``import jaxmarl`` runs JaxMARL's own
-``__init__`` as usual (reusing the packages already loaded). If a JaxMARL
+modules during that import and removes them afterwards, so a later
+``import jaxmarl`` runs JaxMARL's own ``__init__`` as usual (reusing the
+packages already loaded). If a JaxMARL
 release makes a package depend on those ``__init__`` files, the whole of
 ``jaxmarl`` is imported instead.
 """
