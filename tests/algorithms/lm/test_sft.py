@@ -148,3 +148,72 @@ def test_sft_learns_a_two_step_chain():
     assert _row(result, 0)["eval_win_rate"] <= 0.1
     assert _row(result, 400)["eval_win_rate"] >= 0.8
     assert _row(result, 400)["eval_accuracy"] > 0.9
+
+
+def _np_fit(logits, avail, actions, mask):
+    """float64 reference of the masked NLL and greedy accuracy."""
+    z = np.where(avail, np.asarray(logits, np.float64), -1e30)
+    logp = z - np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+        - z.max(-1, keepdims=True)
+    lp = np.take_along_axis(logp, actions[..., None], -1)[..., 0]
+    hit = z.argmax(-1) == actions
+    return -lp[mask].sum() / mask.sum(), hit[mask].mean()
+
+
+def test_sft_loss_and_heldout_fit_leave_out_the_tokens_the_grammar_forces(env, demos):
+    """The SFT loss and the held-out NLL and accuracy count the valid
+    tokens that had a choice (more than one legal token), not the forced
+    ``<eot>`` / ``<wait>`` (one legal token, always 'right'), and count
+    all valid tokens with ``forced_tokens=True``; checked against a float64
+    reference on an untrained student. Kills building the token mask
+    without the legal masks (``agent_token_mask(valid, n)``), which dilutes
+    the loss and inflates the reported held-out accuracy, and a mask that
+    keeps the padding after an episode's end."""
+    held = demos[1].take(slice(0, 6))
+    student = sft.make_student(env, CFG)
+    params = sft.initial_params(student, 0)
+
+    def fit(params, held):
+        out = {}
+        for forced in (False, True):
+            out[forced] = (sft.sft_loss(student, params, held, forced),
+                           sft.score_demos(student, params, held, forced))
+        return jax.vmap(student.chunk_logits, in_axes=(None, 0))(params, held.obs), out
+
+    logits, out = jax.jit(fit)(params, held)
+    avail, actions = np.asarray(held.avail), np.asarray(held.actions)
+    valid = np.broadcast_to(np.asarray(held.mask)[:, :, None], actions.shape)
+    choice = valid & (avail.sum(-1) > 1)
+    assert (valid & ~choice).sum() > 0.2 * valid.sum()  # many forced tokens to leave out
+    assert choice.sum() > 0 and not valid.all()  # and padding
+    for forced, mask in ((False, choice), (True, valid)):
+        nll, acc = _np_fit(logits, avail, actions, mask)
+        loss, scored = out[forced]
+        np.testing.assert_allclose(float(loss), nll, rtol=1e-4)
+        np.testing.assert_allclose(float(scored["nll"]), nll, rtol=1e-4)
+        np.testing.assert_allclose(float(scored["accuracy"]), acc, rtol=1e-6)
+    # The two masks give clearly different numbers, so the check above has power.
+    assert float(out[True][1]["accuracy"]) > float(out[False][1]["accuracy"]) + 0.1
+
+
+def test_sft_program_threads_forced_tokens_to_its_loss_and_heldout_fit(env, demos, monkeypatch):
+    """The program's update and held-out evaluation build their token masks
+    with the configuration's ``forced_tokens`` (traced, not compiled).
+    Kills an update or evaluation that calls the loss or the fit with the
+    default instead of the configuration (the held-out accuracy would then
+    count the forced tokens of a run that trains without them, or the
+    reverse)."""
+    train, held = demos
+    seen = []
+    real = sft._token_mask
+    monkeypatch.setattr(sft, "_token_mask",
+                        lambda batch, forced: seen.append(forced) or real(batch, forced))
+    for forced in (False, True):
+        cfg = dataclasses.replace(CFG, forced_tokens=forced, eval_episodes=2)
+        program = sft.sft_program(env, train.take(slice(0, 8)), cfg, (0,),
+                                  heldout=held.take(slice(0, 4)))
+        seen.clear()
+        state = jax.eval_shape(program.init)
+        jax.eval_shape(program.chunk, state, 0)
+        jax.eval_shape(program.evaluate, state, 0)
+        assert seen == [forced, forced], (forced, seen)  # the update's loss, then the fit

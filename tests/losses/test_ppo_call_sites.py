@@ -1,0 +1,87 @@
+"""The arrays the PPO program (jaxil.algorithms.rl.ppo.make_ppo) really
+passes into its losses, checked at the call sites.
+
+The unit tests of jaxil.losses.ppo check the arithmetic on arrays of any
+shape; these check what the program hands it: a MAPPO update on the tiny
+team-reward environment ``toy:masked`` (2 agents), with each loss function
+wrapped so that a ``jax.debug.callback`` records its arguments inside the
+compiled update. One program (init and one update of one epoch) is compiled
+for the whole module.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from jaxil import envs
+from jaxil.algorithms.rl import ppo as ppo_mod
+
+from helpers.fast_compile import fast_call
+from helpers.teachers import TINY  # registers toy:masked
+
+CFG = TINY.replace(updates_per_chunk=1, update_epochs=1)
+
+
+def _recording(monkeypatch, name, calls):
+    real = getattr(ppo_mod, name)
+
+    def wrapper(*args, **kwargs):
+        out = real(*args, **kwargs)
+        jax.debug.callback(lambda a, o: calls.append((a, o)), args, out)
+        return out
+
+    monkeypatch.setattr(ppo_mod, name, wrapper)
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    """``{name: [(args, output), ...]}`` of one MAPPO update."""
+    calls = {k: [] for k in ("normalize_advantages", "gae")}
+    with pytest.MonkeyPatch.context() as mp:
+        for name, c in calls.items():
+            _recording(mp, name, c)
+        ppo = ppo_mod.make_ppo(envs.make("toy:masked"), CFG)
+        runner, _ = fast_call(lambda k: ppo.update_chunk(ppo.init(k)), jax.random.PRNGKey(0))
+        jax.block_until_ready(runner)
+    return {k: [jax.tree.map(np.asarray, x) for x in v] for k, v in calls.items()}
+
+
+def test_mappo_normalises_advantages_over_the_whole_minibatch_of_agent_steps(recorded):
+    """Each minibatch's advantages ``[B, N]`` are normalised over all B·N
+    agent-steps at once. Kills normalising over the agent axis only
+    (``(A − A.mean(-1)) / A.std(-1)``): under MAPPO with a team reward the
+    agents' advantages differ only by their values, so that leaves a sign
+    per row (±1 with two agents) that carries no return and zeroes the
+    expected policy gradient. The unit test's 1-D array cannot tell."""
+    calls = recorded["normalize_advantages"]
+    mb = CFG.num_steps * CFG.num_envs // CFG.num_minibatches
+    assert len(calls) == CFG.num_minibatches * CFG.update_epochs
+    for (adv, *_), z in calls:
+        assert adv.shape == (mb, 2)
+        a = adv.astype(np.float64)
+        np.testing.assert_allclose(z, (a - a.mean()) / (a.std() + 1e-8), rtol=1e-4, atol=1e-5)
+        # What it keeps: the ordering of the agent-steps by their advantage.
+        assert np.corrcoef(z.mean(-1), a.mean(-1))[0, 1] > 0.99
+
+
+def test_mappo_gives_gae_the_team_reward_on_every_agent_and_the_step_ends(recorded):
+    """GAE gets ``[T, E, N]`` rewards: the team reward repeated on each
+    agent, with the episode ends repeated likewise. Kills summing the team
+    reward over a fabricated agent axis (N times the reward), giving one
+    agent the reward and the others 0, and dropping or shifting the
+    ``last`` flags (the environment truncates every ``max_steps`` = 8
+    steps, so with T = 8 each environment ends exactly once, at the last
+    step)."""
+    ((reward, value, last, last_value, gamma, lam), _), = recorded["gae"]
+    T, E = CFG.num_steps, CFG.num_envs
+    assert reward.shape == value.shape == last.shape == (T, E, 2)
+    assert last_value.shape == (E, 2)
+    np.testing.assert_array_equal(reward[..., 0], reward[..., 1])
+    # toy:masked's reward is the fraction of agents on target: 0, 1/2 or 1.
+    assert set(np.unique(reward * 2).tolist()) <= {0.0, 1.0, 2.0}
+    assert reward[:-1].any()
+    np.testing.assert_array_equal(last[..., 0], last[..., 1])
+    assert last.sum(0).tolist() == [[1, 1]] * E and last[-1].all()
+    np.testing.assert_allclose([gamma, lam], [CFG.gamma, CFG.gae_lambda])
