@@ -501,20 +501,46 @@ def _json_default(x):
     return str(x)
 
 
-def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str, str]]) -> str:
-    """A plain-text table; ``columns`` are ``(key, header, format)`` triples
-    (format like ``"{:.1f}"``; a missing value prints as ``-``)."""
-    cells = [[h for _, h, _ in columns]]
-    for r in rows:
-        line = []
-        for key, _, fmt in columns:
-            v = r.get(key)
-            line.append("-" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v))
-        cells.append(line)
-    widths = [max(len(c[i]) for c in cells) for i in range(len(columns))]
+def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple]) -> str:
+    """A plain-text table: a header, a rule, one line per row.
+
+    The one table printer of the library: the benchmarks' tables and the
+    results tables of `jaxil train`, `interactive`, `lm` (each program's
+    `format_table` picks its columns).
+
+    Args:
+      rows: one dict per line.
+      columns: `(key, header, format)` or `(key, header, format, align)`
+        tuples. `key` names a row field, or is a tuple of fields formatted
+        together (`format` gets one positional argument per field, e.g.
+        `(("return_mean", "return_std"), "return", "{:.3f} ± {:.3f}")`).
+        A missing or NaN value prints as `-`. `align` is `">"` (the
+        default: numbers) or `"<"` (text).
+
+    Returns:
+      The table; each column as wide as its widest cell, two spaces apart.
+    """
+    def missing(v):
+        return v is None or (isinstance(v, float) and math.isnan(v))
+
+    def cell(r, key, fmt):
+        if isinstance(key, tuple):
+            vs = [r.get(k) for k in key]
+            return "-" if any(missing(v) for v in vs) else fmt.format(*vs)
+        v = r.get(key)
+        return "-" if missing(v) else fmt.format(v)
+
+    for c in columns:
+        if len(c) not in (3, 4) or (len(c) == 4 and c[3] not in ("<", ">")):
+            raise ValueError(f"a column is (key, header, format[, '<' or '>']), got {c!r}")
+    cells = [[c[1] for c in columns]]
+    cells += [[cell(r, c[0], c[2]) for c in columns] for r in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    left = [len(c) == 4 and c[3] == "<" for c in columns]
     out = []
-    for j, c in enumerate(cells):
-        out.append("  ".join(s.rjust(w) for s, w in zip(c, widths)))
+    for j, line in enumerate(cells):
+        out.append("  ".join(s.ljust(w) if lf else s.rjust(w)
+                             for s, w, lf in zip(line, widths, left)).rstrip())
         if j == 0:
             out.append("  ".join("-" * w for w in widths))
     return "\n".join(out)

@@ -5,9 +5,9 @@ carry a step field (``update``, ``round`` or ``chunk``), the run's ids and
 ``eval_return`` / ``eval_win_rate``. :func:`summarize_step` groups the rows
 of one step (the last by default) by a key (the grid point, the regime, or
 nothing) and gives each group's mean ± population std over its runs;
-:func:`format_table` prints such groups as a fixed-width table. Both serve
-``jaxil train``/``sweep``, ``jaxil interactive`` and the adversarial
-programs, so their ``results.json`` and tables read alike.
+[format_table][jaxil.runs.measure.format_table] prints such groups as a
+table ([mean_std][jaxil.runs.summary.mean_std] gives the column of a group's
+`return` or `win`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,14 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
+
+
+def mean_std(field: str, header: str, fmt: str = "{:.3f} ± {:.3f}") -> tuple:
+    """The [format_table][jaxil.runs.measure.format_table] column
+    `(key, header, format)` of a group's `<field>_mean ± <field>_std`
+    (`field`: `return` or `win` of a
+    [summarize_step][jaxil.runs.summary.summarize_step] group)."""
+    return ((f"{field}_mean", f"{field}_std"), header, fmt)
 
 
 def summarize_step(rows: Sequence[dict], step_key: str, *, group: Callable[[dict], str],
@@ -48,28 +56,6 @@ def summarize_step(rows: Sequence[dict], step_key: str, *, group: Callable[[dict
         entry["returns"] = ret.tolist()
         table.append(entry)
     return step, table
-
-
-def format_table(groups: Sequence[dict], columns: Sequence[tuple[str, str, int]]) -> str:
-    """A fixed-width table of :func:`summarize_step`'s groups.
-
-    ``columns``: ``(header, field, width)``; a field ``"return"`` or ``"win"``
-    prints ``mean ± std``; a string field is left-aligned, a number printed
-    with 0 decimals if its header is ``labels``, else 3.
-    """
-    def cell(g: dict, field: str, width: int) -> str:
-        if field in ("return", "win"):
-            return f"{g[field + '_mean']:>{width - 8}.3f} ± {g[field + '_std']:<5.3f}"
-        v = g[field]
-        if isinstance(v, str):
-            return f"{v:<{width}}"
-        if isinstance(v, int):
-            return f"{v:>{width}}"
-        return f"{v:>{width}.0f}" if field.startswith("labels") else f"{v:>{width}.3f}"
-
-    head = "".join(f"{h:<{w}}" if i == 0 or (groups and isinstance(groups[0].get(f), str))
-                   else f"{h:>{w}}" for i, (h, f, w) in enumerate(columns))
-    return "\n".join([head] + ["".join(cell(g, f, w) for _, f, w in columns) for g in groups])
 
 
 def returns_summary(rows: Sequence[dict], step_key: str, step: Any) -> dict:

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from jaxil.runs import engine, guard
-from jaxil.runs.summary import format_table, summarize_step
+from jaxil.runs.measure import format_table
+from jaxil.runs.summary import mean_std, summarize_step
 from jaxil.runs.updates import scan_updates
 
 from helpers.engine import Toy, make_program, one_update as _one
@@ -166,6 +167,7 @@ def test_summarize_step_groups_in_run_order_and_formats():
     assert step == 2 and [g["grid"] for g in groups] == ["b", "a"]
     assert groups[0]["return_mean"] == 2.5 and groups[0]["return_std"] == 0.5
     assert groups[1]["labels_mean"] == 25.0 and groups[1]["returns"] == [4.0, 5.0]
-    table = format_table(groups, [("grid", "grid", 6), ("seeds", "seeds", 6),
-                                  ("return", "return", 18)])
-    assert table.splitlines()[1].split() == ["b", "2", "2.500", "±", "0.500"]
+    table = format_table(groups, [("grid", "grid", "{}", "<"), ("seeds", "seeds", "{}"),
+                                  mean_std("return", "return")])
+    # header, rule, then the groups
+    assert table.splitlines()[2].split() == ["b", "2", "2.500", "±", "0.500"]

@@ -45,7 +45,8 @@ from jaxil.runs.rundir import check_run_dir
 from jaxil.runs import engine, loggers as run_loggers
 from jaxil.runs.updates import fused_updates
 from jaxil.runs.engine import open_run
-from jaxil.runs.summary import format_table as fmt_table, summarize_step
+from jaxil.runs.measure import format_table as fmt_table
+from jaxil.runs.summary import mean_std, summarize_step
 from jaxil.algorithms.interactive.diagnostics import disagreement_by_t, mmd2_by_t, twin_policy
 
 
@@ -406,9 +407,11 @@ def summarize(rows: list[dict], runs: list[Run]) -> dict:
 
 def format_table(summary: dict) -> str:
     """The results table of :func:`run`: one line per regime."""
-    return fmt_table(summary["regimes"], [("regime", "regime", 26), ("seeds", "seeds", 6),
-                                          ("labels", "labels_mean", 9), ("return", "return", 18),
-                                          ("win rate", "win", 17)])
+    return fmt_table(summary["regimes"], [("regime", "regime", "{}", "<"),
+                                          ("seeds", "seeds", "{}"),
+                                          ("labels_mean", "labels", "{:.0f}"),
+                                          mean_std("return", "return"),
+                                          mean_std("win", "win rate")])
 
 
 def shift_diagnostic(env, student: Learner, expert: Any, expert_params: Any,

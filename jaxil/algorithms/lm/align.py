@@ -65,7 +65,8 @@ from jaxil.losses import kl_penalized_reward, leave_one_out_advantages, reinforc
 from jaxil.nn.transformer import SIZES, TransformerPolicy, config_for_env
 from jaxil.runs import engine
 from jaxil.runs.checkpoint import params_digest
-from jaxil.runs.summary import format_table as fmt_table
+from jaxil.runs.measure import format_table as fmt_table
+from jaxil.runs.summary import mean_std
 from jaxil.runs.summary import summarize_step
 from jaxil.runs.updates import fused_updates
 
@@ -261,10 +262,12 @@ def format_table(summary: dict) -> str:
     """The results table of :func:`train_align`: one line per KL
     coefficient at the last evaluation (true score and success mean ± std
     over seeds, the learned reward and the KL to π_SFT)."""
-    return fmt_table(summary["points"], [("KL coef", "kl_coef", 10), ("seeds", "seeds", 6),
-                                         ("true score", "return", 17), ("success", "win", 17),
-                                         ("learned reward", "eval_reward_mean", 16),
-                                         ("KL to SFT", "eval_kl_mean", 11)])
+    return fmt_table(summary["points"], [("kl_coef", "KL coef", "{:.3f}", "<"),
+                                         ("seeds", "seeds", "{}"),
+                                         mean_std("return", "true score"),
+                                         mean_std("win", "success"),
+                                         ("eval_reward_mean", "learned reward", "{:.3f}"),
+                                         ("eval_kl_mean", "KL to SFT", "{:.3f}")])
 
 
 def align_identity(env: envs.MultiAgentEnv, reward_name: str, reward_params: Any,

@@ -56,7 +56,8 @@ from jaxil.algorithms.lm.turns import speaking
 from jaxil.losses.sequence import agent_token_mask, masked_sequence_nll
 from jaxil.nn.transformer import SIZES, TransformerPolicy, config_for_env, obs_tokens
 from jaxil.runs import engine, guard
-from jaxil.runs.summary import format_table as fmt_table, summarize_step
+from jaxil.runs.measure import format_table as fmt_table
+from jaxil.runs.summary import mean_std, summarize_step
 from jaxil.runs.updates import fused_updates
 
 #: The token methods: those of :data:`jaxil.algorithms.interactive.config.METHODS`
@@ -486,6 +487,8 @@ def _program(env, expert, expert_params, regimes, seeds, config, base_seed, eval
 
 def format_table(summary: dict) -> str:
     """The results table of :func:`run`: one line per regime."""
-    return fmt_table(summary["regimes"], [("regime", "regime", 22), ("seeds", "seeds", 6),
-                                          ("expert tokens", "expert_tokens_mean", 14),
-                                          ("win rate", "win", 17), ("return", "return", 17)])
+    return fmt_table(summary["regimes"], [("regime", "regime", "{}", "<"),
+                                          ("seeds", "seeds", "{}"),
+                                          ("expert_tokens_mean", "expert tokens", "{:.3f}"),
+                                          mean_std("win", "win rate"),
+                                          mean_std("return", "return")])

@@ -32,7 +32,8 @@ from jaxil.algorithms.offline import LearnerData, update_n_checked
 from jaxil.algorithms.offline.base import Learner, check_hparams
 from jaxil.runs import engine, loggers as run_loggers
 from jaxil.runs.engine import open_run
-from jaxil.runs.summary import format_table as fmt_table, summarize_step
+from jaxil.runs.measure import format_table as fmt_table
+from jaxil.runs.summary import mean_std, summarize_step
 from jaxil.runs.precision import matmul_precision
 from jaxil.runs.sharding import (RUNS, RunsLayout, check_batch_split, constrain_batch, make_mesh,
                             num_devices)
@@ -305,9 +306,9 @@ def _grid_label(grid: dict) -> str:
 def format_table(summary: dict) -> str:
     """The results table of :func:`train`: one line per grid point."""
     groups = [dict(p, learner=summary["learner"]) for p in summary["points"]]
-    return fmt_table(groups, [("learner", "learner", 14), ("grid", "grid", 28),
-                              ("seeds", "seeds", 6), ("return", "return", 18),
-                              ("win rate", "win", 17)])
+    return fmt_table(groups, [("learner", "learner", "{}", "<"), ("grid", "grid", "{}", "<"),
+                              ("seeds", "seeds", "{}"), mean_std("return", "return"),
+                              mean_std("win", "win rate")])
 
 
 # ----------------------------------------------------------------------------- data
