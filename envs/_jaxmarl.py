@@ -1,32 +1,32 @@
 """Import JaxMARL without the banner it prints on stdout.
 
-``jaxmarl/environments/__init__.py`` (0.2.x) ``print``s "Importing submoduled
+`jaxmarl/environments/__init__.py` (0.2.x) `print`s "Importing submoduled
 environments..." and then "...imported successfully." or "...not found.
 Skipping import." on every import, with no flag or environment variable to
 turn it off. That lands in the stdout of every jaxil command (and in
-``--json`` output piped to another program).
+`--json` output piped to another program).
 
-Capturing ``sys.stdout`` alone is not enough: on the way, JaxMARL's
-``mabrax_env`` sets ``sys.stdout, sys.stderr = sys.__stdout__,
-sys.__stderr__``, so the banner goes to file descriptor 1 whatever
-``sys.stdout`` was. :func:`import_jaxmarl` therefore captures both
-``sys.stdout`` and descriptor 1 during the import, writes back every line
-except the banner's three, and puts ``sys.stdout``/``sys.stderr`` back to what
+Capturing `sys.stdout` alone is not enough: on the way, JaxMARL's
+`mabrax_env` sets `sys.stdout, sys.stderr = sys.__stdout__,
+sys.__stderr__`, so the banner goes to file descriptor 1 whatever
+`sys.stdout` was. `import_jaxmarl` therefore captures both
+`sys.stdout` and descriptor 1 during the import, writes back every line
+except the banner's three, and puts `sys.stdout`/`sys.stderr` back to what
 they were. Nothing is done to stderr output: warnings and errors still show.
 
-Importing ``jaxmarl`` also imports every JaxMARL environment, and some of
+Importing `jaxmarl` also imports every JaxMARL environment, and some of
 them (STORM, JaxNav, Overcooked) build JAX arrays at import time: dozens of
-eager compiles, several seconds per process on a CPU, in every ``jaxil``
+eager compiles, several seconds per process on a CPU, in every `jaxil`
 command and every worker that only needs SMAX or MPE.
-:func:`import_jaxmarl` therefore loads only the environment packages asked
-for (``import_jaxmarl("smax")``; ``"mpe.simple_spread"`` skips the MPE
-package's ``__init__``, which imports matplotlib's pyplot for its
+`import_jaxmarl` therefore loads only the environment packages asked
+for (`import_jaxmarl("smax")`; `"mpe.simple_spread"` skips the MPE
+package's `__init__`, which imports matplotlib's pyplot for its
 visualiser): it stands in for the packages above them with bare package
 modules during that import and removes them afterwards, so a later
-``import jaxmarl`` runs JaxMARL's own ``__init__`` as usual (reusing the
+`import jaxmarl` runs JaxMARL's own `__init__` as usual (reusing the
 packages already loaded). If a JaxMARL
-release makes a package depend on those ``__init__`` files, the whole of
-``jaxmarl`` is imported instead.
+release makes a package depend on those `__init__` files, the whole of
+`jaxmarl` is imported instead.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def _without_banner(text: str) -> str:
 
 @contextlib.contextmanager
 def _fd1_captured(sink: list[bytes]):
-    """Point descriptor 1 at a temporary file; append what was written to ``sink``."""
+    """Point descriptor 1 at a temporary file; append what was written to `sink`."""
     try:
         saved = os.dup(1)
     except OSError:  # no descriptor 1 (a daemon): nothing can reach it anyway
@@ -88,9 +88,9 @@ def _bare_package(name: str, path: str) -> types.ModuleType:
 
 
 def _import_alone(modules: tuple[str, ...]) -> None:
-    """Import ``jaxmarl.environments.<m>`` for each ``m`` in ``modules``
-    without running the ``__init__.py`` of ``jaxmarl``, of
-    ``jaxmarl.environments`` or of any package above an ``m``."""
+    """Import `jaxmarl.environments.<m>` for each `m` in `modules`
+    without running the `__init__.py` of `jaxmarl`, of
+    `jaxmarl.environments` or of any package above an `m`."""
     spec = importlib.util.find_spec("jaxmarl")
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError("No module named 'jaxmarl'", name="jaxmarl")
@@ -121,13 +121,13 @@ def _import_alone(modules: tuple[str, ...]) -> None:
 
 
 def import_jaxmarl(*packages: str) -> None:
-    """Import the JaxMARL modules ``packages`` (``"smax"``, ``"mabrax"``,
-    ``"mpe.simple_spread"``: ``jaxmarl.environments.<name>``, imported by
+    """Import the JaxMARL modules `packages` (`"smax"`, `"mabrax"`,
+    `"mpe.simple_spread"`: `jaxmarl.environments.<name>`, imported by
     their full names afterwards) without the banner and without JaxMARL's
     other environments or the packages above them; with no names, the whole
-    of ``jaxmarl``.
+    of `jaxmarl`.
 
-    Call it before the first ``from jaxmarl... import``; later calls are free.
+    Call it before the first `from jaxmarl... import`; later calls are free.
     ImportError (JaxMARL or one of a package's dependencies missing)
     propagates unchanged.
     """

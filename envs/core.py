@@ -1,17 +1,19 @@
 """The one environment interface every jaxil environment implements.
 
 Agents live on a stacked leading axis. An environment is a Python object that
-holds only static configuration; ``reset`` and ``step`` are pure functions of
-their array arguments, so they can be jitted, vmapped and scanned::
+holds only static configuration; `reset` and `step` are pure functions of
+their array arguments, so they can be jitted, vmapped and scanned:
 
-    state, ts = env.reset(key)            # ts.obs: [N, obs_dim]
-    state, ts = env.step(state, actions)  # actions: [N] int32 or [N, dim] float32
+```python
+state, ts = env.reset(key)            # ts.obs: [N, obs_dim]
+state, ts = env.step(state, actions)  # actions: [N] int32 or [N, dim] float32
+```
 
-``step`` does not reset: once an episode has ended, wrap the environment in
-:class:`envs.wrappers.AutoReset` (or reset it yourself).
+`step` does not reset: once an episode has ended, wrap the environment in
+[`envs.wrappers.AutoReset`][jaxil.envs.wrappers.AutoReset] (or reset it yourself).
 
-Adapters subclass :class:`MultiAgentEnv` and implement ``_reset`` and
-``_step`` on their upstream state; the base class owns the parts that must be
+Adapters subclass [`MultiAgentEnv`][jaxil.envs.core.MultiAgentEnv] and implement `_reset` and
+`_step` on their upstream state; the base class owns the parts that must be
 the same everywhere: random keys, episode statistics, dtype normalisation and
 the handling of illegal actions.
 """
@@ -30,9 +32,9 @@ from flax import struct
 
 @dataclasses.dataclass(frozen=True)
 class DiscreteActions:
-    """``num_actions`` choices per agent; ``noop_action`` replaces illegal ones.
+    """`num_actions` choices per agent; `noop_action` replaces illegal ones.
 
-    If the environment has no no-op (``noop_action=None``) an illegal action is
+    If the environment has no no-op (`noop_action=None`) an illegal action is
     replaced by the agent's first available action.
     """
 
@@ -50,7 +52,7 @@ class DiscreteActions:
 
 @dataclasses.dataclass(frozen=True)
 class ContinuousActions:
-    """A box ``[low, high]^dim`` per agent; actions are clipped into it."""
+    """A box `[low, high]^dim` per agent; actions are clipped into it."""
 
     dim: int
     low: float = -1.0
@@ -73,7 +75,7 @@ class EnvSpec:
     """Static description of a multi-agent environment.
 
     Attributes:
-      env_id: registry id, e.g. ``"smax:3m"``.
+      env_id: registry id, e.g. `"smax:3m"`.
       num_agents: N, the number of controlled agents.
       obs_dim: length of each agent's observation vector.
       state_dim: length of the global state vector.
@@ -96,7 +98,7 @@ class EnvSpec:
 
     @property
     def num_actions(self) -> int:
-        """Width of ``avail_actions``: A for discrete, 0 for continuous."""
+        """Width of `avail_actions`: A for discrete, 0 for continuous."""
         return self.action.num_actions if self.action.discrete else 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -115,7 +117,7 @@ class EnvSpec:
 
 @struct.dataclass
 class TimeStep:
-    """What every ``reset``/``step`` returns.
+    """What every `reset`/`step` returns.
 
     Attributes:
       obs: [N, obs_dim] float32 local observations.
@@ -157,7 +159,7 @@ class EnvState:
 
 
 class Step(NamedTuple):
-    """What an adapter's ``_step``/``_reset`` returns (before normalisation)."""
+    """What an adapter's `_step`/`_reset` returns (before normalisation)."""
 
     inner: Any
     obs: jax.Array
@@ -170,33 +172,33 @@ class Step(NamedTuple):
 
 
 def _strong_type(x: Any) -> Any:
-    """``x`` with a strong dtype (a weakly typed array gets its own dtype)."""
+    """`x` with a strong dtype (a weakly typed array gets its own dtype)."""
     return jnp.asarray(x, dtype=x.dtype) if getattr(x, "weak_type", False) else x
 
 
 class MultiAgentEnv:
-    """Base class of every adapter. Subclasses set ``self.spec`` and implement
-    ``_reset(key) -> Step`` and ``_step(key, inner, actions) -> Step``.
+    """Base class of every adapter. Subclasses set `self.spec` and implement
+    `_reset(key) -> Step` and `_step(key, inner, actions) -> Step`.
 
-    ``actions`` handed to ``_step`` are already legal: for discrete spaces an
-    int32 ``[N]`` whose every entry is allowed by the last ``avail_actions``
-    (illegal or out-of-range entries were replaced by ``noop_action``, or by
+    `actions` handed to `_step` are already legal: for discrete spaces an
+    int32 `[N]` whose every entry is allowed by the last `avail_actions`
+    (illegal or out-of-range entries were replaced by `noop_action`, or by
     the first legal action when the space has no no-op); for continuous
-    spaces a float32 ``[N, dim]`` clipped to the box, non-finite entries
+    spaces a float32 `[N, dim]` clipped to the box, non-finite entries
     replaced by the box centre.
     """
 
     spec: EnvSpec
-    #: Whether ``_step`` consumes its ``key``. Adapters whose upstream step is
-    #: deterministic given the state set this to False, and ``step`` skips
+    #: Whether `_step` consumes its `key`. Adapters whose upstream step is
+    #: deterministic given the state set this to False, and `step` skips
     #: the per-step key split (a measurable share of a cheap env step).
     stochastic_step: bool = True
-    #: Whether every discrete action is always legal (``avail_actions`` all
-    #: True, e.g. MPE); ``legalize`` then only checks the range.
+    #: Whether every discrete action is always legal (`avail_actions` all
+    #: True, e.g. MPE); `legalize` then only checks the range.
     all_actions_available: bool = False
-    #: Whether the adapter implements ``_observe(inner)``: observation, global
+    #: Whether the adapter implements `_observe(inner)`: observation, global
     #: state and legal actions as a pure function of the upstream state.
-    #: :class:`envs.AutoReset` then picks between the stepped and the reset
+    #: `envs.AutoReset` then picks between the stepped and the reset
     #: state first and observes the one it keeps, instead of observing both
     #: and picking (which is what the upstream auto-resets do).
     observes_state: bool = False
@@ -212,8 +214,8 @@ class MultiAgentEnv:
         raise NotImplementedError  # pragma: no cover - abstract
 
     def _observe(self, inner: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """``(obs, global_state, avail_actions)`` of an upstream state; only
-        called when ``observes_state`` is set."""
+        """`(obs, global_state, avail_actions)` of an upstream state; only
+        called when `observes_state` is set."""
         raise TypeError(f"{type(self).__name__} sets no observes_state and has no _observe")
 
     # -- the interface --------------------------------------------------------
@@ -256,8 +258,8 @@ class MultiAgentEnv:
         return new_state, ts
 
     def _kept_avail(self, avail: jax.Array) -> jax.Array:
-        """What ``EnvState`` keeps of the legal-action mask for the next
-        ``legalize``: nothing (``[N, 0]``) when every action is always legal."""
+        """What `EnvState` keeps of the legal-action mask for the next
+        `legalize`: nothing (`[N, 0]`) when every action is always legal."""
         return avail[:, :0] if self.all_actions_available else avail
 
     def legalize(self, actions: jax.Array, avail_actions: jax.Array) -> jax.Array:
@@ -288,8 +290,8 @@ class MultiAgentEnv:
         return jnp.clip(a, space.low, space.high)
 
     def observation(self, obs, global_state, avail_actions) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """The ``TimeStep`` dtypes and shapes of an adapter's observation:
-        float32 obs and state, a bool mask (``[N, 0]`` for continuous actions)."""
+        """The `TimeStep` dtypes and shapes of an adapter's observation:
+        float32 obs and state, a bool mask (`[N, 0]` for continuous actions)."""
         spec = self.spec
         if spec.discrete:
             avail = jnp.asarray(avail_actions, jnp.bool_)
@@ -315,10 +317,10 @@ class MultiAgentEnv:
 
 
 def check_actions(spec: EnvSpec, actions: Any, avail_actions: Any = None) -> None:
-    """Eagerly validate a batch of actions ``[..., N]`` / ``[..., N, dim]``.
+    """Eagerly validate a batch of actions `[..., N]` / `[..., N, dim]`.
 
-    Raises ``ValueError`` naming the problem; meant for data pipelines and user
-    input (inside jit, ``MultiAgentEnv.legalize`` maps illegal actions instead).
+    Raises `ValueError` naming the problem; meant for data pipelines and user
+    input (inside jit, `MultiAgentEnv.legalize` maps illegal actions instead).
     """
     a = np.asarray(actions)
     n = spec.num_agents

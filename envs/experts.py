@@ -1,13 +1,13 @@
 """Which scripted expert drives which environment.
 
-The experts live beside their adapters (:func:`envs.smax.heuristic_policy`,
-:func:`envs.mpe.spread_expert`, :func:`envs.jumanji.lbf_expert`, the token
-tasks' :func:`envs.token_repair.repair_expert`,
-:func:`envs.token_arith.arith_expert` and
-:func:`envs.token_exchange.exchange_expert`); this module
+The experts live beside their adapters ([`envs.smax.heuristic_policy`][jaxil.envs.smax.heuristic_policy],
+[`envs.mpe.spread_expert`][jaxil.envs.mpe.spread_expert], [`envs.jumanji.lbf_expert`][jaxil.envs.jumanji.lbf_expert], the token
+tasks' [`envs.token_repair.repair_expert`][jaxil.envs.token_repair.repair_expert],
+[`envs.token_arith.arith_expert`][jaxil.envs.token_arith.arith_expert] and
+[`envs.token_exchange.exchange_expert`][jaxil.envs.token_exchange.exchange_expert]); this module
 only dispatches on the id. The adapters are imported when asked for, so that
 importing this module does not load every environment family (and the
-adapters, which import :mod:`envs.policies`, never import this module back).
+adapters, which import [`envs.policies`][jaxil.envs.policies], never import this module back).
 """
 
 from __future__ import annotations
@@ -37,17 +37,17 @@ _TOKEN_EXPERTS = {
 
 
 def has_scripted_expert(env_id: str) -> bool:
-    """Whether :func:`scripted_expert` knows ``env_id`` (without building it)."""
+    """Whether [`scripted_expert`][jaxil.envs.experts.scripted_expert] knows `env_id` (without building it)."""
     return env_id.startswith(("smax:", "mpe:simple_spread")) or (
         env_id == "jumanji:LevelBasedForaging-v0") or env_id in _TOKEN_EXPERTS
 
 
 def scripted_expert(env: MultiAgentEnv) -> Optional[tuple[Any, str, str]]:
-    """``(policy, source name, description)`` of the scripted expert for
-    ``env``, or None when there is none.
+    """`(policy, source name, description)` of the scripted expert for
+    `env`, or None when there is none.
 
     The source name and description are recorded in datasets. Raises
-    :class:`envs.policies.ScriptedExpertUnavailable` when the environment has
+    [`envs.policies.ScriptedExpertUnavailable`][jaxil.envs.policies.ScriptedExpertUnavailable] when the environment has
     a scripted expert but not for its configuration.
     """
     eid = env.spec.env_id

@@ -1,31 +1,31 @@
 """Jumanji adapters: LevelBasedForaging, RobotWarehouse, Connector, Cleaner.
 
-Ids: ``jumanji:LevelBasedForaging-v0``, ``jumanji:RobotWarehouse-v0``,
-``jumanji:Connector-v3``, ``jumanji:Cleaner-v0``. The defaults are Jumanji's
-(``jumanji.make(name)``); keyword overrides rebuild the upstream generator,
-e.g. ``envs.make("jumanji:LevelBasedForaging-v0", num_agents=3, num_food=3)``.
-Every id accepts ``time_limit`` (alias ``max_steps``); the other keywords are
-listed per environment below, and an unknown keyword raises ``TypeError``
+Ids: `jumanji:LevelBasedForaging-v0`, `jumanji:RobotWarehouse-v0`,
+`jumanji:Connector-v3`, `jumanji:Cleaner-v0`. The defaults are Jumanji's
+(`jumanji.make(name)`); keyword overrides rebuild the upstream generator,
+e.g. `envs.make("jumanji:LevelBasedForaging-v0", num_agents=3, num_food=3)`.
+Every id accepts `time_limit` (alias `max_steps`); the other keywords are
+listed per environment below, and an unknown keyword raises `TypeError`
 naming the accepted ones.
 
-The adapters call the plain upstream ``reset``/``step`` (Jumanji's ``step``
-never resets; auto-reset is :class:`envs.AutoReset`). Jumanji has no global
-state, so each adapter defines one from the upstream ``State``. Integer
+The adapters call the plain upstream `reset`/`step` (Jumanji's `step`
+never resets; auto-reset is [`envs.AutoReset`][jaxil.envs.wrappers.AutoReset]). Jumanji has no global
+state, so each adapter defines one from the upstream `State`. Integer
 quantities (coordinates, levels) are kept as they are, cast to float32.
 Coordinates are (row, column).
 
 LevelBasedForaging-v0 (N=2 agents, F=2 food, 8x8 grid, time limit 100)
-  keywords: ``num_agents, num_food, grid_size, fov`` (defaults to
-  ``grid_size``: full view), ``max_agent_level, force_coop, grid_observation,
-  normalize_reward, penalty``.
+  keywords: `num_agents, num_food, grid_size, fov` (defaults to
+  `grid_size`: full view), `max_agent_level, force_coop, grid_observation,
+  normalize_reward, penalty`.
 
-  - obs ``[N, 3 (F + N)]``: Jumanji's vector view: (row, col, level) of each
+  - obs `[N, 3 (F + N)]`: Jumanji's vector view: (row, col, level) of each
     food, then of the agent itself, then of the other agents in index order;
     rows/cols are relative to the agent's field-of-view window, and an item
     out of view (or eaten food) reads (-1, -1, 0). With
-    ``grid_observation=True``: the ``[3, 2 fov + 1, 2 fov + 1]`` grid view
+    `grid_observation=True`: the `[3, 2 fov + 1, 2 fov + 1]` grid view
     (agent levels, food levels, free cells) flattened.
-  - global state ``[4 (N + F)]``: (row, col, level, loading) per agent, then
+  - global state `[4 (N + F)]`: (row, col, level, loading) per agent, then
     (row, col, level, eaten) per food.
   - actions (6): no-op, up, down, left, right, load; no-op is always legal.
   - team reward: the SUM of the per-agent rewards. Upstream splits each
@@ -33,17 +33,17 @@ LevelBasedForaging-v0 (N=2 agents, F=2 food, 8x8 grid, time limit 100)
     that eating all food is worth exactly 1 in total: the sum is the team's
     share of food collected, and a cleared episode returns 1 (less penalties).
   - done: every food item eaten (= won); truncated: time limit.
-  - :func:`lbf_expert` is a scripted expert for the default full view.
+  - [`lbf_expert`][jaxil.envs.jumanji.lbf_expert] is a scripted expert for the default full view.
 
 RobotWarehouse-v0 (N=4 robots, 20x10 floor, S=80 shelves, time limit 500)
-  keywords: ``num_agents, shelf_rows, shelf_columns, column_height,
-  sensor_range, request_queue_size``.
+  keywords: `num_agents, shelf_rows, shelf_columns, column_height,
+  sensor_range, request_queue_size`.
 
-  - obs ``[N, 8 + 5 ((2r+1)^2 - 1) + 2 (2r+1)^2]`` (66 for sensor range r=1):
+  - obs `[N, 8 + 5 ((2r+1)^2 - 1) + 2 (2r+1)^2]` (66 for sensor range r=1):
     Jumanji's per-robot vector (own position, carrying flag, direction one-hot,
     on-highway flag; robots and shelves, requested or not, in the sensor
     window).
-  - global state ``[7 N + 3 S]``: per robot (row, col, direction one-hot (4),
+  - global state `[7 N + 3 S]`: per robot (row, col, direction one-hot (4),
     carrying), then per shelf (row, col, requested).
   - actions (5): no-op, forward, left, right, toggle load; no-op is always
     legal.
@@ -52,42 +52,42 @@ RobotWarehouse-v0 (N=4 robots, 20x10 floor, S=80 shelves, time limit 500)
   - done: two robots collided (upstream's only termination besides the
     horizon); truncated: time limit. Upstream marks the horizon as a
     termination (discount 0); here it is a truncation, as it is a time limit.
-  - no win condition (``has_win=False``).
+  - no win condition (`has_win=False`).
 
 Connector-v3 (N=10 agents, 10x10 grid, time limit 50)
-  keywords: ``num_agents, grid_size, connected_reward, timestep_reward``.
+  keywords: `num_agents, grid_size, connected_reward, timestep_reward`.
 
-  - obs ``[N, G^2 + 5 N]``: the path layer of the grid (1 where any agent's
+  - obs `[N, G^2 + 5 N]`: the path layer of the grid (1 where any agent's
     trail lies), then (head row, head col, target row, target col, connected)
     of the agent itself, then of the other agents in index order. Connector is
     fully observed upstream (one grid for everyone); this is that grid,
     re-encoded egocentrically and compactly.
-  - global state ``[G^2 + 5 N]``: the path layer, then the same five numbers
+  - global state `[G^2 + 5 N]`: the path layer, then the same five numbers
     for every agent in index order. Path ownership is left out: it does not
     affect the dynamics (any trail blocks everyone).
   - actions (5): no-op, up, right, down, left; no-op is always legal.
   - team reward: the SUM of the per-agent rewards (+1 when an agent connects,
     -0.03 per step for each agent not yet connected), as Jumanji's own
-    ``SharedDenseRewardFn`` does; a perfect episode returns about N.
+    `SharedDenseRewardFn` does; a perfect episode returns about N.
   - done: every agent is connected or blocked; truncated: time limit;
     won: every agent connected.
 
 Cleaner-v0 (N=3 agents, 10x10 maze, time limit 100)
-  keywords: ``num_agents, grid_size`` (or ``num_rows``/``num_cols``, which
+  keywords: `num_agents, grid_size` (or `num_rows`/`num_cols`, which
   must be equal: upstream's action mask assumes a square maze),
-  ``penalty_per_timestep``.
+  `penalty_per_timestep`.
 
-  - obs ``[N, R C + 2 N]``: the maze, one number per tile (+1 dirty, 0 clean,
+  - obs `[N, R C + 2 N]`: the maze, one number per tile (+1 dirty, 0 clean,
     -1 wall), then the agent's own (row, col), then the other agents' in index
     order. Upstream shows everyone the whole maze.
-  - global state ``[R C + 2 N]``: the same tile layer, then every agent's
+  - global state `[R C + 2 N]`: the same tile layer, then every agent's
     (row, col) in index order.
   - actions (4): up, right, down, left; there is no no-op, so an illegal
-    action is replaced by the agent's first legal one (``noop_action=None``).
+    action is replaced by the agent's first legal one (`noop_action=None`).
     Upstream ends the episode on an illegal action; through the adapter that
     never happens.
   - team reward: upstream's shared scalar (tiles cleaned this step minus
-    ``penalty_per_timestep``), used as is.
+    `penalty_per_timestep`), used as is.
   - done: every tile clean (= won); truncated: time limit. As for
     RobotWarehouse, upstream's horizon termination becomes a truncation.
 """
@@ -127,9 +127,9 @@ except ImportError as e:  # pragma: no cover - jumanji is a core dependency
 
 
 def _split_kwargs(env_id: str, kwargs: dict, accepted: dict[str, Any]) -> dict[str, Any]:
-    """Fill ``accepted`` defaults from ``kwargs``; reject unknown keywords.
+    """Fill `accepted` defaults from `kwargs`; reject unknown keywords.
 
-    ``max_steps`` is accepted everywhere as an alias of ``time_limit``.
+    `max_steps` is accepted everywhere as an alias of `time_limit`.
     """
     kwargs = dict(kwargs)
     if "max_steps" in kwargs:
@@ -151,7 +151,7 @@ def _split_kwargs(env_id: str, kwargs: dict, accepted: dict[str, Any]) -> dict[s
 
 
 def _build(env_id: str, cfg: dict, make: Callable[[], Any]) -> Any:
-    """Run an upstream constructor, turning its bare ``assert``s into ValueErrors."""
+    """Run an upstream constructor, turning its bare `assert`s into ValueErrors."""
     try:
         return make()
     except AssertionError as e:
@@ -159,16 +159,16 @@ def _build(env_id: str, cfg: dict, make: Callable[[], Any]) -> Any:
 
 
 def _self_first(n: int) -> np.ndarray:
-    """``[N, N]`` static index table: row i is ``[i, 0, .., i-1, i+1, .., N-1]``."""
+    """`[N, N]` static index table: row i is `[i, 0, .., i-1, i+1, .., N-1]`."""
     return np.array([[i] + [j for j in range(n) if j != i] for i in range(n)], np.int32)
 
 
 def _per_agent_obs(shared: jax.Array, own: jax.Array) -> jax.Array:
-    """``[N, S + P]`` rows ``[shared, own[i]]`` from ``shared [S]`` and ``own [N, P]``.
+    """`[N, S + P]` rows `[shared, own[i]]` from `shared [S]` and `own [N, P]`.
 
     Written as two slice updates of one buffer rather than a concatenate,
     which XLA:CPU would otherwise materialise operand by operand (about a
-    third more memory traffic on Connector's ``[10, 150]`` observation).
+    third more memory traffic on Connector's `[10, 150]` observation).
     """
     n, s = own.shape[0], shared.shape[0]
     obs = jnp.zeros((n, s + own.shape[1]), jnp.float32)
@@ -176,17 +176,17 @@ def _per_agent_obs(shared: jax.Array, own: jax.Array) -> jax.Array:
 
 
 class JumanjiEnv(MultiAgentEnv, abc.ABC):
-    """Base of the Jumanji adapters: holds ``raw`` (the upstream environment)
-    and turns its ``(state, timestep)`` into a :class:`Step` via ``_out``."""
+    """Base of the Jumanji adapters: holds `raw` (the upstream environment)
+    and turns its `(state, timestep)` into a [`Step`][jaxil.envs.core.Step] via `_out`."""
 
     raw: Any
     # Jumanji steps are deterministic given the state (RobotWarehouse keeps
-    # its own key in the state), so ``step`` does not split a key for them.
+    # its own key in the state), so `step` does not split a key for them.
     stochastic_step = False
 
     @abc.abstractmethod
     def _out(self, state: Any, ts: Any, first: bool) -> Step:
-        """Upstream ``(state, timestep)`` -> :class:`Step`; ``first`` on reset
+        """Upstream `(state, timestep)` -> [`Step`][jaxil.envs.core.Step]; `first` on reset
         (reward 0, not done), else the transition's reward and ending flags."""
 
     def _reset(self, key: jax.Array) -> Step:
@@ -282,26 +282,26 @@ class LevelBasedForagingEnv(JumanjiEnv):
 def lbf_expert(env: MultiAgentEnv, jitter: float = 0.05) -> Callable:
     """Scripted expert for Jumanji LevelBasedForaging (full-view vector obs).
 
-    With ``fov = grid_size`` the vector view holds absolute (row, col, level)
+    With `fov = grid_size` the vector view holds absolute (row, col, level)
     of every food (eaten: level 0), of the agent itself, then of the other
     agents in index order, so every agent sees the same layout and makes the
     same team decisions:
 
     1. target: among remaining food whose level the whole team can lift, the
        one with the smallest summed Manhattan distance to all agents (lowest
-       index on ties) — with ``force_coop`` every food needs everyone;
+       index on ties) — with `force_coop` every food needs everyone;
     2. cells: the agents take distinct free cells next to the target food,
        the assignment minimising total Manhattan distance (exhaustive for at
        most 4 agents, greedy in index order otherwise);
     3. move: shortest path (BFS over the grid, food and other agents are
-       walls) to the own cell, ties broken at random; once there, ``load``
+       walls) to the own cell, ties broken at random; once there, `load`
        every step until the food is gone (it goes when the loading levels
        add up).
 
-    With probability ``jitter`` an agent takes a random legal action instead,
+    With probability `jitter` an agent takes a random legal action instead,
     which breaks the rare livelock of two agents bumping into the same cell.
-    Needs the default full view (``fov == grid_size``) and the vector
-    observation; otherwise it raises :class:`envs.policies.ScriptedExpertUnavailable`.
+    Needs the default full view (`fov == grid_size`) and the vector
+    observation; otherwise it raises [`envs.policies.ScriptedExpertUnavailable`][jaxil.envs.policies.ScriptedExpertUnavailable].
     """
     cfg = getattr(env, "config", None)
     if cfg is None or env.spec.env_id != "jumanji:LevelBasedForaging-v0":

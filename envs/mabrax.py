@@ -1,37 +1,37 @@
 """JaxMARL MABrax adapter: multi-agent MuJoCo-style control (continuous actions).
 
-Ids: ``mabrax:hopper_3x1`` (3 agents, one joint each), ``mabrax:ant_4x2`` (4 legs,
-two joints each), ``mabrax:halfcheetah_6x1`` and ``mabrax:walker2d_2x3``: a brax
+Ids: `mabrax:hopper_3x1` (3 agents, one joint each), `mabrax:ant_4x2` (4 legs,
+two joints each), `mabrax:halfcheetah_6x1` and `mabrax:walker2d_2x3`: a brax
 robot whose joints are split among agents by JaxMARL's mappings. brax is an
-optional extra: the ids are always registered, and ``envs.make`` raises an
-``ImportError`` telling how to install it (``pip install 'jaxil[mabrax]'``).
+optional extra: the ids are always registered, and `envs.make` raises an
+`ImportError` telling how to install it (`pip install 'jaxil[mabrax]'`).
 
-Keyword overrides: ``episode_length`` (alias ``max_steps``, default 1000),
-``action_repeat`` (1), ``backend`` (``"positional"``, JaxMARL's default), and
-any keyword of the brax environment class (``ctrl_cost_weight``,
-``terminate_when_unhealthy``, ...).
+Keyword overrides: `episode_length` (alias `max_steps`, default 1000),
+`action_repeat` (1), `backend` (`"positional"`, JaxMARL's default), and
+any keyword of the brax environment class (`ctrl_cost_weight`,
+`terminate_when_unhealthy`, ...).
 
-- obs ``[N, obs_dim]``: each agent's slice of the brax observation as JaxMARL
+- obs `[N, obs_dim]`: each agent's slice of the brax observation as JaxMARL
   maps it (its own joints, its neighbours', the torso), zero-padded to the
   largest agent's size; no agent id (learners append one).
-- global state: the full brax observation vector (for ``halfcheetah`` without
+- global state: the full brax observation vector (for `halfcheetah` without
   the leading x position, see below).
-- actions ``[N, act_dim]`` in ``[-1, 1]``: agent i's torques for its own joints;
+- actions `[N, act_dim]` in `[-1, 1]`: agent i's torques for its own joints;
   entries beyond an agent's joint count (none for these four robots) are
   ignored.
 - team reward: brax's scalar reward (forward progress, health bonus, control
   cost), which JaxMARL gives every agent.
 - done: the robot became unhealthy (brax termination); truncated: the episode
-  length was reached (brax's ``info["truncation"]``). No win condition.
-- ``max_steps = ceil(episode_length / action_repeat)``.
+  length was reached (brax's `info["truncation"]`). No win condition.
+- `max_steps = ceil(episode_length / action_repeat)`.
 
-Upstream notes. JaxMARL's ``halfcheetah_6x1`` observation mapping indexes an
+Upstream notes. JaxMARL's `halfcheetah_6x1` observation mapping indexes an
 18-dim observation that includes the x position (index 17 is the front-foot
 velocity), while brax's default drops x and gives 17 dims, which shifts every
 agent's view by one and clamps index 17. The adapter therefore builds the
-half-cheetah with ``exclude_current_positions_from_observation=False`` (the
+half-cheetah with `exclude_current_positions_from_observation=False` (the
 mapping never shows x to an agent; the global state drops it too).
-JaxMARL's ``humanoid_9|8`` mapping indexes a 376-dim observation but brax's
+JaxMARL's `humanoid_9|8` mapping indexes a 376-dim observation but brax's
 humanoid has 244, so it is not registered. JaxMARL marks MABrax as
 deprecated and brax says it is no longer actively maintained (MJX replaces
 it); both warnings are silenced here.
@@ -76,7 +76,7 @@ def _import_mabrax() -> tuple[Any, Any]:
 
 
 class MABraxEnvAdapter(MultiAgentEnv):
-    """One JaxMARL MABrax scenario; ``raw`` is JaxMARL's ``MABraxEnv`` (no auto-reset)."""
+    """One JaxMARL MABrax scenario; `raw` is JaxMARL's `MABraxEnv` (no auto-reset)."""
 
     def __init__(self, scenario: str, **kwargs):
         if scenario not in SCENARIOS:

@@ -1,20 +1,20 @@
-"""JaxMARL MPE ``simple_spread`` adapter, with discrete or continuous actions.
+"""JaxMARL MPE `simple_spread` adapter, with discrete or continuous actions.
 
-Ids: ``mpe:simple_spread`` (5 discrete actions; 0 = no-op) and
-``mpe:simple_spread_continuous`` (a 5-d box ``[0, 1]^5``: no-op, -x, +x, -y,
-+y forces). Keyword overrides go to JaxMARL (``num_agents``,
-``num_landmarks``, ``local_ratio``, ``max_steps``).
+Ids: `mpe:simple_spread` (5 discrete actions; 0 = no-op) and
+`mpe:simple_spread_continuous` (a 5-d box `[0, 1]^5`: no-op, -x, +x, -y,
++y forces). Keyword overrides go to JaxMARL (`num_agents`,
+`num_landmarks`, `local_ratio`, `max_steps`).
 
 - team reward: the mean over agents of JaxMARL's per-agent reward (which is
   already half shared coverage reward, half own collision penalty).
-- global state: all entity positions ``[(N + L) * 2]`` followed by the agents'
-  velocities ``[N * 2]`` (MPE has no world-state feature of its own).
+- global state: all entity positions `[(N + L) * 2]` followed by the agents'
+  velocities `[N * 2]` (MPE has no world-state feature of its own).
 - done is never set: episodes end by the time limit (truncated).
 - no win condition.
-- the step is deterministic given the state unless ``u_noise``/``c_noise`` are
-  set, so it gets no key of its own then (``stochastic_step``).
+- the step is deterministic given the state unless `u_noise`/`c_noise` are
+  set, so it gets no key of its own then (`stochastic_step`).
 
-:func:`spread_expert` is a scripted expert for both ids (landmark assignment
+[`spread_expert`][jaxil.envs.mpe.spread_expert] is a scripted expert for both ids (landmark assignment
 and dead-beat velocity control).
 """
 
@@ -51,7 +51,7 @@ class SpreadEnv(MultiAgentEnv):
         n, lm = self.raw.num_agents, self.raw.num_landmarks
         # The step draws action and communication noise, scaled by u_noise /
         # c_noise (0 by default): with both zero it does not depend on its key,
-        # and ``step`` skips the per-step key split (visible on this cheap env).
+        # and `step` skips the per-step key split (visible on this cheap env).
         self.stochastic_step = bool(
             np.any(np.asarray(self.raw.u_noise) != 0) or np.any(np.asarray(self.raw.c_noise) != 0)
         )
@@ -97,18 +97,18 @@ class SpreadEnv(MultiAgentEnv):
 
 
 def spread_expert(env: MultiAgentEnv, horizon: float = 2.0) -> Callable:
-    """Scripted expert for MPE ``simple_spread`` (continuous or discrete).
+    """Scripted expert for MPE `simple_spread` (continuous or discrete).
 
     Every agent rebuilds the whole layout from its OWN observation
-    ``[vel (2), pos (2), landmarks - pos (2L), others - pos (2(N-1)), comm]``
+    `[vel (2), pos (2), landmarks - pos (2L), others - pos (2(N-1)), comm]`
     (other agents in index order), solves the same agent→landmark assignment
     (minimum total distance, exhaustively over all injective maps when there
     are at most 40 320 of them, greedily otherwise) and steers to its landmark
-    with a dead-beat velocity controller: MPE integrates ``p += 0.1 v`` then
-    ``v = 0.75 v + 0.5 u`` (``u`` the net force in ``[-1, 1]^2``), so it asks for
-    the velocity that closes the remaining gap in ``horizon`` steps and applies
-    the force that gets there, clipped. Continuous actions encode ``u`` as
-    ``(0, u_x^-, u_x^+, u_y^-, u_y^+)``; discrete ones take the dominant axis
+    with a dead-beat velocity controller: MPE integrates `p += 0.1 v` then
+    `v = 0.75 v + 0.5 u` (`u` the net force in `[-1, 1]^2`), so it asks for
+    the velocity that closes the remaining gap in `horizon` steps and applies
+    the force that gets there, clipped. Continuous actions encode `u` as
+    `(0, u_x^-, u_x^+, u_y^-, u_y^+)`; discrete ones take the dominant axis
     (no-op when the force is small). Agents without a landmark (N > L) hold
     still. Collisions are not planned around.
     """

@@ -1,22 +1,22 @@
 """Reference policies usable on every environment, and the policy protocol.
 
-A policy acts for the N agents of ONE environment: ``obs [N, O]``,
-``avail [N, A]`` (``[N, 0]`` for continuous actions) and one PRNG key give
-``actions`` (``[N]`` int32 or ``[N, d]`` float32). Everything that takes a
+A policy acts for the N agents of ONE environment: `obs [N, O]`,
+`avail [N, A]` (`[N, 0]` for continuous actions) and one PRNG key give
+`actions` (`[N]` int32 or `[N, d]` float32). Everything that takes a
 policy (rollouts, the dataset zoo, teachers, learners, the interactive and
 IRL learners) takes either form:
 
-- a plain function ``policy(params, obs, avail, key) -> actions``
+- a plain function `policy(params, obs, avail, key) -> actions`
   (stateless), or
-- a :class:`Policy`, which also threads a carry (``init(key, N) -> carry``,
+- a [`Policy`][jaxil.envs.policies.Policy], which also threads a carry (`init(key, N) -> carry`,
   reset by the rollout at every episode boundary): scripted state such as the
   SMAX heuristic's per-agent target, or a recurrent network's hidden state.
-  Where a policy defines them, ``log_prob(params, obs, avail, actions) ->
-  [N]`` and ``entropy(params, obs, avail) -> [N]`` score its per-agent action
-  distribution (neural policies, :class:`jaxil.nn.policy.PolicyNet`); scripted
-  experts leave them ``None``.
+  Where a policy defines them, `log_prob(params, obs, avail, actions) ->
+  [N]` and `entropy(params, obs, avail) -> [N]` score its per-agent action
+  distribution (neural policies, [`jaxil.nn.policy.PolicyNet`][jaxil.nn.policy.PolicyNet]); scripted
+  experts leave them `None`.
 
-:func:`as_policy` turns either form into a :class:`Policy`.
+[`as_policy`][jaxil.envs.policies.as_policy] turns either form into a [`Policy`][jaxil.envs.policies.Policy].
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ class ScriptedExpertUnavailable(ValueError):
 
 
 class Policy(NamedTuple):
-    """``init(key, num_agents) -> carry``;
-    ``act(params, obs, avail, key, carry) -> (actions, carry)``; where defined,
-    ``log_prob(params, obs, avail, actions) -> [N]`` and
-    ``entropy(params, obs, avail) -> [N]`` (``None`` otherwise)."""
+    """`init(key, num_agents) -> carry`;
+    `act(params, obs, avail, key, carry) -> (actions, carry)`; where defined,
+    `log_prob(params, obs, avail, actions) -> [N]` and
+    `entropy(params, obs, avail) -> [N]` (`None` otherwise)."""
 
     init: Callable[[jax.Array, int], Any]
     act: Callable[..., tuple[jax.Array, Any]]
@@ -52,7 +52,7 @@ def stateless_carry(key: jax.Array, num_agents: int) -> jax.Array:
 
 
 def as_policy(policy: Any) -> Policy:
-    """Wrap a plain ``(params, obs, avail, key) -> actions`` function."""
+    """Wrap a plain `(params, obs, avail, key) -> actions` function."""
     if isinstance(policy, Policy):
         return policy
     if not callable(policy):
@@ -68,10 +68,10 @@ def as_policy(policy: Any) -> Policy:
 
 
 def uniform_available(key: jax.Array, avail: jax.Array) -> jax.Array:
-    """One uniformly random available action per row of an ``[..., A]`` mask
-    (int32 ``[...]``). The one sampler of uniform legal actions in ``envs``
+    """One uniformly random available action per row of an `[..., A]` mask
+    (int32 `[...]`). The one sampler of uniform legal actions in `envs`
     (scripted experts and benchmarks use it too); neural policies sample from
-    :mod:`jaxil.nn.distributions`."""
+    [`jaxil.nn.distributions`][jaxil.nn.distributions]."""
     return jax.random.categorical(key, jnp.where(avail, 0.0, -jnp.inf), axis=-1).astype(jnp.int32)
 
 
@@ -95,7 +95,7 @@ def random_policy(spec: EnvSpec) -> Callable:
 
 
 def epsilon_mixture(policy: Any, spec: EnvSpec, epsilon: float) -> Policy:
-    """Each agent follows ``policy`` with prob 1-ε and acts randomly otherwise."""
+    """Each agent follows `policy` with prob 1-ε and acts randomly otherwise."""
     if not 0.0 <= epsilon <= 1.0:
         raise ValueError(f"epsilon must be in [0, 1], got {epsilon}")
     base = as_policy(policy)

@@ -1,8 +1,8 @@
-"""One registry of string ids: ``envs.make("smax:3m")``, ``envs.list()``.
+"""One registry of string ids: `envs.make("smax:3m")`, `envs.list()`.
 
-An id is ``family:name``. Each family module registers a factory per id; the
-factory takes keyword overrides (``envs.make("jumanji:LevelBasedForaging-v0",
-num_agents=3)``).
+An id is `family:name`. Each family module registers a factory per id; the
+factory takes keyword overrides (`envs.make("jumanji:LevelBasedForaging-v0",
+num_agents=3)`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def register(env_id: str, factory: Callable[..., MultiAgentEnv]) -> None:
 
 
 def _load(family: str | None = None) -> None:
-    """Import the module of ``family`` (every family's with ``None`` or an
+    """Import the module of `family` (every family's with `None` or an
     unknown family)."""
     names = [family] if family in _FAMILY_MODULES else list(_FAMILY_MODULES)
     for name in names:

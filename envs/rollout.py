@@ -1,8 +1,8 @@
-"""Vectorized rollouts: ``lax.scan`` over time, ``vmap`` over environments.
+"""Vectorized rollouts: `lax.scan` over time, `vmap` over environments.
 
-A policy is either a plain function ``policy(params, obs, avail, key) ->
-actions`` acting for all N agents of ONE environment (``obs [N, obs_dim]``,
-``avail [N, A]``), or a :class:`envs.policies.Policy` that also threads a
+A policy is either a plain function `policy(params, obs, avail, key) ->
+actions` acting for all N agents of ONE environment (`obs [N, obs_dim]`,
+`avail [N, A]`), or a [`envs.policies.Policy`][jaxil.envs.policies.Policy] that also threads a
 recurrent carry (the SMAX heuristic needs one). Decentralised policies vmap
 over agents inside.
 """
@@ -23,10 +23,10 @@ from .wrappers import AutoReset
 
 @struct.dataclass
 class Trajectory:
-    """Time-major batch from :func:`rollout`: every leaf is ``[T, E, ...]``.
+    """Time-major batch from [`rollout`][jaxil.envs.rollout.rollout]: every leaf is `[T, E, ...]`.
 
-    ``obs``/``global_state``/``avail_actions`` are what the policy acted on;
-    ``reward``/``done``/``truncated``/``won`` and the episode statistics
+    `obs`/`global_state`/`avail_actions` are what the policy acted on;
+    `reward`/`done`/`truncated`/`won` and the episode statistics
     belong to the transition that the action caused.
     """
 
@@ -50,10 +50,10 @@ def rollout(
     num_envs: int,
     num_steps: int,
 ) -> Trajectory:
-    """Run ``num_envs`` auto-resetting environments for ``num_steps`` steps.
+    """Run `num_envs` auto-resetting environments for `num_steps` steps.
 
-    Jittable (``env``, ``policy``, ``num_envs`` and ``num_steps`` static).
-    Returns a time-major :class:`Trajectory` ``[num_steps, num_envs, ...]``.
+    Jittable (`env`, `policy`, `num_envs` and `num_steps` static).
+    Returns a time-major [`Trajectory`][jaxil.envs.rollout.Trajectory] `[num_steps, num_envs, ...]`.
     """
     if not isinstance(env, AutoReset):
         env = AutoReset(env)
@@ -93,11 +93,11 @@ def rollout(
 
 @struct.dataclass
 class Episodes:
-    """One complete episode per environment, batch-major ``[E, T(+1), ...]``.
+    """One complete episode per environment, batch-major `[E, T(+1), ...]`.
 
-    ``T = spec.max_steps``; steps at and after ``length`` are padding
-    (``mask`` False, zeros). ``obs``/``global_state``/``avail_actions`` have
-    ``T + 1`` entries: entry ``length`` is the final observation.
+    `T = spec.max_steps`; steps at and after `length` are padding
+    (`mask` False, zeros). `obs`/`global_state`/`avail_actions` have
+    `T + 1` entries: entry `length` is the final observation.
     """
 
     obs: jax.Array  # [E, T+1, N, obs_dim]
@@ -116,8 +116,8 @@ class Episodes:
 
 def episode_summary(eps: Episodes, has_win: bool) -> dict[str, Any]:
     """The statistics every report of a batch of episodes gives, on the host
-    in float64: ``episodes``, ``return_mean``, ``return_std`` (population),
-    ``length_mean`` and, where the task has a win, ``win_rate``."""
+    in float64: `episodes`, `return_mean`, `return_std` (population),
+    `length_mean` and, where the task has a win, `win_rate`."""
     ret = np.asarray(eps.episode_return, np.float64)
     out = dict(episodes=int(ret.size), return_mean=float(ret.mean()),
                return_std=float(ret.std()), length_mean=float(np.asarray(eps.length).mean()))
@@ -134,23 +134,23 @@ def run_episodes(
     num_episodes: int,
     record_carry: bool | Callable[[Any], Any] = False,
 ) -> Episodes:
-    """Play exactly one episode in each of ``num_episodes`` parallel envs.
+    """Play exactly one episode in each of `num_episodes` parallel envs.
 
-    Steps run until every episode has ended (at most ``spec.max_steps``): a
-    ``lax.while_loop`` writes each step into preallocated ``[T, ...]``
+    Steps run until every episode has ended (at most `spec.max_steps`): a
+    `lax.while_loop` writes each step into preallocated `[T, ...]`
     buffers, so a batch of short episodes (SMAX 3m ends in ~15 of its 101
     steps) costs only the steps it takes. An environment that has finished is
-    frozen (its steps are masked out) until the others end. Step ``t`` always
-    draws its actions with the ``t``-th of ``T`` keys split from ``key``, so
+    frozen (its steps are masked out) until the others end. Step `t` always
+    draws its actions with the `t`-th of `T` keys split from `key`, so
     the result does not depend on when the loop stops.
 
-    ``record_carry=True`` also returns the policy's carry after each step's
-    ``act`` as ``Episodes.carry`` (``[E, T, ...]``, zero on padding steps): a
+    `record_carry=True` also returns the policy's carry after each step's
+    `act` as `Episodes.carry` (`[E, T, ...]`, zero on padding steps): a
     policy that computes more than the actions it plays (the interactive
     learners record the expert's label and the student's choice there) gets
     them out without a second pass. A function instead of True records
-    ``record_carry(carry)``, the part of the carry worth keeping (a
-    transformer's KV cache per step would be ``T`` times its size).
+    `record_carry(carry)`, the part of the carry worth keeping (a
+    transformer's KV cache per step would be `T` times its size).
     """
     if isinstance(env, AutoReset):
         env = env.env

@@ -1,18 +1,18 @@
 """JaxMARL SMAX adapter: the learners control the allies; SMAX's built-in
-``HeuristicEnemySMAX`` controls the enemies, as the SC2 AI does in SMAC.
+`HeuristicEnemySMAX` controls the enemies, as the SC2 AI does in SMAC.
 
-Ids: ``smax:<map>`` for every map in JaxMARL's scenario table (3m, 2s3z,
+Ids: `smax:<map>` for every map in JaxMARL's scenario table (3m, 2s3z,
 5m_vs_6m, 6h_vs_8z, smacv2_5_units, ...). Keyword overrides go to SMAX
-(``max_steps``, ``won_battle_bonus``, ``observation_type``, ...).
+(`max_steps`, `won_battle_bonus`, `observation_type`, ...).
 
 - team reward: SMAX's ally reward (normalised enemy health removed this step,
-  plus ``won_battle_bonus`` on a win); all allies share it.
+  plus `won_battle_bonus` on a win); all allies share it.
 - global state: SMAX's world state (every unit's health, position, cooldown,
-  type, and team), ``(10 + 2) * (allies + enemies)`` numbers for the default
+  type, and team), `(10 + 2) * (allies + enemies)` numbers for the default
   six unit types.
-- done: a team was wiped out; truncated: the ``max_steps`` limit.
+- done: a team was wiped out; truncated: the `max_steps` limit.
 - won: every enemy dead and at least one ally alive.
-- illegal actions: replaced by ``stop`` (action 4), always legal.
+- illegal actions: replaced by `stop` (action 4), always legal.
 """
 
 from __future__ import annotations

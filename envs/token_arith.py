@@ -1,39 +1,37 @@
-"""``tokens:arith``: multi-step arithmetic with a calculator tool.
+"""`tokens:arith`: multi-step arithmetic with a calculator tool.
 
-The prompt is a chain of ``num_ops`` modular operations, evaluated left to
-right (no precedence), e.g. ``<bos> arith 7 + 12 * 3 - 25 * 9`` means
-``(((7 + 12) * 3) - 25) * 9 mod modulus``. The agent (N = 1) may not
+The prompt is a chain of `num_ops` modular operations, evaluated left to
+right (no precedence), e.g. `<bos> arith 7 + 12 * 3 - 25 * 9` means
+`(((7 + 12) * 3) - 25) * 9 mod modulus`. The agent (N = 1) may not
 compute: it calls the calculator one operation at a time, copying operands
 from the prompt and from earlier results, then submits the final value:
 
-==========================  =========================================
-agent                       environment answers
-==========================  =========================================
-``CALC a op b <eot>``       ``= r`` with ``r = (a op b) mod modulus``
-``SUBMIT r <eot>``          ``PASS`` or ``FAIL``; the episode ends
-==========================  =========================================
+| agent               | environment answers                     |
+|---------------------|-----------------------------------------|
+| `CALC a op b <eot>` | `= r` with `r = (a op b) mod modulus`   |
+| `SUBMIT r <eot>`    | `PASS` or `FAIL`; the episode ends      |
 
-``op`` is one of ``+ - *``; the mask allows numbers ``0 … modulus-1`` as
+`op` is one of `+ - *`; the mask allows numbers `0 … modulus-1` as
 operands. An error (a miscopied operand) propagates to every later step.
 
-Verifier: the submitted value is the chain's value (``won``). Graded score:
-``progress / num_ops``, where ``progress`` counts the chain's steps done in
-order with the calculator (a ``CALC`` whose operands are the previous
-step's value, the next operator and the next operand); ``reward = won +
-score_weight * score`` on the submit step, 0 otherwise (and on truncation
-after ``max_turns`` turns).
+Verifier: the submitted value is the chain's value (`won`). Graded score:
+`progress / num_ops`, where `progress` counts the chain's steps done in
+order with the calculator (a `CALC` whose operands are the previous
+step's value, the next operator and the next operand); `reward = won +
+score_weight * score` on the submit step, 0 otherwise (and on truncation
+after `max_turns` turns).
 
-Difficulty knobs: ``num_ops`` (default 4), ``modulus`` (31, prime, so that
-``*`` keeps the values spread), ``max_turns`` (default ``2 num_ops + 2``).
+Difficulty knobs: `num_ops` (default 4), `modulus` (31, prime, so that
+`*` keeps the values spread), `max_turns` (default `2 num_ops + 2`).
 
-**Privileged columns** (``obs[:, K:]``, expert only, see :mod:`envs.tokens`):
-the partial command (4 tokens) and its length, then ``progress``, the chain
-of values ``r_0 … r_n`` (``r_0`` the first operand, ``r_n`` the answer), the
-operators (``n``, 0/1/2 for ``+ - *``) and the operands ``v_0 … v_n``.
+**Privileged columns** (`obs[:, K:]`, expert only, see [`envs.tokens`][jaxil.envs.tokens]):
+the partial command (4 tokens) and its length, then `progress`, the chain
+of values `r_0 … r_n` (`r_0` the first operand, `r_n` the answer), the
+operators (`n`, 0/1/2 for `+ - *`) and the operands `v_0 … v_n`.
 
-:func:`arith_expert` is the scripted expert: ``CALC r_p op_{p+1}
-v_{p+1}`` for ``p = progress`` until the chain is done, then ``SUBMIT r_n``
-(``num_ops + 1`` turns).
+[`arith_expert`][jaxil.envs.token_arith.arith_expert] is the scripted expert: `CALC r_p op_{p+1}
+v_{p+1}` for `p = progress` until the chain is done, then `SUBMIT r_n`
+(`num_ops + 1` turns).
 """
 
 from __future__ import annotations
@@ -76,7 +74,7 @@ def _apply(op, a, b, modulus):
 
 
 class ArithEnv(TokenEnv):
-    """``tokens:arith`` (see the module docstring)."""
+    """`tokens:arith` (see the module docstring)."""
 
     def __init__(self, num_ops: int = 4, modulus: int = 31, max_turns: int | None = None,
                  score_weight: float = 0.1):
@@ -131,13 +129,13 @@ class ArithEnv(TokenEnv):
 
 
 def arith_expert(env: MultiAgentEnv) -> Policy:
-    """Scripted expert for ``tokens:arith``, from the privileged columns.
+    """Scripted expert for `tokens:arith`, from the privileged columns.
 
-    At a turn start: ``CALC r_p op_{p+1} v_{p+1}`` for ``p = progress`` (the
-    chain steps done so far), or ``SUBMIT r_n`` once all are done. Mid-turn
+    At a turn start: `CALC r_p op_{p+1} v_{p+1}` for `p = progress` (the
+    chain steps done so far), or `SUBMIT r_n` once all are done. Mid-turn
     it completes the command it took over with the next step's tokens (a
-    miscopied ``CALC`` is sent, its result ignored, and the right one
-    follows); a ``SUBMIT`` it took over gets the chain's value. Deterministic.
+    miscopied `CALC` is sent, its result ignored, and the right one
+    follows); a `SUBMIT` it took over gets the chain's value. Deterministic.
     """
     if not isinstance(env, ArithEnv):
         raise TypeError(f"arith_expert needs a tokens:arith environment, got {env!r}")

@@ -1,42 +1,42 @@
-"""``tokens:exchange``: two agents pool the halves of a list by talking.
+"""`tokens:exchange`: two agents pool the halves of a list by talking.
 
-Agent 0 holds ``a`` and agent 1 holds ``b``, ``half`` values each in ``0 …
-values-1``; the team must submit ``a ++ b`` (agent 0's half first), or
-``sorted(a ++ b)`` with ``sort=True``. Neither can do it alone. Prompts:
-``<bos> exchange A a_1 … a_H`` and ``<bos> exchange B b_1 … b_H``.
+Agent 0 holds `a` and agent 1 holds `b`, `half` values each in `0 …
+values-1`; the team must submit `a ++ b` (agent 0's half first), or
+`sorted(a ++ b)` with `sort=True`. Neither can do it alone. Prompts:
+`<bos> exchange A a_1 … a_H` and `<bos> exchange B b_1 … b_H`.
 
 The agents take turns, agent 0 first. The agent on turn types a command;
-the other may only emit ``<wait>`` (the legal mask says so), so the
-interface stays one token per agent per step and every ``<wait>`` is echoed
+the other may only emit `<wait>` (the legal mask says so), so the
+interface stays one token per agent per step and every `<wait>` is echoed
 into the waiting agent's context like any own token. The turn passes at
-``<eot>``:
+`<eot>`:
 
 ==============================  ============================================
 agent on turn                   environment answers
 ==============================  ============================================
-``SAY m_1 … m_k <eot>``         the OTHER agent receives ``HEAR m_1 … m_k``
+`SAY m_1 … m_k <eot>`         the OTHER agent receives `HEAR m_1 … m_k`
                                 (1 ≤ k ≤ half); the speaker gets nothing
-``SUBMIT z_1 … z_2H <eot>``     both receive ``PASS`` or ``FAIL``; the
+`SUBMIT z_1 … z_2H <eot>`     both receive `PASS` or `FAIL`; the
                                 episode ends
 ==============================  ============================================
 
-Verifier: the submitted list is the answer (``won``). Graded score: the
-fraction of the ``2 half`` entries right; ``reward = won + score_weight *
-score`` on the submit step, 0 otherwise (and on truncation after
-``max_turns`` turns, both agents' turns counted).
+Verifier: the submitted list is the answer (`won`). Graded score: the
+fraction of the `2 half` entries right; `reward = won + score_weight *
+score` on the submit step, 0 otherwise (and on truncation after
+`max_turns` turns, both agents' turns counted).
 
-Difficulty knobs: ``half`` (default 3), ``values`` (32), ``sort`` (False),
-``max_turns`` (8).
+Difficulty knobs: `half` (default 3), `values` (32), `sort` (False),
+`max_turns` (8).
 
-**Privileged columns** (``obs[:, K:]``, expert only, see :mod:`envs.tokens`):
-the partial command (``1 + 2 half`` tokens) and its length, then per agent:
+**Privileged columns** (`obs[:, K:]`, expert only, see [`envs.tokens`][jaxil.envs.tokens]):
+the partial command (`1 + 2 half` tokens) and its length, then per agent:
 on turn (0/1), heard the other's half correctly (0/1: the last message it
-received is exactly the other agent's half), its own half (``half``) and
-the answer (``2 half``).
+received is exactly the other agent's half), its own half (`half`) and
+the answer (`2 half`).
 
-:func:`exchange_expert` is the scripted expert: on turn, ``SUBMIT`` the
-answer if it has heard the other's half, else ``SAY`` its own half (two turns
-from the start: agent 0 says ``a``, agent 1 submits).
+[`exchange_expert`][jaxil.envs.token_exchange.exchange_expert] is the scripted expert: on turn, `SUBMIT` the
+answer if it has heard the other's half, else `SAY` its own half (two turns
+from the start: agent 0 says `a`, agent 1 submits).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class ExchangeTask:
 
 
 class ExchangeEnv(TokenEnv):
-    """``tokens:exchange`` (see the module docstring)."""
+    """`tokens:exchange` (see the module docstring)."""
 
     def __init__(self, half: int = 3, values: int = 32, sort: bool = False, max_turns: int = 8,
                  score_weight: float = 0.1):
@@ -142,14 +142,14 @@ class ExchangeEnv(TokenEnv):
 
 
 def exchange_expert(env: MultiAgentEnv) -> Policy:
-    """Scripted expert for ``tokens:exchange``, from the privileged columns.
+    """Scripted expert for `tokens:exchange`, from the privileged columns.
 
-    Off turn: ``<wait>``. On turn, at a turn start: ``SUBMIT`` the answer if
-    the agent has heard the other's half correctly, else ``SAY`` its own
-    half. Mid-turn (taking over a partial command): a ``SAY`` whose words so
-    far are a prefix of the own half is finished; any other ``SAY`` is cut
-    with ``<eot>`` (the other agent then says its half, and this one
-    submits); a ``SUBMIT`` is finished with the answer. "Heard correctly" is
+    Off turn: `<wait>`. On turn, at a turn start: `SUBMIT` the answer if
+    the agent has heard the other's half correctly, else `SAY` its own
+    half. Mid-turn (taking over a partial command): a `SAY` whose words so
+    far are a prefix of the own half is finished; any other `SAY` is cut
+    with `<eot>` (the other agent then says its half, and this one
+    submits); a `SUBMIT` is finished with the answer. "Heard correctly" is
     privileged (a student sees what it heard, not whether it is right):
     after a garbled message the expert speaks instead of submitting it.
     Deterministic.

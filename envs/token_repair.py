@@ -1,41 +1,41 @@
-"""``tokens:repair``: find and fix the faults of a hidden list with tools.
+"""`tokens:repair`: find and fix the faults of a hidden list with tools.
 
-SWE-bench in miniature. A hidden file is a list ``x`` of ``length`` values in
-``0 … values-1``; a hidden test suite expects the list ``y`` (test ``i``
-checks ``x[i] == y[i]``). ``faults`` distinct entries of ``x`` were changed
+SWE-bench in miniature. A hidden file is a list `x` of `length` values in
+`0 … values-1`; a hidden test suite expects the list `y` (test `i`
+checks `x[i] == y[i]`). `faults` distinct entries of `x` were changed
 to another value. The agent (N = 1) repairs the file with commands, one
-token per step, each ended by ``<eot>``; the environment answers after it:
+token per step, each ended by `<eot>`; the environment answers after it:
 
 ========================  =============================================
 agent                     environment answers
 ========================  =============================================
-``TEST <eot>``            ``PASS``, or the first failing test:
-                          ``FAIL i WANT y_i GOT x_i``
-``VIEW i <eot>``          ``= x_i``
-``EDIT i v <eot>``        ``OK`` (and sets ``x_i = v``)
-``SUBMIT <eot>``          the ``TEST`` answer; the episode ends
+`TEST <eot>`            `PASS`, or the first failing test:
+                          `FAIL i WANT y_i GOT x_i`
+`VIEW i <eot>`          `= x_i`
+`EDIT i v <eot>`        `OK` (and sets `x_i = v`)
+`SUBMIT <eot>`          the `TEST` answer; the episode ends
 ========================  =============================================
 
-The prompt is ``<bos> repair``: the file is only seen through the tools.
-The legal-token mask allows a location (``0 … length-1``) after ``VIEW`` /
-``EDIT`` and a value (``0 … values-1``) after ``EDIT i``.
+The prompt is `<bos> repair`: the file is only seen through the tools.
+The legal-token mask allows a location (`0 … length-1`) after `VIEW` /
+`EDIT` and a value (`0 … values-1`) after `EDIT i`.
 
-Verifier: every test passes at ``SUBMIT`` (``won``). Graded score: the
-fraction of tests passing at ``SUBMIT``; ``reward = won + score_weight *
-score`` on the submit step, 0 otherwise (and on truncation after
-``max_turns`` turns).
+Verifier: every test passes at `SUBMIT` (`won`). Graded score: the
+fraction of tests passing at `SUBMIT`; `reward = won + score_weight *
+score` on the submit step, 0 otherwise (and on truncation after
+`max_turns` turns).
 
-Difficulty knobs: ``length`` (default 8), ``faults`` (3), ``values`` (16),
-``max_turns`` (default ``4 faults + 8``, 20: twice what the expert needs
+Difficulty knobs: `length` (default 8), `faults` (3), `values` (16),
+`max_turns` (default `4 faults + 8`, 20: twice what the expert needs
 plus slack).
 
-**Privileged columns** (``obs[:, K:]``, expert only, see :mod:`envs.tokens`):
-the partial command (3 tokens) and its length, then ``x`` (``length``),
-``y`` (``length``) and the last test report (``-1``: none since the last
-``EDIT``; ``i < length``: ``FAIL`` at ``i``; ``length``: ``PASS``).
+**Privileged columns** (`obs[:, K:]`, expert only, see [`envs.tokens`][jaxil.envs.tokens]):
+the partial command (3 tokens) and its length, then `x` (`length`),
+`y` (`length`) and the last test report (`-1`: none since the last
+`EDIT`; `i < length`: `FAIL` at `i`; `length`: `PASS`).
 
-:func:`repair_expert` is the scripted expert: ``TEST``; on ``FAIL i WANT
-v``, ``EDIT i v``; ``TEST`` again; on ``PASS``, ``SUBMIT`` (2F + 2 turns
+[`repair_expert`][jaxil.envs.token_repair.repair_expert] is the scripted expert: `TEST`; on `FAIL i WANT
+v`, `EDIT i v`; `TEST` again; on `PASS`, `SUBMIT` (2F + 2 turns
 for F faults: the procedure a student can follow from the transcript).
 """
 
@@ -72,7 +72,7 @@ class RepairTask:
 
 
 class RepairEnv(TokenEnv):
-    """``tokens:repair`` (see the module docstring)."""
+    """`tokens:repair` (see the module docstring)."""
 
     def __init__(self, length: int = 8, faults: int = 3, values: int = 16,
                  max_turns: int | None = None, score_weight: float = 0.1):
@@ -136,15 +136,15 @@ class RepairEnv(TokenEnv):
 
 
 def repair_expert(env: MultiAgentEnv) -> Policy:
-    """Scripted expert for ``tokens:repair``, from the privileged columns.
+    """Scripted expert for `tokens:repair`, from the privileged columns.
 
-    At a turn start: ``SUBMIT`` after a ``PASS`` report, ``EDIT i y_i`` after
-    a ``FAIL i`` report, ``TEST`` otherwise (at the start, after an ``EDIT``,
-    after a ``VIEW``). Mid-turn (taking over a partial command) it completes
-    the command harmlessly: ``EDIT``/``VIEW`` get the reported (else the
-    first failing) location, ``EDIT i`` gets the right value ``y_i``, a
-    complete command gets ``<eot>``; a wrong ``EDIT i v`` already typed is
-    sent and repaired after the next ``TEST``. Deterministic.
+    At a turn start: `SUBMIT` after a `PASS` report, `EDIT i y_i` after
+    a `FAIL i` report, `TEST` otherwise (at the start, after an `EDIT`,
+    after a `VIEW`). Mid-turn (taking over a partial command) it completes
+    the command harmlessly: `EDIT`/`VIEW` get the reported (else the
+    first failing) location, `EDIT i` gets the right value `y_i`, a
+    complete command gets `<eot>`; a wrong `EDIT i v` already typed is
+    sent and repaired after the next `TEST`. Deterministic.
     """
     if not isinstance(env, RepairEnv):
         raise TypeError(f"repair_expert needs a tokens:repair environment, got {env!r}")

@@ -1,61 +1,61 @@
 """Multi-turn token environments: the shared vocabulary and machinery.
 
-The ``tokens:`` family puts language-model agents (multi-turn tool use, as in
+The `tokens:` family puts language-model agents (multi-turn tool use, as in
 SWE-bench) in miniature, JAX-native and cheap on a CPU. A token environment is
-an ordinary :class:`envs.core.MultiAgentEnv`; the tasks live one per module:
+an ordinary [`envs.core.MultiAgentEnv`][jaxil.envs.core.MultiAgentEnv]; the tasks live one per module:
 
-- ``tokens:repair`` (:mod:`envs.token_repair`): find and fix the faults of a
-  hidden list with ``TEST`` / ``VIEW`` / ``EDIT`` / ``SUBMIT`` commands;
-- ``tokens:arith`` (:mod:`envs.token_arith`): evaluate a chain of modular
-  operations with a ``CALC`` calculator tool, then ``SUBMIT`` the result;
-- ``tokens:exchange`` (:mod:`envs.token_exchange`): two agents each hold half
-  of a list and must ``SAY`` what they know before one of them ``SUBMIT`` s
+- `tokens:repair` ([`envs.token_repair`][jaxil.envs.token_repair]): find and fix the faults of a
+  hidden list with `TEST` / `VIEW` / `EDIT` / `SUBMIT` commands;
+- `tokens:arith` ([`envs.token_arith`][jaxil.envs.token_arith]): evaluate a chain of modular
+  operations with a `CALC` calculator tool, then `SUBMIT` the result;
+- `tokens:exchange` ([`envs.token_exchange`][jaxil.envs.token_exchange]): two agents each hold half
+  of a list and must `SAY` what they know before one of them `SUBMIT` s
   the whole list.
 
 The contract every task keeps (policies such as a decoder-only transformer
 are written against it):
 
-- **One step is one token per agent.** ``spec.action`` is
-  ``DiscreteActions(V)`` over the shared vocabulary :data:`VOCAB`
-  (``V = len(VOCAB.names)``, the same for every task). Token 0 (``<pad>``)
+- **One step is one token per agent.** `spec.action` is
+  `DiscreteActions(V)` over the shared vocabulary `VOCAB`
+  (`V = len(VOCAB.names)`, the same for every task). Token 0 (`<pad>`)
   is never legal.
-- **The legal-token mask** ``avail_actions [N, V]`` is a grammar over
+- **The legal-token mask** `avail_actions [N, V]` is a grammar over
   commands: at the start of a turn only the task's command tokens are legal,
-  after a command only its argument tokens (e.g. a location after ``EDIT``),
-  and ``<eot>`` exactly where the command is complete. Malformed commands
-  cannot be typed. An agent that is not on turn (``tokens:exchange``) may
-  only emit ``<wait>``.
-- **Observation** ``obs [N, O]`` float32. The FIRST ``K = env.token_width``
+  after a command only its argument tokens (e.g. a location after `EDIT`),
+  and `<eot>` exactly where the command is complete. Malformed commands
+  cannot be typed. An agent that is not on turn (`tokens:exchange`) may
+  only emit `<wait>`.
+- **Observation** `obs [N, O]` float32. The FIRST `K = env.token_width`
   columns are the token ids (as floats) that ENTER THE AGENT'S CONTEXT at
-  this step, left-aligned and right-padded with ``<pad>`` (0): at reset
-  ``<bos>`` and the task prompt; at every later step the agent's own previous
-  token (echoed, ``<wait>`` included), followed, when that token ended a
+  this step, left-aligned and right-padded with `<pad>` (0): at reset
+  `<bos>` and the task prompt; at every later step the agent's own previous
+  token (echoed, `<wait>` included), followed, when that token ended a
   turn, by the environment's answer (tool output). A policy that appends
-  every non-``<pad>`` token of ``obs[:, :K]`` to its context (a transformer's
-  KV cache) sees the whole history; ``env.max_context`` bounds their number
+  every non-`<pad>` token of `obs[:, :K]` to its context (a transformer's
+  KV cache) sees the whole history; `env.max_context` bounds their number
   in one episode (the KV-cache length).
-- **PRIVILEGED COLUMNS.** ``obs[:, K:]`` are features for the scripted
-  experts only: the agent's partial command (``cmd_width`` tokens, then its
+- **PRIVILEGED COLUMNS.** `obs[:, K:]` are features for the scripted
+  experts only: the agent's partial command (`cmd_width` tokens, then its
   length) followed by the task's hidden state (the true list, the chain of
   intermediate results, the other agent's half...). **Students must ignore
-  them** (slice ``obs[:, :env.token_width]``); they reveal the answer.
-  :meth:`TokenEnv.privileged` splits them. ``global_state`` is the
+  them** (slice `obs[:, :env.token_width]`); they reveal the answer.
+  [`TokenEnv.privileged`][jaxil.envs.tokens.TokenEnv.privileged] splits them. `global_state` is the
   privileged columns of all agents, flattened.
-- **Turns.** ``env.eot_token`` (``<eot>``) ends an agent's turn; the
-  environment answers after it. An episode ends (``done``) on ``SUBMIT``,
-  or is truncated after ``max_turns`` turns (all agents together);
-  ``spec.max_steps`` (the token limit) is ``max_turns`` times the longest
+- **Turns.** `env.eot_token` (`<eot>`) ends an agent's turn; the
+  environment answers after it. An episode ends (`done`) on `SUBMIT`,
+  or is truncated after `max_turns` turns (all agents together);
+  `spec.max_steps` (the token limit) is `max_turns` times the longest
   command, so the turn limit always comes first.
-- **Reward.** 0 on every step but the last; at ``SUBMIT`` the verifier plus a
-  graded term: ``reward = won + score_weight * score`` with ``won`` the
-  verifier (``TimeStep.won``) and ``score`` in ``[0, 1]`` the task's partial
+- **Reward.** 0 on every step but the last; at `SUBMIT` the verifier plus a
+  graded term: `reward = won + score_weight * score` with `won` the
+  verifier (`TimeStep.won`) and `score` in `[0, 1]` the task's partial
   credit (fraction of tests passing, of chain steps computed, of list entries
-  right). A truncated episode returns 0. ``spec.has_win`` is True.
+  right). A truncated episode returns 0. `spec.has_win` is True.
 - **Instances** are drawn from the reset key (an unbounded, fixed-seed
   instance set); difficulty knobs are constructor keywords
-  (``envs.make("tokens:repair", faults=5)``).
+  (`envs.make("tokens:repair", faults=5)`).
 
-:func:`transcript` renders an episode as text with :meth:`Vocab.decode`.
+[`transcript`][jaxil.envs.tokens.transcript] renders an episode as text with [`Vocab.decode`][jaxil.envs.tokens.Vocab.decode].
 """
 
 from __future__ import annotations
@@ -73,12 +73,12 @@ from flax import struct
 from .core import DiscreteActions, EnvSpec, MultiAgentEnv, Step
 from .registry import register
 
-#: Number tokens ``"0"`` … ``"31"``: every numeric value a task uses.
+#: Number tokens `"0"` … `"31"`: every numeric value a task uses.
 MAX_NUMBER = 32
 
 
 class Vocab:
-    """The token names of the ``tokens:`` family (``names[i]`` is token ``i``)."""
+    """The token names of the `tokens:` family (`names[i]` is token `i`)."""
 
     def __init__(self, names: Sequence[str]):
         self.names = tuple(names)
@@ -90,19 +90,19 @@ class Vocab:
         return len(self.names)
 
     def __getitem__(self, name: str) -> int:
-        """The id of token ``name`` (``VOCAB["EDIT"]``)."""
+        """The id of token `name` (`VOCAB["EDIT"]`)."""
         try:
             return self._ids[name]
         except KeyError:
             raise KeyError(f"no token {name!r}; the vocabulary is {self.names}") from None
 
     def encode(self, text: str) -> np.ndarray:
-        """Whitespace-separated token names → int32 ids (``"EDIT 3 7 <eot>"``)."""
+        """Whitespace-separated token names → int32 ids (`"EDIT 3 7 <eot>"`)."""
         return np.asarray([self[w] for w in text.split()], np.int32)
 
     def decode(self, ids: Any, skip_pad: bool = True) -> str:
         """Token ids (any int or float array) → their names joined by spaces;
-        ``<pad>`` is left out unless ``skip_pad=False``."""
+        `<pad>` is left out unless `skip_pad=False`."""
         flat = np.asarray(ids).reshape(-1).astype(np.int64)
         return " ".join(self.names[i] for i in flat if not (skip_pad and i == PAD))
 
@@ -122,12 +122,12 @@ OP0 = VOCAB["+"]  # the operators +, -, * are OP0 + 0, 1, 2
 
 
 def number(v: Any) -> Any:
-    """The token id of number ``v`` (an int or an int array)."""
+    """The token id of number `v` (an int or an int array)."""
     return NUM0 + v
 
 
 def numbers(lo: int, hi: int) -> tuple[int, ...]:
-    """The token ids of the numbers ``lo … hi - 1``."""
+    """The token ids of the numbers `lo … hi - 1`."""
     if not 0 <= lo < hi <= MAX_NUMBER:
         raise ValueError(f"numbers run from 0 to {MAX_NUMBER - 1}; got [{lo}, {hi})")
     return tuple(range(NUM0 + lo, NUM0 + hi))
@@ -139,22 +139,22 @@ def value_of(token: jax.Array) -> jax.Array:
 
 
 def random_ints(key: jax.Array, shape: tuple[int, ...], high: int) -> jax.Array:
-    """Uniform int32 draws in ``0 … high-1`` from ONE call of the key's bit
+    """Uniform int32 draws in `0 … high-1` from ONE call of the key's bit
     generator (each call is a sizeable piece of every program that resets,
     so a task draws all its randomness at once and slices it). The modulo
-    bias is below ``high / 2**32``."""
+    bias is below `high / 2**32`."""
     return (jax.random.bits(key, shape, jnp.uint32) % jnp.uint32(high)).astype(jnp.int32)
 
 
 @dataclasses.dataclass(frozen=True)
 class Command:
-    """One command of a task's grammar: ``name arg_1 … arg_k <eot>``.
+    """One command of a task's grammar: `name arg_1 … arg_k <eot>`.
 
     Attributes:
-      name: the command token's name (``"EDIT"``).
+      name: the command token's name (`"EDIT"`).
       args: the legal token ids at each argument position.
-      min_args: arguments needed before ``<eot>`` is legal (None: all of them;
-        fewer make the tail optional, as in ``SAY``).
+      min_args: arguments needed before `<eot>` is legal (None: all of them;
+        fewer make the tail optional, as in `SAY`).
       answer: the most tokens the environment answers any agent with after it.
     """
 
@@ -171,8 +171,8 @@ class TokenState:
     Attributes:
       task: the task's own hidden state (a pytree of small arrays).
       cmd: [N, cmd_width] int32 the tokens of each agent's current turn so
-        far (the command first), 0 past ``cmd_len``.
-      cmd_len: [N] int32 tokens in ``cmd``.
+        far (the command first), 0 past `cmd_len`.
+      cmd_len: [N] int32 tokens in `cmd`.
       turns: [] int32 turns ended so far (all agents together).
       t: [] int32 steps (tokens per agent) so far.
     """
@@ -185,10 +185,10 @@ class TokenState:
 
 
 class Outcome(NamedTuple):
-    """What a task's ``_execute`` returns for one step.
+    """What a task's `_execute` returns for one step.
 
-    ``answer [N, answer_width]`` int32: the tokens each agent receives
-    (``<pad>``-padded; ignored on steps where no turn ended).
+    `answer [N, answer_width]` int32: the tokens each agent receives
+    (`<pad>`-padded; ignored on steps where no turn ended).
     """
 
     task: Any
@@ -199,7 +199,7 @@ class Outcome(NamedTuple):
 
 
 class Privileged(NamedTuple):
-    """The expert-only columns of ``obs``, as int32 (see :meth:`TokenEnv.privileged`)."""
+    """The expert-only columns of `obs`, as int32 (see [`TokenEnv.privileged`][jaxil.envs.tokens.TokenEnv.privileged])."""
 
     cmd: jax.Array  # [..., cmd_width] the current turn's tokens
     cmd_len: jax.Array  # [...]
@@ -209,18 +209,18 @@ class Privileged(NamedTuple):
 class TokenEnv(MultiAgentEnv):
     """Base class of the token tasks: grammar, echo, answers, turns, rewards.
 
-    A task subclasses it, calls ``super().__init__`` with its commands, and
+    A task subclasses it, calls `super().__init__` with its commands, and
     implements:
 
-    - ``_generate(key) -> (task, prompt [N, prompt_len] int32)``: a fresh
-      instance; the prompt follows ``<bos>``.
-    - ``_execute(task, cmd, cmd_len, ended) -> Outcome``: runs the commands
-      of the agents whose turn ends this step (``ended [N]``: they emitted
-      ``<eot>``; ``cmd``/``cmd_len`` hold their complete commands) and
+    - `_generate(key) -> (task, prompt [N, prompt_len] int32)`: a fresh
+      instance; the prompt follows `<bos>`.
+    - `_execute(task, cmd, cmd_len, ended) -> Outcome`: runs the commands
+      of the agents whose turn ends this step (`ended [N]`: they emitted
+      `<eot>`; `cmd`/`cmd_len` hold their complete commands) and
       returns the answers.
-    - ``_features(task) -> [N, num_features]`` int32: the privileged columns.
-    - optionally ``_on_turn(task) -> [N]`` bool (default: every agent is
-      always on turn); an agent off turn may only emit ``<wait>``.
+    - `_features(task) -> [N, num_features]` int32: the privileged columns.
+    - optionally `_on_turn(task) -> [N]` bool (default: every agent is
+      always on turn); an agent off turn may only emit `<wait>`.
     """
 
     stochastic_step = False  # instances come from the reset key; steps are deterministic
@@ -240,7 +240,7 @@ class TokenEnv(MultiAgentEnv):
         self.max_turns = max_turns
         self.score_weight = float(score_weight)
         self.num_features = int(num_features)
-        #: Tokens of the longest command without its ``<eot>``.
+        #: Tokens of the longest command without its `<eot>`.
         self.cmd_width = max(1 + len(c.args) for c in self.commands)
         #: The longest answer (tool output) the environment gives.
         self.answer_width = max(1, max(c.answer for c in self.commands))
@@ -250,7 +250,7 @@ class TokenEnv(MultiAgentEnv):
         # plus the answer; every agent gets at most that many tokens per turn
         # (the listener of tokens:exchange gets <wait> echoes instead).
         per_turn = max(len(c.args) + 2 + c.answer for c in self.commands)
-        #: Upper bound on the non-``<pad>`` tokens of ``obs[:, :K]`` in one
+        #: Upper bound on the non-`<pad>` tokens of `obs[:, :K]` in one
         #: episode, per agent: the KV-cache length a student needs.
         self.max_context = 1 + self.prompt_len + max_turns * per_turn
         priv = self.cmd_width + 1 + self.num_features
@@ -294,7 +294,7 @@ class TokenEnv(MultiAgentEnv):
 
     # -- the machinery ----------------------------------------------------------
     def privileged(self, obs: jax.Array) -> Privileged:
-        """Split the expert-only columns of ``obs [..., O]`` (int32)."""
+        """Split the expert-only columns of `obs [..., O]` (int32)."""
         K, C = self.token_width, self.cmd_width
         p = jnp.asarray(obs)[..., K:].astype(jnp.int32)
         return Privileged(p[..., :C], p[..., C], p[..., C + 1:])
@@ -355,11 +355,11 @@ def transcript(env: TokenEnv, obs: Any, agent: int = 0, length: int | None = Non
                show_wait: bool = False) -> str:
     """One agent's view of one episode as text, a line per turn.
 
-    ``obs [T+1, N, O]`` are the observations of one episode (e.g.
-    ``envs.run_episodes(...).obs[i]``); ``length`` (default: all) the steps
-    it took. The agent's own tokens (the echoes) are prefixed ``>``, the
-    environment's answers ``<``; ``<wait>`` echoes are left out unless
-    ``show_wait``.
+    `obs [T+1, N, O]` are the observations of one episode (e.g.
+    `envs.run_episodes(...).obs[i]`); `length` (default: all) the steps
+    it took. The agent's own tokens (the echoes) are prefixed `>`, the
+    environment's answers `<`; `<wait>` echoes are left out unless
+    `show_wait`.
     """
     obs = np.asarray(obs)
     K = env.token_width

@@ -13,11 +13,11 @@ from .core import EnvState, MultiAgentEnv, TimeStep
 class AutoReset(MultiAgentEnv):
     """Resets an environment as soon as an episode ends.
 
-    The timestep returned by the ending ``step`` carries the final transition's
-    ``reward``, ``done``, ``truncated``, ``won`` and episode statistics, but the
+    The timestep returned by the ending `step` carries the final transition's
+    `reward`, `done`, `truncated`, `won` and episode statistics, but the
     observation, global state and legal actions of the *new* episode's first
     step, which is what the policy acts on next (PureJaxRL/JaxMARL
-    convention). Collect with :func:`envs.run_episodes` when the final
+    convention). Collect with [`envs.run_episodes`][jaxil.envs.rollout.run_episodes] when the final
     observation itself is needed.
     """
 
@@ -36,7 +36,7 @@ class AutoReset(MultiAgentEnv):
 
     def step(self, state: EnvState, actions: jax.Array) -> tuple[EnvState, TimeStep]:
         state, ts = self.env.step(state, actions)
-        # ``reset`` splits the key it is given, so hand it the state's key
+        # `reset` splits the key it is given, so hand it the state's key
         # directly: when the episode goes on, the reset is discarded (the next
         # step's split of the same key is the only draw that is used); when it
         # ends, the old key is dropped with the old state. One split per step
@@ -67,17 +67,17 @@ class AutoReset(MultiAgentEnv):
 
 class ActionNoise(MultiAgentEnv):
     """Noisy actuators on a box action space: every action component the
-    environment executes is the one handed to ``step`` plus Gaussian noise of
-    standard deviation ``sigma × (high − low)``, clipped to the box.
+    environment executes is the one handed to `step` plus Gaussian noise of
+    standard deviation `sigma × (high − low)`, clipped to the box.
 
     The caller's (intended) action is what a rollout records, so data
     collected through this wrapper are DART demonstrations (Laskey et al.,
     2017: noise injected into the executed actions, the demonstrator's
     clean action at every state it visited). They are exact samples of the
-    noisy-actuator MDP, whose transition from ``(s, a)`` is the original
-    one from ``(s, clip(a + noise))``; the original environment is the case
-    ``sigma = 0``. The noise key is split from the state's key, so the state
-    keeps its structure and types (``EnvState`` of the wrapped env).
+    noisy-actuator MDP, whose transition from `(s, a)` is the original
+    one from `(s, clip(a + noise))`; the original environment is the case
+    `sigma = 0`. The noise key is split from the state's key, so the state
+    keeps its structure and types (`EnvState` of the wrapped env).
     """
 
     def __init__(self, env: MultiAgentEnv, sigma: float):

@@ -1,34 +1,36 @@
 """jaxil: JAX imitation learning for multi-agent systems and language-model agents.
 
-The public API, importable from here::
+The public API, importable from here:
 
-    import jaxil
-    env = jaxil.make_env("smax:3m")                       # an environment
-    ds = jaxil.load_dataset("smax-3m/misodice-200e-1000p")  # a file, or a recipe (built once)
-    data = jaxil.LearnerData.from_dataset(ds, ds.expert)  # on-device, expert labels
-    learner = jaxil.make_learner("misodice", ds.spec)     # a learner (pure functions)
-    out = jaxil.train(learner, env, data, runs=jaxil.expand_grid({}, seeds=4),
-                      num_updates=2000, eval_every=500)   # seeds vmapped in one program
-    policy = learner.policy(deterministic=True)           # a policy for envs.run_episodes
+```python
+import jaxil
+env = jaxil.make_env("smax:3m")                       # an environment
+ds = jaxil.load_dataset("smax-3m/misodice-200e-1000p")  # a file, or a recipe (built once)
+data = jaxil.LearnerData.from_dataset(ds, ds.expert)  # on-device, expert labels
+learner = jaxil.make_learner("misodice", ds.spec)     # a learner (pure functions)
+out = jaxil.train(learner, env, data, runs=jaxil.expand_grid({}, seeds=4),
+                  num_updates=2000, eval_every=500)   # seeds vmapped in one program
+policy = learner.policy(deterministic=True)           # a policy for envs.run_episodes
+```
 
-The names are loaded on first use, so ``import jaxil`` stays cheap and does
-not start JAX (the ``jaxil`` command sets up host memory and multi-process
+The names are loaded on first use, so `import jaxil` stays cheap and does
+not start JAX (the `jaxil` command sets up host memory and multi-process
 runs before that).
 
 The packages, lowest layer first (a module imports only its own layer and
-those before it; ``tests/test_imports.py`` checks this):
+those before it; `tests/test_imports.py` checks this):
 
-- :mod:`jaxil.envs`: environments behind one stacked-agent interface.
-- :mod:`jaxil.losses`: the objectives as pure, shape-checked functions.
-- :mod:`jaxil.nn`: networks, distributions, the policy layer, mixing.
-- :mod:`jaxil.runs`: the run engine (run directories, resume, the guard,
+- [`jaxil.envs`][jaxil.envs]: environments behind one stacked-agent interface.
+- [`jaxil.losses`][jaxil.losses]: the objectives as pure, shape-checked functions.
+- [`jaxil.nn`][jaxil.nn]: networks, distributions, the policy layer, mixing.
+- [`jaxil.runs`][jaxil.runs]: the run engine (run directories, resume, the guard,
   checkpoints, loggers, sharding).
-- :mod:`jaxil.data`: the dataset format, sampling, preferences, interchange.
-- :mod:`jaxil.algorithms`: ``offline``, ``rl``, ``labelling``,
-  ``interactive`` and ``irl``.
-- :mod:`jaxil.teachers`: shipped teachers and their presets.
-- :mod:`jaxil.collect`: source policies and the dataset recipes.
-- :mod:`jaxil.cli`: the ``jaxil`` command.
+- [`jaxil.data`][jaxil.data]: the dataset format, sampling, preferences, interchange.
+- [`jaxil.algorithms`][jaxil.algorithms]: `offline`, `rl`, `labelling`,
+  `interactive` and `irl`.
+- [`jaxil.teachers`][jaxil.teachers]: shipped teachers and their presets.
+- [`jaxil.collect`][jaxil.collect]: source policies and the dataset recipes.
+- `jaxil.cli`: the `jaxil` command.
 """
 
 from __future__ import annotations

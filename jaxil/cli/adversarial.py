@@ -1,7 +1,5 @@
-"""``jaxil gail``, ``jaxil airl`` and ``jaxil irl ppo``: adversarial imitation
-and PPO against a learned reward (:mod:`jaxil.algorithms.irl.adversarial`).
-
-::
+"""`jaxil gail`, `jaxil airl` and `jaxil irl ppo`: adversarial imitation
+and PPO against a learned reward (`jaxil.algorithms.irl.adversarial`).
 
     jaxil gail --env smax:3m --demos data/3m.npz --num-demos 10 --seeds 4 --out runs/gail-3m
     jaxil airl --env smax:3m --demos data/3m.npz --num-demos 10 --mixing none --out runs/airl-3m
@@ -9,14 +7,14 @@ and PPO against a learned reward (:mod:`jaxil.algorithms.irl.adversarial`).
     jaxil irl ppo --env smax:3m --reward-model runs/rm-3m --demos data/3m.npz --kl-coef 0.05 \\
         --out runs/ppo-rm-3m
 
-Every run starts from π_SFT (BC on the demonstrations, ``--sft-updates``;
+Every run starts from π_SFT (BC on the demonstrations, `--sft-updates`;
 0 starts from the PPO initialisation) and is evaluated at chunk 0 (that is
-BC's return) and every ``--eval-every`` chunks. Seeds run vmapped in one
-program per chunk; ``--demos-per-seed`` gives each seed its own disjoint
-``--num-demos`` trajectories. The run directory holds ``run.json``,
-``metrics.jsonl`` (one row per evaluation and seed: true return, learned and
+BC's return) and every `--eval-every` chunks. Seeds run vmapped in one
+program per chunk; `--demos-per-seed` gives each seed its own disjoint
+`--num-demos` trajectories. The run directory holds `run.json`,
+`metrics.jsonl` (one row per evaluation and seed: true return, learned and
 environment reward per step, discriminator loss and accuracy, KL), orbax
-checkpoints and ``results.json``; ``--resume`` continues a killed run and
+checkpoints and `results.json`; `--resume` continues a killed run and
 reproduces the uninterrupted one.
 """
 
@@ -68,8 +66,8 @@ def _ppo_config(args):
 
 
 def _load_reward_model(path: str, spec, seed_index: int = 0):
-    """``(RewardModelConfig, params)`` of seed ``seed_index`` of a
-    ``jaxil irl reward-model`` run directory (its latest checkpoint)."""
+    """`(RewardModelConfig, params)` of seed `seed_index` of a
+    `jaxil irl reward-model` run directory (its latest checkpoint)."""
     import json
     from pathlib import Path
 
@@ -226,8 +224,8 @@ _HELP = {"gail": "multi-agent GAIL (team or per-agent discriminator) on PPO",
 
 
 def add_commands(irl_sub) -> None:
-    """``jaxil irl ppo``, ``jaxil irl gail`` and ``jaxil irl airl`` on the
-    ``jaxil irl`` group's subparsers."""
+    """`jaxil irl ppo`, `jaxil irl gail` and `jaxil irl airl` on the
+    `jaxil irl` group's subparsers."""
     for method in ("ppo", "gail", "airl"):
         p = irl_sub.add_parser(method, help=_HELP[method], description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -235,7 +233,7 @@ def add_commands(irl_sub) -> None:
 
 
 def add_aliases(sub) -> None:
-    """The earlier top-level spellings ``jaxil gail`` and ``jaxil airl``."""
+    """The earlier top-level spellings `jaxil gail` and `jaxil airl`."""
     for method in ("gail", "airl"):
         p = sub.add_parser(method, help=f"alias of `jaxil irl {method}`", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)

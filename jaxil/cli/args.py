@@ -1,11 +1,11 @@
-"""Range-checked argument types and the shared flag groups of the ``jaxil`` command line.
+"""Range-checked argument types and the shared flag groups of the `jaxil` command line.
 
-``type=positive_int`` and friends make argparse refuse a bad value at parse
+`type=positive_int` and friends make argparse refuse a bad value at parse
 time with the allowed range in its one-line message (exit status 2), before
 any data is loaded or built. The flags that several commands share
-(``--out``/``--resume``/``--overwrite``, ``--seeds``/``--seed``,
-``--hidden``, ``--no-progress``, the loggers ``--tensorboard`` and
-``--wandb``) are declared once here, so they read and check alike
+(`--out`/`--resume`/`--overwrite`, `--seeds`/`--seed`,
+`--hidden`, `--no-progress`, the loggers `--tensorboard` and
+`--wandb`) are declared once here, so they read and check alike
 everywhere.
 """
 
@@ -49,8 +49,8 @@ discount = _number(float, 0.0, 1.0, False, True)
 
 def add_run_dir(p, out_help: str = "run directory (metrics, checkpoints)",
                 required: bool = False) -> None:
-    """``--out`` and the exclusive ``--resume`` / ``--overwrite`` of a run
-    directory (:mod:`jaxil.runs.rundir`)."""
+    """`--out` and the exclusive `--resume` / `--overwrite` of a run
+    directory (`jaxil.runs.rundir`)."""
     p.add_argument("--out", default=None, required=required, help=out_help)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--resume", action="store_true",
@@ -60,20 +60,20 @@ def add_run_dir(p, out_help: str = "run directory (metrics, checkpoints)",
 
 
 def add_seeds(p, default: int = 1) -> None:
-    """``--seeds`` (runs vmapped in one program) and ``--seed`` (the base seed)."""
+    """`--seeds` (runs vmapped in one program) and `--seed` (the base seed)."""
     p.add_argument("--seeds", type=positive_int, default=default,
                    help=f"seeds trained together in one program (default: {default})")
     p.add_argument("--seed", type=nonneg_int, default=0, help="base seed")
 
 
 def add_hidden(p, default, flag: str = "--hidden", help: str = "hidden layer widths") -> None:
-    """A network's hidden layer widths (``--hidden 256 256``)."""
+    """A network's hidden layer widths (`--hidden 256 256`)."""
     p.add_argument(flag, type=positive_int, nargs="+", default=list(default),
                    help=f"{help} (default: {' '.join(map(str, default))})")
 
 
 def add_progress(p) -> None:
-    """``--no-progress``: no progress bar."""
+    """`--no-progress`: no progress bar."""
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -81,9 +81,9 @@ _LOGGER_FLAGS = ("tensorboard", "wandb", "wandb_entity", "wandb_group", "wandb_m
 
 
 def add_loggers(p) -> None:
-    """``--tensorboard DIR`` and ``--wandb PROJECT`` (with ``--wandb-entity``,
-    ``--wandb-group``, ``--wandb-mode``): where the metrics rows go besides
-    ``metrics.jsonl`` (:mod:`jaxil.runs.loggers`); :func:`make_loggers` turns
+    """`--tensorboard DIR` and `--wandb PROJECT` (with `--wandb-entity`,
+    `--wandb-group`, `--wandb-mode`): where the metrics rows go besides
+    `metrics.jsonl` (`jaxil.runs.loggers`); `make_loggers` turns
     them into logger factories."""
     g = p.add_argument_group("loggers (besides metrics.jsonl)")
     g.add_argument("--tensorboard", default=None, metavar="DIR",
@@ -100,10 +100,10 @@ def add_loggers(p) -> None:
 
 
 def make_loggers(args, run_dir: Optional[str | Path] = None) -> list[L.LoggerFactory]:
-    """The logger factories of :func:`add_loggers`' flags, for a run in
-    ``run_dir`` (the directory whose name groups the W&B runs and which keeps
-    their ids for ``--resume``). Every other flag goes into the W&B config.
-    Refuses a missing wandb, or a ``--wandb-*`` flag without ``--wandb``,
+    """The logger factories of `add_loggers`' flags, for a run in
+    `run_dir` (the directory whose name groups the W&B runs and which keeps
+    their ids for `--resume`). Every other flag goes into the W&B config.
+    Refuses a missing wandb, or a `--wandb-*` flag without `--wandb`,
     before any work."""
     out: list[L.LoggerFactory] = []
     if args.tensorboard:

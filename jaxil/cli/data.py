@@ -1,6 +1,4 @@
-"""``jaxil data``: build, inspect, validate and list offline datasets.
-
-::
+"""`jaxil data`: build, inspect, validate and list offline datasets.
 
     jaxil data list [--env smax-3m]
     jaxil data build smax-3m/misodice-200e-1000p [--seed 0] [--out PATH]
@@ -41,7 +39,7 @@ def _kv(item: str) -> tuple[str, Any]:
 
 
 def _tier_epsilon(item: str) -> tuple[str, float]:
-    """``TIER=EPS`` with ε a probability (range-checked at parse time)."""
+    """`TIER=EPS` with ε a probability (range-checked at parse time)."""
     if "=" not in item:
         raise argparse.ArgumentTypeError(f"expected TIER=EPS, e.g. medium=0.2, got {item!r}")
     tier, eps = item.split("=", 1)
@@ -100,7 +98,7 @@ def _build(args) -> int:
 
 
 def info_dict(path: os.PathLike | str, ds=None) -> dict[str, Any]:
-    """What ``jaxil data info`` shows, as a dict."""
+    """What `jaxil data info` shows, as a dict."""
     import numpy as np
 
     from jaxil.data.format import load
@@ -251,7 +249,7 @@ def _validate(args) -> int:
 
 
 def _short_pair(a: Any, b: Any, width: int = 80) -> tuple[str, str]:
-    """Both values as JSON, cut to ``width`` characters around where they
+    """Both values as JSON, cut to `width` characters around where they
     first differ (long strings often share a long beginning)."""
     ta, tb = (json.dumps(x, sort_keys=True, default=str) for x in (a, b))
     k = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
@@ -265,7 +263,7 @@ def _short_pair(a: Any, b: Any, width: int = 80) -> tuple[str, str]:
 
 
 def _flatten(x: Any, prefix: str = "") -> dict[str, Any]:
-    """Leaves of nested dicts (and lists) by dotted path: ``a.b[2].c``."""
+    """Leaves of nested dicts (and lists) by dotted path: `a.b[2].c`."""
     if isinstance(x, dict) and x:
         out = {}
         for k, v in x.items():
@@ -294,10 +292,10 @@ def _array_difference(a, b) -> Optional[str]:
 
 
 def diff_files(path_a: os.PathLike | str, path_b: os.PathLike | str) -> dict[str, Any]:
-    """What ``jaxil data diff`` reports: ``identical`` (byte for byte),
-    ``arrays`` ``{name: what differs}`` and ``metadata`` ``{dotted key:
-    (value in a, value in b)}``. The per-field ``fields`` entries of the
-    metadata (dtype, shape, SHA-256) are left out: ``arrays`` covers them.
+    """What `jaxil data diff` reports: `identical` (byte for byte),
+    `arrays` `{name: what differs}` and `metadata` `{dotted key:
+    (value in a, value in b)}`. The per-field `fields` entries of the
+    metadata (dtype, shape, SHA-256) are left out: `arrays` covers them.
 
     Raises the loader's DatasetError / FileNotFoundError for unreadable files.
     """

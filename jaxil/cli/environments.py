@@ -1,4 +1,4 @@
-"""``jaxil envs`` (the environment table) and ``jaxil quickstart``."""
+"""`jaxil envs` (the environment table) and `jaxil quickstart`."""
 
 from __future__ import annotations
 

@@ -1,17 +1,15 @@
-"""``jaxil interactive``: BC, DAgger, OEC and on-policy rejection sampling.
-
-::
+"""`jaxil interactive`: BC, DAgger, OEC and on-policy rejection sampling.
 
     jaxil interactive oec --env smax:3m --budget 3000 --seeds 4 --out runs/oec-3m
     jaxil interactive dagger --env jumanji:LevelBasedForaging-v0 --budget 4000 \\
         --beta-schedule linear --beta-rate 0.125
     jaxil interactive oec --env smax:3m --budget 3000 --out runs/oec-3m --resume
 
-The expert is the zoo's (a trained teacher under ``runs/teachers``, else a
-teacher shipped with jaxil, else the scripted expert; ``--expert scripted``
-forces the last, ``--expert DIR`` takes a teacher run directory). Seeds run
-vmapped in one program per round; the run directory holds ``run.json``,
-``metrics.jsonl``, orbax checkpoints (one per evaluation) and ``results.json``
+The expert is the zoo's (a trained teacher under `runs/teachers`, else a
+teacher shipped with jaxil, else the scripted expert; `--expert scripted`
+forces the last, `--expert DIR` takes a teacher run directory). Seeds run
+vmapped in one program per round; the run directory holds `run.json`,
+`metrics.jsonl`, orbax checkpoints (one per evaluation) and `results.json`
 with the covariate-shift diagnostic.
 """
 
@@ -28,7 +26,7 @@ from jaxil.algorithms.interactive.schedule import BETA_SCHEDULES, SWITCHES
 
 
 def load_expert(env_id: str, expert: str) -> tuple[Any, Any, Any, str]:
-    """``(env, policy, params, source)`` of the zoo expert of ``env_id``."""
+    """`(env, policy, params, source)` of the zoo expert of `env_id`."""
     from jaxil.collect.zoo import make_zoo
 
     if expert == "zoo":
@@ -42,7 +40,7 @@ def load_expert(env_id: str, expert: str) -> tuple[Any, Any, Any, str]:
 
 
 def knob_overrides(args, spec) -> dict[str, Any]:
-    """The regime knobs given on the command line (:func:`add_method_knobs`)."""
+    """The regime knobs given on the command line (`add_method_knobs`)."""
     over = {}
     for flag, name in (("beta0", "beta0"), ("beta_schedule", "beta_kind"),
                        ("beta_rate", "beta_rate"), ("switch", "switch_kind"),
@@ -128,9 +126,9 @@ def register(sub) -> None:
 
 
 def add_method_knobs(p, steps: str = "steps"):
-    """The regime knobs shared by ``jaxil interactive`` and ``jaxil lm
-    interactive`` (defaults: the method's preset); returns the group.
-    ``steps``: the unit of the switch range (steps, or turns on token tasks)."""
+    """The regime knobs shared by `jaxil interactive` and `jaxil lm
+    interactive` (defaults: the method's preset); returns the group.
+    `steps`: the unit of the switch range (steps, or turns on token tasks)."""
     k = p.add_argument_group("method knobs (defaults: the method's preset)")
     k.add_argument("--beta0", type=probability, default=None,
                    help="DAgger expert probability, round 0")

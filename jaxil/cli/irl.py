@@ -1,27 +1,25 @@
-"""``jaxil irl reward-model`` and ``jaxil irl bon``: reward models from
+"""`jaxil irl reward-model` and `jaxil irl bon`: reward models from
 demonstrations and best-of-N selection with them.
-
-::
 
     jaxil irl reward-model --dataset runs/data/smax-3m-medium.npz --source init-sft \\
         --seeds 4 --out runs/rm-3m
     jaxil irl reward-model ... --out runs/rm-3m --resume     # continue after a kill
     jaxil irl bon --reward runs/rm-3m --start-states 8 --rollouts 256
 
-``reward-model`` trains π_SFT (BC on the dataset; its own run directory
-``<out>/sft``, a ``jaxil train`` run), takes π_0 = the same network at its
+`reward-model` trains π_SFT (BC on the dataset; its own run directory
+`<out>/sft`, a `jaxil train` run), takes π_0 = the same network at its
 initialisation, rolls out the policies the source needs, and trains one
 reward model per seed (all seeds in one program) on negatives vs positives
-of the source (``init-sft``, ``init-demo``, ``sft-demo``). ``<out>`` holds
-``run.json``, ``metrics.jsonl`` (loss, accuracy, the per-state Spearman ρ of
+of the source (`init-sft`, `init-demo`, `sft-demo`). `<out>` holds
+`run.json`, `metrics.jsonl` (loss, accuracy, the per-state Spearman ρ of
 the learned against the true return on held-out π_SFT rollouts), orbax
-checkpoints of the stacked reward-model states and ``results.json``.
+checkpoints of the stacked reward-model states and `results.json`.
 
-``bon`` reads such a directory: M start states × K rollouts of π_SFT from the
+`bon` reads such a directory: M start states × K rollouts of π_SFT from the
 same reset key, scored by the learned reward (and the analytic
 r_c = log π_SFT − log π_0), and reports best-of-N curves over N = 1, 2, …, K
 against π_SFT's mean, the demonstrations' mean and the oracle, with the
-Spearman ρ; ``--out`` writes ``bon.json`` there (default: inside the
+Spearman ρ; `--out` writes `bon.json` there (default: inside the
 reward-model directory).
 """
 
@@ -56,7 +54,7 @@ def _load(args):
 def _pipeline(args, *, resume: bool, overwrite: bool, progress: bool, loggers=()):
     """π_SFT, π_0, source rollouts and held-out π_SFT rollouts (deterministic
     given the arguments, so a resumed run rebuilds the same data); π_SFT's
-    runs log as ``sft-<name>`` to ``loggers``."""
+    runs log as `sft-<name>` to `loggers`."""
     import jax
 
     from jaxil.algorithms.irl.sources import fit_sft, rollouts

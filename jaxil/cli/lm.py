@@ -1,6 +1,4 @@
-"""``jaxil lm``: transformer students on the token tasks.
-
-::
+"""`jaxil lm`: transformer students on the token tasks.
 
     jaxil lm sft --env tokens:arith --demos 256 --seeds 2 --out runs/sft-arith
     jaxil lm interactive oec --env tokens:repair --budget 4000 --seeds 4 --out runs/oec
@@ -9,28 +7,28 @@
     jaxil lm sft --env tokens:arith --demo-epsilon 0.2 --seeds 2 --out runs/sft-noisy
     jaxil lm align --env tokens:arith --sft runs/sft-noisy --kl 0 0.1 --out runs/align
 
-``sft`` fine-tunes a transformer on the scripted expert's episodes
-(behaviour cloning, :mod:`jaxil.algorithms.lm.sft`); with ``--out`` the
-trained students are kept in ``OUT/students`` (with ``students.json``).
-``interactive`` runs one method of :mod:`jaxil.algorithms.lm.interactive`
-(``bc``, ``dagger``, ``oec``, ``oec_mix``, ``onpolicy`` or ``gated``)
-against the task's scripted expert, or with ``--expert SFT_DIR`` against an
-*expert LM* (a student of ``jaxil lm sft``, e.g. a larger transformer
+`sft` fine-tunes a transformer on the scripted expert's episodes
+(behaviour cloning, `jaxil.algorithms.lm.sft`); with `--out` the
+trained students are kept in `OUT/students` (with `students.json`).
+`interactive` runs one method of `jaxil.algorithms.lm.interactive`
+(`bc`, `dagger`, `oec`, `oec_mix`, `onpolicy` or `gated`)
+against the task's scripted expert, or with `--expert SFT_DIR` against an
+*expert LM* (a student of `jaxil lm sft`, e.g. a larger transformer
 fine-tuned on many demonstrations, acting greedily), with budgets in
-expert tokens and OEC's switch in turns::
+expert tokens and OEC's switch in turns:
 
     jaxil lm sft --env tokens:repair --size mini --demos 1536 --out runs/expert-lm
     jaxil lm interactive oec --env tokens:repair --budget 2000 --expert runs/expert-lm
-``align`` trains a sequence reward model between two sources of episodes
-(``--reward init-sft``, AfD's pair: the students' initialisation π_0 against
-the students π_SFT; or ``r_c``, log π_SFT − log π_0 with no training) and
+`align` trains a sequence reward model between two sources of episodes
+(`--reward init-sft`, AfD's pair: the students' initialisation π_0 against
+the students π_SFT; or `r_c`, log π_SFT − log π_0 with no training) and
 then improves every student by RL against it with a per-token KL penalty
-to itself, one run per student and ``--kl`` coefficient
-(:mod:`jaxil.algorithms.lm.align`); ``--out`` holds the two stages'
-run directories, ``OUT/reward`` and ``OUT/rl``.
+to itself, one run per student and `--kl` coefficient
+(`jaxil.algorithms.lm.align`); `--out` holds the two stages'
+run directories, `OUT/reward` and `OUT/rl`.
 
-All run on the run engine: ``--out`` holds ``run.json``, ``metrics.jsonl``,
-orbax checkpoints and ``results.json``; ``--resume`` continues a stopped run
+All run on the run engine: `--out` holds `run.json`, `metrics.jsonl`,
+orbax checkpoints and `results.json`; `--resume` continues a stopped run
 and reproduces the uninterrupted one.
 """
 
@@ -81,9 +79,9 @@ def _save_students(out: str, env_id: str, knobs: dict, cfg, seeds: list[int], pa
 
 
 def load_students(path: str, env, knobs: dict, flag: str = "--expert", alternative: str = ""):
-    """``(TransformerPolicy, params stacked [S], students.json)`` of the
-    students saved by ``jaxil lm sft --out PATH`` for ``env`` (refused in
-    one line, naming ``flag`` and offering ``alternative``, when there are
+    """`(TransformerPolicy, params stacked [S], students.json)` of the
+    students saved by `jaxil lm sft --out PATH` for `env` (refused in
+    one line, naming `flag` and offering `alternative`, when there are
     none or they were trained on another task or setting)."""
     import json
     from pathlib import Path
@@ -107,8 +105,8 @@ def load_students(path: str, env, knobs: dict, flag: str = "--expert", alternati
 
 
 def load_expert_lm(path: str, env, knobs: dict, seed_index: int = 0):
-    """``(policy, params, name)`` of the student ``seed_index`` saved by
-    ``jaxil lm sft --out PATH``, acting greedily, for ``env`` (refused in
+    """`(policy, params, name)` of the student `seed_index` saved by
+    `jaxil lm sft --out PATH`, acting greedily, for `env` (refused in
     one line when it was trained on another task or setting)."""
     import jax
 

@@ -1,7 +1,7 @@
-"""The ``jaxil`` command line.
+"""The `jaxil` command line.
 
 Subcommands are contributed by the modules that own them; each module
-exposes ``register(subparsers)`` adding its parsers with ``func`` defaults.
+exposes `register(subparsers)` adding its parsers with `func` defaults.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The quickstart: demonstrators, a mixed-quality dataset, BC vs MisoDICE.
 
-``jaxil quickstart`` (or ``python -m jaxil.cli.quickstart``):
+`jaxil quickstart` (or `python -m jaxil.cli.quickstart`):
 
 1. rolls out SMAX's scripted heuristic and the uniformly random policy on a
    few maps (one jitted, vectorized program each) and prints mean return and
@@ -42,7 +42,7 @@ def evaluate_policies(env_id: str, episodes: int, seed: int) -> list[dict]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The quickstart's flags (shared by ``jaxil quickstart`` and ``main``)."""
+    """The quickstart's flags (shared by `jaxil quickstart` and `main`)."""
     p.add_argument("--envs", default=",".join(DEFAULT_MAPS), help="comma-separated SMAX ids")
     p.add_argument("--episodes", type=positive_int, default=256)
     p.add_argument("--seed", type=nonneg_int, default=0)

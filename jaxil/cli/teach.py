@@ -61,7 +61,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    """Add the ``teach`` subcommand to the ``jaxil`` command line."""
+    """Add the `teach` subcommand to the `jaxil` command line."""
     p = sub.add_parser("teach", help="train an IPPO/MAPPO teacher (checkpoints + evals)",
                        description="Train an IPPO/MAPPO teacher from a preset.")
     _add_arguments(p)

@@ -1,38 +1,38 @@
 """Demonstrations of ε-noised experts, built once and loaded after.
 
 A deliberately suboptimal demonstrator: the zoo's expert with per-agent
-ε-noise (:func:`jaxil.collect.zoo.noisy_policy`: each agent acts uniformly at
+ε-noise ([`jaxil.collect.zoo.noisy_policy`][jaxil.collect.zoo.noisy_policy]: each agent acts uniformly at
 random with probability ε at every step), collected by
-:func:`jaxil.collect.recipes.build` as the ``medium`` tier with its ε set
-explicitly (:data:`NOISED_EXPERTS`):
+[`jaxil.collect.recipes.build`][jaxil.collect.recipes.build] as the `medium` tier with its ε set
+explicitly (`NOISED_EXPERTS`):
 
-=============================  ===================================  ====
-environment                    expert                               ε
-=============================  ===================================  ====
-smax:3m                        the shipped MAPPO teacher            0.4
-jumanji:LevelBasedForaging-v0  scripted BFS (``lbf-bfs-coop``)      0.7
-mpe:simple_spread              scripted assignment (``spread-...``)  0.6
-smax:2s3z                      the shipped MAPPO teacher            0.4
-=============================  ===================================  ====
+| environment                   | expert                             | ε   |
+|-------------------------------|------------------------------------|-----|
+| smax:3m                       | the shipped MAPPO teacher          | 0.4 |
+| jumanji:LevelBasedForaging-v0 | scripted BFS (`lbf-bfs-coop`)      | 0.7 |
+| mpe:simple_spread             | scripted assignment (`spread-...`) | 0.6 |
+| smax:2s3z                     | the shipped MAPPO teacher          | 0.4 |
 
 The ε are the zoo's medium tier of each environment
-(:data:`jaxil.collect.zoo.EPSILON` / ``EPSILON_OVERRIDES``, calibrated in
+(`jaxil.collect.zoo.EPSILON` / `EPSILON_OVERRIDES`, calibrated in
 data_report.md), written out here so that a set keeps its file and its
 contents. The expert is whatever the zoo finds (a local teacher under
-``runs/teachers/smax_3m`` overrides the shipped one, with a warning). The
+`runs/teachers/smax_3m` overrides the shipped one, with a warning). The
 reward-learning studies of experiments/irl learn from these sets (their
 README says why smax:2s3z joined the other three).
 
-``epsilon=0`` asks for the noise-free expert instead (the recipe's ``expert``
+`epsilon=0` asks for the noise-free expert instead (the recipe's `expert`
 tier), on any environment with recipes, e.g. the box-action
-``mpe:simple_spread_continuous``.
+`mpe:simple_spread_continuous`.
 
-Usage::
+Usage:
 
-    from jaxil.collect.demonstrations import NOISED_EXPERTS, demonstrations
-    ds, info = demonstrations("smax:3m", num_demos=200, seed=0)
-    info["demo_return_mean"], info["expert_return_mean"], info["epsilon"]
-    ds, info = demonstrations("mpe:simple_spread_continuous", num_demos=800, epsilon=0)
+```python
+from jaxil.collect.demonstrations import NOISED_EXPERTS, demonstrations
+ds, info = demonstrations("smax:3m", num_demos=200, seed=0)
+info["demo_return_mean"], info["expert_return_mean"], info["epsilon"]
+ds, info = demonstrations("mpe:simple_spread_continuous", num_demos=800, epsilon=0)
+```
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from jaxil.data import load
 from jaxil.collect import recipes
 from jaxil.collect.comparison import tier_returns
 
-#: Where :func:`demonstrations` builds its sets (relative to the working directory).
+#: Where `demonstrations` builds its sets (relative to the working directory).
 DATA_DIR = Path("runs") / "experiments" / "irl" / "data"
 
 #: env id -> (recipe env short name, ε of the noised expert)
@@ -60,7 +60,7 @@ NOISED_EXPERTS: dict[str, tuple[str, float]] = {
 
 
 def _demonstrator(env_id: str, epsilon: Optional[float]) -> tuple[str, float]:
-    """``(recipe env short name, ε)`` of ``env_id``'s demonstrator."""
+    """`(recipe env short name, ε)` of `env_id`'s demonstrator."""
     if epsilon is None:
         if env_id not in NOISED_EXPERTS:
             raise ValueError(f"noised-expert demonstrations cover {', '.join(NOISED_EXPERTS)}, "
@@ -79,7 +79,7 @@ def _demonstrator(env_id: str, epsilon: Optional[float]) -> tuple[str, float]:
 def demo_path(env_id: str, num_demos: int, seed: int = 0,
               data_dir: Union[str, os.PathLike] = DATA_DIR,
               epsilon: Optional[float] = None) -> Path:
-    """``<data_dir>/<env-short>-eps<ε>-<num_demos>d-seed<seed>.npz``."""
+    """`<data_dir>/<env-short>-eps<ε>-<num_demos>d-seed<seed>.npz`."""
     short, eps = _demonstrator(env_id, epsilon)
     return Path(data_dir) / f"{short}-eps{eps}-{num_demos}d-seed{seed}.npz"
 
@@ -87,15 +87,15 @@ def demo_path(env_id: str, num_demos: int, seed: int = 0,
 def demonstrations(env_id: str, num_demos: int = 200, seed: int = 0, progress: bool = False,
                    data_dir: Union[str, os.PathLike] = DATA_DIR,
                    epsilon: Optional[float] = None) -> tuple[Any, dict]:
-    """``(dataset, info)``: ``num_demos`` trajectories of the ε-noised expert of
-    ``env_id`` (``epsilon=None``: :data:`NOISED_EXPERTS`' ε; ``0``: the
-    noise-free expert), built once under ``data_dir`` and loaded after.
+    """`(dataset, info)`: `num_demos` trajectories of the ε-noised expert of
+    `env_id` (`epsilon=None`: `NOISED_EXPERTS`' ε; `0`: the
+    noise-free expert), built once under `data_dir` and loaded after.
 
-    ``info``: ``epsilon``, ``source`` (the demonstrator's name),
-    ``demo_return_mean/std`` (over the dataset), and the zoo's measurement of
+    `info`: `epsilon`, `source` (the demonstrator's name),
+    `demo_return_mean/std` (over the dataset), and the zoo's measurement of
     the demonstrator, of the noise-free expert and of the random policy over
-    128 other episodes (``demonstrator_measured``, ``expert_return_mean``,
-    ``random_return_mean``).
+    128 other episodes (`demonstrator_measured`, `expert_return_mean`,
+    `random_return_mean`).
     """
     short, eps = _demonstrator(env_id, epsilon)
     tier = "medium" if eps else "expert"

@@ -1,48 +1,50 @@
-"""Named dataset recipes: ``<env-short>/<recipe>`` → a reproducible dataset.
+"""Named dataset recipes: `<env-short>/<recipe>` → a reproducible dataset.
 
 A recipe says how many trajectories of each quality tier of the policy zoo
-(:mod:`jaxil.collect.zoo`) to collect on one environment::
+([`jaxil.collect.zoo`][jaxil.collect.zoo]) to collect on one environment:
 
-    smax-3m/misodice-200e-1000p   200 expert + 1000 poor (the MisoDICE setup)
-    smax-3m/expert                1000 expert        (also medium, poor, random)
-    smax-3m/replay                300 of each tier: expert, medium, poor, random
-    smax-3m/mix-50e-100m-400p     any mix: <count><e|m|p|r> groups
-    mpe-simple_spread_continuous/misodice-200e-1000p-dart0.8
-                                  any kind + ``-dart<σ>``: collected DART-style
-                                  (box actions only, see below)
+```text
+smax-3m/misodice-200e-1000p   200 expert + 1000 poor (the MisoDICE setup)
+smax-3m/expert                1000 expert        (also medium, poor, random)
+smax-3m/replay                300 of each tier: expert, medium, poor, random
+smax-3m/mix-50e-100m-400p     any mix: <count><e|m|p|r> groups
+mpe-simple_spread_continuous/misodice-200e-1000p-dart0.8
+                              any kind + `-dart<σ>`: collected DART-style
+                              (box actions only, see below)
+```
 
-``<env-short>`` is the environment id with ``:`` replaced by ``-``
-(``smax-3m``, ``smax-smacv2_5_units``, ``mpe-simple_spread_continuous``,
-``jumanji-LevelBasedForaging-v0``); the full id (``smax:3m/expert``) works too,
+`<env-short>` is the environment id with `:` replaced by `-`
+(`smax-3m`, `smax-smacv2_5_units`, `mpe-simple_spread_continuous`,
+`jumanji-LevelBasedForaging-v0`); the full id (`smax:3m/expert`) works too,
 and so does any registered environment that has an expert (a trained teacher
-or a scripted one), e.g. ``smax-6h_vs_8z/replay``. :func:`list_recipes` lists
+or a scripted one), e.g. `smax-6h_vs_8z/replay`. [`list_recipes`][jaxil.collect.recipes.list_recipes] lists
 the recipes published for the benchmark environments.
 
-:func:`build` collects every tier on device (one compiled, vmapped
-:func:`envs.run_episodes` program per policy and chunk size, reused across
-chunks), shuffles the trajectories, keeps the ground-truth ``expert`` flag
-(``tier == "expert"``; learners choose whether to look at it), records per
+[`build`][jaxil.collect.recipes.build] collects every tier on device (one compiled, vmapped
+[`envs.run_episodes`][jaxil.envs.rollout.run_episodes] program per policy and chunk size, reused across
+chunks), shuffles the trajectories, keeps the ground-truth `expert` flag
+(`tier == "expert"`; learners choose whether to look at it), records per
 trajectory its tier, source policy and episode seed, records the recipe name
 and every creation argument (including the zoo's provenance and the measured
-tier returns), and writes the file atomically with :func:`jaxil.data.save`.
+tier returns), and writes the file atomically with [`jaxil.data.save`][jaxil.data.format.save].
 Same arguments → byte-identical file; another seed → other episodes.
 
-A ``-dart<σ>`` suffix collects every tier through
-:class:`envs.ActionNoise`: the executed action is the policy's plus Gaussian
-noise of std ``σ × (high − low)``, clipped to the box, and the recorded action
+A `-dart<σ>` suffix collects every tier through
+[`envs.ActionNoise`][jaxil.envs.wrappers.ActionNoise]: the executed action is the policy's plus Gaussian
+noise of std `σ × (high − low)`, clipped to the box, and the recorded action
 is the policy's own (DART, Laskey et al. 2017). For a deterministic expert the
 recorded action is its clean action at a state it reached after being pushed
 off its path, which is what behaviour cloning needs on MPE spread
-(``experiments/misodice_table/README.md``). The transitions are exact samples
-of the noisy-actuator MDP, so a DICE learner reads ``(s, a, s')`` consistently.
-The tiers are still *measured* (``tier_measurements``, the normalisation of
+(`experiments/misodice_table/README.md`). The transitions are exact samples
+of the noisy-actuator MDP, so a DICE learner reads `(s, a, s')` consistently.
+The tiers are still *measured* (`tier_measurements`, the normalisation of
 scores) in the noise-free environment, which is the one learners are
 evaluated in.
 
-Episode seeds: ``numpy.random.default_rng([seed, 0x62756C64]).choice(2**31,
-total, replace=False)``, handed out to the tiers in recipe order; episode ``i``
-is ``envs.run_episodes(env, policy, params, jax.random.PRNGKey(seed_i), 1)``
-with the tier's policy and params (``zoo[tier]``).
+Episode seeds: `numpy.random.default_rng([seed, 0x62756C64]).choice(2**31,
+total, replace=False)`, handed out to the tiers in recipe order; episode `i`
+is `envs.run_episodes(env, policy, params, jax.random.PRNGKey(seed_i), 1)`
+with the tier's policy and params (`zoo[tier]`).
 """
 
 from __future__ import annotations
@@ -108,14 +110,14 @@ _SHUFFLE_SALT = 0x73687566  # "shuf"
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
-    """A named recipe: ``counts`` trajectories per tier on ``env_id``.
+    """A named recipe: `counts` trajectories per tier on `env_id`.
 
     Attributes:
-      env_id: registry id, e.g. ``"smax:3m"``.
-      kind: the part after the slash, e.g. ``"misodice-200e-1000p"``.
-      counts: ``((tier, count), ...)`` in collection order.
-      description: one line for ``jaxil data list``.
-      action_noise: σ of the DART collection (``-dart<σ>``; 0 = none).
+      env_id: registry id, e.g. `"smax:3m"`.
+      kind: the part after the slash, e.g. `"misodice-200e-1000p"`.
+      counts: `((tier, count), ...)` in collection order.
+      description: one line for `jaxil data list`.
+      action_noise: σ of the DART collection (`-dart<σ>`; 0 = none).
     """
 
     env_id: str
@@ -139,8 +141,8 @@ class Recipe:
     def resolve_counts(
         self, scale: float = 1.0, overrides: Optional[Mapping[str, int]] = None
     ) -> dict[str, int]:
-        """Counts after ``scale`` (each count rounded, at least 1) and
-        per-tier ``overrides`` (which may add a tier or drop one with 0)."""
+        """Counts after `scale` (each count rounded, at least 1) and
+        per-tier `overrides` (which may add a tier or drop one with 0)."""
         if not scale > 0:
             raise ValueError(f"scale must be > 0, got {scale}")
         out = {t: max(1, int(round(n * scale))) for t, n in self.counts}
@@ -161,7 +163,7 @@ class Recipe:
         counts: Optional[Mapping[str, int]] = None,
         root: Union[str, os.PathLike] = DEFAULT_DATA_DIR,
     ) -> Path:
-        """``runs/data/<env-short>-<kind>[-<counts>][-seed<S>].npz``: the counts
+        """`runs/data/<env-short>-<kind>[-<counts>][-seed<S>].npz`: the counts
         suffix appears when they differ from the recipe's, the seed when not 0."""
         stem = f"{self.env_short}-{self.kind}"
         if counts is not None and dict(counts) != dict(self.counts):
@@ -172,7 +174,7 @@ class Recipe:
 
 
 def env_short(env_id: str) -> str:
-    """``"smax:3m"`` → ``"smax-3m"``."""
+    """`"smax:3m"` → `"smax-3m"`."""
     return env_id.replace(":", "-", 1)
 
 
@@ -190,7 +192,7 @@ def _env_from_short(name: str) -> Optional[str]:
 
 
 def _dart(kind: str) -> tuple[str, float]:
-    """``"misodice-200e-1000p-dart0.8"`` → ``("misodice-200e-1000p", 0.8)``;
+    """`"misodice-200e-1000p-dart0.8"` → `("misodice-200e-1000p", 0.8)`;
     a kind without the suffix has σ 0."""
     m = _DART.match(kind)
     return (m["base"], float(m["sigma"])) if m else (kind, 0.0)
@@ -216,7 +218,7 @@ def _kind(kind: str) -> Optional[tuple[tuple[tuple[str, int], ...], str]]:
 
 def list_recipes() -> list[Recipe]:
     """The published recipes: every kind on every environment of
-    :data:`RECIPE_ENVS` (``mix-...`` names are built on demand)."""
+    `RECIPE_ENVS` (`mix-...` names are built on demand)."""
     return [
         Recipe(env_id, kind, counts, desc)
         for env_id in RECIPE_ENVS.values()
@@ -225,7 +227,7 @@ def list_recipes() -> list[Recipe]:
 
 
 def get_recipe(name: Union[str, Recipe]) -> Recipe:
-    """Parse ``"<env-short>/<kind>"`` (or ``"<env-id>/<kind>"``).
+    """Parse `"<env-short>/<kind>"` (or `"<env-id>/<kind>"`).
 
     Raises:
       KeyError: unknown environment or kind; the message lists close matches.
@@ -259,7 +261,7 @@ def get_recipe(name: Union[str, Recipe]) -> Recipe:
 
 
 def episode_seeds(seed: int, total: int) -> np.ndarray:
-    """The distinct per-episode seeds (in ``[0, 2**31)``) a build collects with."""
+    """The distinct per-episode seeds (in `[0, 2**31)`) a build collects with."""
     if int(seed) < 0:
         raise ValueError(f"seed must be >= 0, got {seed}")
     return np.random.default_rng([int(seed), _BUILD_SALT]).choice(
@@ -296,31 +298,31 @@ def build(
     measure_episodes: int = 128,
     shuffle: bool = True,
 ) -> Dataset:
-    """Collect a recipe's dataset; write it to ``out_path`` if given.
+    """Collect a recipe's dataset; write it to `out_path` if given.
 
     Args:
-      recipe: a recipe name (``"smax-3m/misodice-200e-1000p"``) or :class:`Recipe`.
+      recipe: a recipe name (`"smax-3m/misodice-200e-1000p"`) or [`Recipe`][jaxil.collect.recipes.Recipe].
       seed: the build seed (>= 0); same arguments and seed → identical data.
-      out_path: where to :func:`jaxil.data.save` it (atomic; checked
-        writable before the collection); a sidecar ``<stem>.tiers.json`` gets
+      out_path: where to [`jaxil.data.save`][jaxil.data.format.save] it (atomic; checked
+        writable before the collection); a sidecar `<stem>.tiers.json` gets
         the tier measurements and wall times.
       teacher_dir: take the tiers from this teacher run (see
-        :func:`jaxil.collect.zoo.make_zoo`); None looks one up.
+        [`jaxil.collect.zoo.make_zoo`][jaxil.collect.zoo.make_zoo]); None looks one up.
       progress: show a tqdm bar over the episodes collected.
       scale: multiply every count (rounded, at least 1), for small versions.
-      counts: per-tier count overrides, e.g. ``{"expert": 4, "poor": 8}``.
-      env_kwargs: :func:`envs.make` overrides (e.g. ``{"max_steps": 10}``).
-      epsilons: ε of the noised-expert tiers, e.g. ``{"medium": 0.2}``
-        (defaults: :func:`jaxil.collect.zoo.tier_epsilons`).
-      discover_teachers: with ``teacher_dir=None``, look for a trained
+      counts: per-tier count overrides, e.g. `{"expert": 4, "poor": 8}`.
+      env_kwargs: [`envs.make`][jaxil.envs.registry.make] overrides (e.g. `{"max_steps": 10}`).
+      epsilons: ε of the noised-expert tiers, e.g. `{"medium": 0.2}`
+        (defaults: [`jaxil.collect.zoo.tier_epsilons`][jaxil.collect.zoo.tier_epsilons]).
+      discover_teachers: with `teacher_dir=None`, look for a trained
         teacher; False forces the scripted expert.
       chunk_size: episodes per compiled call (one compile per policy program).
-      measure_episodes: episodes per tier for :func:`measure_tiers` (all four
+      measure_episodes: episodes per tier for [`measure_tiers`][jaxil.collect.zoo.measure_tiers] (all four
         tiers, stored in the creation args); 0 skips it.
-      shuffle: shuffle the trajectories (seeded by ``seed``).
+      shuffle: shuffle the trajectories (seeded by `seed`).
 
     Returns:
-      The validated :class:`Dataset`.
+      The validated [`Dataset`][jaxil.data.format.Dataset].
     """
     t_start = time.perf_counter()
     r = get_recipe(recipe)
@@ -420,7 +422,7 @@ def build(
 
 
 def sidecar_path(path: Union[str, os.PathLike]) -> Path:
-    """``x.npz`` → ``x.tiers.json`` (tier measurements and wall times)."""
+    """`x.npz` → `x.tiers.json` (tier measurements and wall times)."""
     p = Path(path)
     return p.with_name(p.name[: -len(p.suffix)] + ".tiers.json" if p.suffix else p.name + ".tiers.json")
 
@@ -436,7 +438,7 @@ def load_dataset(arg: str, seed: int = 0):
 
 
 def dataset_path(arg: str, seed: int = 0) -> Path:
-    """Where ``load_dataset(arg, seed)`` reads: ``arg`` itself when it is a
+    """Where `load_dataset(arg, seed)` reads: `arg` itself when it is a
     file, else the recipe's file under runs/data/ (which may not exist yet)."""
 
     p = Path(arg)

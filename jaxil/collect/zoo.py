@@ -1,43 +1,47 @@
 """The policy zoo: per environment, demonstrators of named quality tiers.
 
-Every environment that has an expert gets four tiers::
+Every environment that has an expert gets four tiers:
 
-    expert   the best checkpoint of a trained teacher (``jaxil.teachers``), or,
-             without one, a scripted expert where jaxil has a correct one
-             (SMAX: JaxMARL's heuristic; MPE spread: landmark assignment +
-             PD control; LevelBasedForaging: BFS to the team's target food;
-             they live beside their adapters, see :mod:`envs.experts`)
-    medium   a mid-training teacher checkpoint whose evaluated return lies in
-             the medium band, else the expert with ε = 0.4 per-agent noise
-             (LevelBasedForaging 0.7, MPE spread 0.6: ``EPSILON_OVERRIDES``)
-    poor     an early teacher checkpoint in the poor band, else the expert
-             with ε = 0.85 per-agent noise (MPE spread 0.9)
-    random   uniform over the available actions (or the action box)
+```text
+expert   the best checkpoint of a trained teacher (`jaxil.teachers`), or,
+         without one, a scripted expert where jaxil has a correct one
+         (SMAX: JaxMARL's heuristic; MPE spread: landmark assignment +
+         PD control; LevelBasedForaging: BFS to the team's target food;
+         they live beside their adapters, see `envs.experts`)
+medium   a mid-training teacher checkpoint whose evaluated return lies in
+         the medium band, else the expert with ε = 0.4 per-agent noise
+         (LevelBasedForaging 0.7, MPE spread 0.6: `EPSILON_OVERRIDES`)
+poor     an early teacher checkpoint in the poor band, else the expert
+         with ε = 0.85 per-agent noise (MPE spread 0.9)
+random   uniform over the available actions (or the action box)
+```
 
-Bands are on the teacher's own evaluation (``teacher.json``) normalised as
-``(R - R_random) / (R_best - R_random)``: medium in ``[0.3, 0.8]`` (nearest
-0.55 wins), poor in ``[0.0, 0.35]`` (nearest 0.15). ε-noise
-(:func:`noisy_policy`) has the semantics of
-:func:`envs.policies.epsilon_mixture` (each agent independently acts
+Bands are on the teacher's own evaluation (`teacher.json`) normalised as
+`(R - R_random) / (R_best - R_random)`: medium in `[0.3, 0.8]` (nearest
+0.55 wins), poor in `[0.0, 0.35]` (nearest 0.15). ε-noise
+([`noisy_policy`][jaxil.collect.zoo.noisy_policy]) has the semantics of
+[`envs.policies.epsilon_mixture`][jaxil.envs.policies.epsilon_mixture] (each agent independently acts
 uniformly at random with probability ε at every step) with ε a traced
 parameter, so expert, medium and poor share one compiled program.
 
-Teachers are looked up under ``runs/teachers/<env>/`` (``<env>`` is the id with
-``:`` replaced by ``_``, e.g. ``runs/teachers/smax_3m``; the short recipe name
-such as ``smax-3m`` and the bare name ``3m`` also match) in ``$JAXIL_TEACHERS``,
+Teachers are looked up under `runs/teachers/<env>/` (`<env>` is the id with
+`:` replaced by `_`, e.g. `runs/teachers/smax_3m`; the short recipe name
+such as `smax-3m` and the bare name `3m` also match) in `$JAXIL_TEACHERS`,
 the working directory and the repository; only complete runs are picked up
-automatically, an explicit ``teacher_dir`` may be a run still in progress.
+automatically, an explicit `teacher_dir` may be a run still in progress.
 Without a local run, the teacher shipped with jaxil is used
-(``jaxil/teachers/shipped/``: SMAX 3m and 2s3z, the MAPPO teachers of the
+(`jaxil/teachers/shipped/`: SMAX 3m and 2s3z, the MAPPO teachers of the
 committed datasets and tables); a local run overrides it, with a warning.
 
-Collection is one jitted program per policy and chunk size: a ``vmap`` of
-:func:`envs.run_episodes` for ONE episode over a chunk of per-episode keys,
-so episode ``i`` is reproducible on its own from its integer seed::
+Collection is one jitted program per policy and chunk size: a `vmap` of
+[`envs.run_episodes`][jaxil.envs.rollout.run_episodes] for ONE episode over a chunk of per-episode keys,
+so episode `i` is reproducible on its own from its integer seed:
 
-    envs.run_episodes(env, tier.policy, tier.params, jax.random.PRNGKey(seed_i), 1)
+```python
+envs.run_episodes(env, tier.policy, tier.params, jax.random.PRNGKey(seed_i), 1)
+```
 
-:func:`measure_tiers` rolls every tier out (default 128 episodes, one compiled,
+[`measure_tiers`][jaxil.collect.zoo.measure_tiers] rolls every tier out (default 128 episodes, one compiled,
 vectorized program per tier, shared where the policy is) and reports mean
 return ± std, win rate and length.
 """
@@ -87,23 +91,23 @@ MAX_SEED = 2**31  # per-episode seeds are < 2**31, so PRNGKey(seed) is exact
 
 class ExpertUnavailable(ValueError):
     """An environment has no trained teacher and no scripted expert (or none
-    for its configuration: :class:`envs.policies.ScriptedExpertUnavailable`)."""
+    for its configuration: [`envs.policies.ScriptedExpertUnavailable`][jaxil.envs.policies.ScriptedExpertUnavailable])."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class TierPolicy:
-    """One demonstrator: ``policy`` (a plain function or :class:`envs.policies.Policy`)
-    with its ``params``.
+    """One demonstrator: `policy` (a plain function or [`envs.policies.Policy`][jaxil.envs.policies.Policy])
+    with its `params`.
 
     Attributes:
-      tier: ``"expert"``, ``"medium"``, ``"poor"`` or ``"random"``.
+      tier: `"expert"`, `"medium"`, `"poor"` or `"random"`.
       source: short stable name recorded in datasets, e.g.
-        ``"smax-heuristic"``, ``"smax-heuristic+eps0.85"``,
-        ``"teacher:smax_3m@2990080"``, ``"random"``.
+        `"smax-heuristic"`, `"smax-heuristic+eps0.85"`,
+        `"teacher:smax_3m@2990080"`, `"random"`.
       details: JSON-friendly provenance (kind, epsilon, teacher dir and step,
         the teacher's own evaluation, ...).
-      program: tiers with the same ``program`` share one policy function and
-        differ only in ``params``, so they share compiled collectors.
+      program: tiers with the same `program` share one policy function and
+        differ only in `params`, so they share compiled collectors.
     """
 
     tier: str
@@ -118,8 +122,8 @@ class TierPolicy:
 # Teachers
 # ---------------------------------------------------------------------------
 def teacher_roots() -> list[Path]:
-    """Where teachers are looked up: ``$JAXIL_TEACHERS`` (``os.pathsep``
-    separated), ``./runs/teachers``, and ``<repository>/runs/teachers``."""
+    """Where teachers are looked up: `$JAXIL_TEACHERS` (`os.pathsep`
+    separated), `./runs/teachers`, and `<repository>/runs/teachers`."""
     roots = []
     env = os.environ.get(TEACHERS_ENV_VAR)
     if env:
@@ -134,7 +138,7 @@ def teacher_roots() -> list[Path]:
 
 
 def teacher_dir_names(env_id: str) -> list[str]:
-    """Directory names a teacher of ``env_id`` may have under a root."""
+    """Directory names a teacher of `env_id` may have under a root."""
     family, _, name = env_id.partition(":")
     return list(dict.fromkeys([env_id.replace(":", "_"), f"{family}-{name}", name]))
 
@@ -151,7 +155,7 @@ def _read_teacher(path: Path) -> Optional[dict]:
 
 
 def find_local_teacher(env_id: str) -> Optional[Path]:
-    """A COMPLETE teacher run of ``env_id`` under :func:`teacher_roots`, or None."""
+    """A COMPLETE teacher run of `env_id` under [`teacher_roots`][jaxil.collect.zoo.teacher_roots], or None."""
     for root in teacher_roots():
         for name in teacher_dir_names(env_id):
             d = root / name
@@ -164,16 +168,16 @@ def find_local_teacher(env_id: str) -> Optional[Path]:
 
 
 def find_teacher(env_id: str) -> Optional[Path]:
-    """The teacher the zoo uses for ``env_id``: a complete local run
-    (:func:`find_local_teacher`), else the one shipped with jaxil
-    (:func:`jaxil.teachers.shipped_teachers`), else None."""
+    """The teacher the zoo uses for `env_id`: a complete local run
+    ([`find_local_teacher`][jaxil.collect.zoo.find_local_teacher]), else the one shipped with jaxil
+    ([`jaxil.teachers.shipped_teachers`][jaxil.teachers.io.shipped_teachers]), else None."""
 
     return find_local_teacher(env_id) or shipped_teachers().get(env_id)
 
 
 def teacher_label(teacher_dir: os.PathLike | str) -> str:
     """How datasets record a teacher directory: a shipped teacher as
-    ``jaxil/teachers/shipped/<name>`` (the same on every machine), a local
+    `jaxil/teachers/shipped/<name>` (the same on every machine), a local
     run as its path."""
 
     d = Path(teacher_dir).resolve()
@@ -183,8 +187,8 @@ def teacher_label(teacher_dir: os.PathLike | str) -> str:
 
 
 def teacher_override_note(env_id: str, teacher_dir: os.PathLike | str) -> Optional[str]:
-    """A line saying that ``teacher_dir`` replaces the shipped teacher of
-    ``env_id``, or None when it is the shipped one or none is shipped."""
+    """A line saying that `teacher_dir` replaces the shipped teacher of
+    `env_id`, or None when it is the shipped one or none is shipped."""
 
     shipped = shipped_teachers().get(env_id)
     if shipped is None or Path(teacher_dir).resolve() == shipped.resolve():
@@ -199,12 +203,12 @@ def _compatible(a: EnvSpec, b: EnvSpec) -> bool:
 
 
 def noisy_policy(policy: Any, spec: EnvSpec) -> Policy:
-    """``policy`` with per-agent ε-noise, ε a traced parameter.
+    """`policy` with per-agent ε-noise, ε a traced parameter.
 
-    ``params = {"base": base_params, "epsilon": ε}``: at every step each agent
+    `params = {"base": base_params, "epsilon": ε}`: at every step each agent
     independently acts uniformly at random (over its available actions, or the
-    action box) with probability ε and follows ``policy`` otherwise — the
-    semantics of :func:`envs.policies.epsilon_mixture`, but one compiled
+    action box) with probability ε and follows `policy` otherwise — the
+    semantics of [`envs.policies.epsilon_mixture`][jaxil.envs.policies.epsilon_mixture], but one compiled
     program serves every ε and every checkpoint of the same network, so the
     expert, medium and poor tiers of an environment compile once.
     """
@@ -231,8 +235,8 @@ def noisy_params(base_params: Any, epsilon: float) -> dict[str, Any]:
 
 def tier_epsilons(env_id: str, overrides: Optional[Mapping[str, float]] = None
                   ) -> dict[str, float]:
-    """ε of the noised-expert medium and poor tiers of ``env_id``
-    (:data:`EPSILON`, then :data:`EPSILON_OVERRIDES`, then ``overrides``)."""
+    """ε of the noised-expert medium and poor tiers of `env_id`
+    (`EPSILON`, then `EPSILON_OVERRIDES`, then `overrides`)."""
     out = {**EPSILON, **EPSILON_OVERRIDES.get(env_id, {})}
     for tier, e in (overrides or {}).items():
         if tier not in EPSILON:
@@ -338,8 +342,8 @@ def _teacher_tiers(env: MultiAgentEnv, teacher_dir: Path,
 class Zoo:
     """The tiers of one environment, plus cached compiled collectors.
 
-    Build with :func:`make_zoo`. ``zoo["expert"]`` is a :class:`TierPolicy`;
-    :meth:`collect` rolls a tier out for a list of per-episode seeds.
+    Build with [`make_zoo`][jaxil.collect.zoo.make_zoo]. `zoo["expert"]` is a [`TierPolicy`][jaxil.collect.zoo.TierPolicy];
+    [`collect`][jaxil.collect.zoo.Zoo.collect] rolls a tier out for a list of per-episode seeds.
     """
 
     def __init__(self, env_id: str, env_kwargs: Mapping[str, Any], env: MultiAgentEnv,
@@ -364,14 +368,14 @@ class Zoo:
         return f"Zoo({self.env_id!r}: {srcs})"
 
     def describe(self) -> dict[str, dict[str, Any]]:
-        """``{tier: {"source", **details}}`` (JSON-friendly)."""
+        """`{tier: {"source", **details}}` (JSON-friendly)."""
         return {t: dict(source=p.source, **p.details) for t, p in self.tiers.items()}
 
     def collector(self, tier: str, chunk_size: int, action_noise: float = 0.0) -> Callable:
-        """Jitted ``(params, keys [C, 2] uint32) -> Episodes [C, ...]``: one
+        """Jitted `(params, keys [C, 2] uint32) -> Episodes [C, ...]`: one
         episode per key, compiled once per program (see
-        :attr:`TierPolicy.program`), chunk size and ``action_noise`` (σ of
-        :class:`envs.ActionNoise` on the executed actions; 0: none)."""
+        `TierPolicy.program`), chunk size and `action_noise` (σ of
+        [`envs.ActionNoise`][jaxil.envs.wrappers.ActionNoise] on the executed actions; 0: none)."""
         k = (self[tier].program, int(chunk_size), float(action_noise))
         if k not in self._compiled:
             pol = as_policy(self[tier].policy)
@@ -386,12 +390,12 @@ class Zoo:
 
     def collect(self, tier: str, seeds: Sequence[int], chunk_size: int = DEFAULT_CHUNK,
                 bar: Any = None, action_noise: float = 0.0) -> Any:
-        """Roll ``tier`` out once per seed; numpy ``Episodes`` batch-major ``[E, ...]``.
+        """Roll `tier` out once per seed; numpy `Episodes` batch-major `[E, ...]`.
 
-        Seeds go through in chunks of ``chunk_size`` (the last chunk is padded,
-        so one compiled program serves every chunk); ``bar`` (a tqdm bar) is
-        advanced by the episodes of each chunk. ``action_noise`` > 0 executes
-        the actions through :class:`envs.ActionNoise` and records the
+        Seeds go through in chunks of `chunk_size` (the last chunk is padded,
+        so one compiled program serves every chunk); `bar` (a tqdm bar) is
+        advanced by the episodes of each chunk. `action_noise` > 0 executes
+        the actions through [`envs.ActionNoise`][jaxil.envs.wrappers.ActionNoise] and records the
         policy's own (DART collection; box actions only).
         """
         seeds = np.asarray(seeds, np.int64).reshape(-1)
@@ -415,8 +419,8 @@ class Zoo:
 
 
 def episode_keys(seeds: Any) -> jax.Array:
-    """``[E, 2]`` uint32 keys equal to ``jax.random.PRNGKey(seed)`` for each
-    seed in ``[0, 2**31)``."""
+    """`[E, 2]` uint32 keys equal to `jax.random.PRNGKey(seed)` for each
+    seed in `[0, 2**31)`."""
     s = np.asarray(seeds, np.int64)
     return jnp.asarray(np.stack([np.zeros_like(s), s], -1).astype(np.uint32))
 
@@ -441,20 +445,20 @@ def make_zoo(
     epsilons: Optional[Mapping[str, float]] = None,
     cache: bool = True,
 ) -> Zoo:
-    """The four tiers of ``env_id``.
+    """The four tiers of `env_id`.
 
     Args:
-      env_id: registry id, e.g. ``"smax:3m"``.
-      env_kwargs: keyword overrides for :func:`envs.make` (e.g. ``max_steps``).
+      env_id: registry id, e.g. `"smax:3m"`.
+      env_kwargs: keyword overrides for [`envs.make`][jaxil.envs.registry.make] (e.g. `max_steps`).
       teacher_dir: a teacher run directory to take the tiers from (may still
-        be training); ``None`` looks one up (see the module docstring).
-      discover: look for a complete teacher when ``teacher_dir`` is None;
-        ``False`` forces the scripted expert.
-      epsilons: ε overrides of the noised-expert tiers, e.g. ``{"medium": 0.2}``
+        be training); `None` looks one up (see the module docstring).
+      discover: look for a complete teacher when `teacher_dir` is None;
+        `False` forces the scripted expert.
+      epsilons: ε overrides of the noised-expert tiers, e.g. `{"medium": 0.2}`
         (a tier taken from a teacher checkpoint stays so).
       cache: reuse the zoo (and its compiled collectors) of an earlier call
         with the same arguments in this process; a teacher whose
-        ``teacher.json`` changed since is reloaded.
+        `teacher.json` changed since is reloaded.
 
     Raises:
       ExpertUnavailable: neither a teacher nor a scripted expert exists.
@@ -511,7 +515,7 @@ def _make_zoo(env_id: str, env_kwargs: dict, teacher_dir: Optional[os.PathLike |
 
 
 def measurement_seeds(seed: int, num_episodes: int) -> np.ndarray:
-    """Distinct per-episode seeds of :func:`measure_tiers` (independent of the
+    """Distinct per-episode seeds of [`measure_tiers`][jaxil.collect.zoo.measure_tiers] (independent of the
     seeds a recipe collects with)."""
     return np.random.default_rng([int(seed), 0x6D656173]).choice(
         MAX_SEED, size=num_episodes, replace=False
@@ -519,9 +523,9 @@ def measurement_seeds(seed: int, num_episodes: int) -> np.ndarray:
 
 
 def tier_summary(eps: Any, has_win: bool) -> dict[str, Any]:
-    """:func:`jaxil.envs.episode_summary` under the names of the tier
-    measurements (``mean_return``, ``std_return``, ``mean_length``;
-    ``win_rate`` None when the task has no win)."""
+    """[`jaxil.envs.episode_summary`][jaxil.envs.rollout.episode_summary] under the names of the tier
+    measurements (`mean_return`, `std_return`, `mean_length`;
+    `win_rate` None when the task has no win)."""
     s = envs.episode_summary(eps, has_win)
     return dict(episodes=s["episodes"], mean_return=s["return_mean"],
                 std_return=s["return_std"], mean_length=s["length_mean"],
@@ -542,18 +546,18 @@ def measure_tiers(
     zoo: Optional[Zoo] = None,
     progress: Any = False,
 ) -> dict[str, Any]:
-    """Mean return ± std, win rate and length of each tier over ``num_episodes``.
+    """Mean return ± std, win rate and length of each tier over `num_episodes`.
 
     Each tier is one compiled, vectorized program (the collector of
-    :meth:`Zoo.collect`; ``chunk_size`` defaults to ``num_episodes``, so one
-    call). Pass ``zoo`` to reuse its compiled programs. Writes the result as
-    JSON to ``out_path`` if given. ``progress``: True for a tqdm bar, or an
+    [`Zoo.collect`][jaxil.collect.zoo.Zoo.collect]; `chunk_size` defaults to `num_episodes`, so one
+    call). Pass `zoo` to reuse its compiled programs. Writes the result as
+    JSON to `out_path` if given. `progress`: True for a tqdm bar, or an
     existing bar to advance.
 
     Returns:
-      ``{"env_id", "env_kwargs", "num_episodes", "seed", "tiers": {tier:
+      `{"env_id", "env_kwargs", "num_episodes", "seed", "tiers": {tier:
       {"source", "episodes", "mean_return", "std_return", "win_rate",
-      "mean_length"}}}`` (``win_rate`` None when the task has no win).
+      "mean_length"}}}` (`win_rate` None when the task has no win).
     """
     if num_episodes < 1:
         raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")

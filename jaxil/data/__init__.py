@@ -1,10 +1,10 @@
 """Offline datasets: format and validation, on-device sampling, vault interchange.
 
-* :mod:`jaxil.data.format` — the :class:`Dataset` pytree, :func:`save` /
-  :func:`load` (atomic, checksummed, byte-deterministic single file).
-* :mod:`jaxil.data.validate` — the schema rules and :class:`DatasetError`.
-* :mod:`jaxil.data.sampling` — jittable transition / segment-pair samplers.
-* :mod:`jaxil.data.vault` — OG-MARL / flashbax vault import and export.
+* [`jaxil.data.format`][jaxil.data.format] — the [`Dataset`][jaxil.data.format.Dataset] pytree, [`save`][jaxil.data.format.save] /
+  [`load`][jaxil.data.format.load] (atomic, checksummed, byte-deterministic single file).
+* [`jaxil.data.validate`][jaxil.data.validate] — the schema rules and [`DatasetError`][jaxil.data.validate.DatasetError].
+* [`jaxil.data.sampling`][jaxil.data.sampling] — jittable transition / segment-pair samplers.
+* [`jaxil.data.vault`][jaxil.data.vault] — OG-MARL / flashbax vault import and export.
 """
 
 from jaxil.data.format import Dataset, DatasetInfo, concatenate, load, save

@@ -1,35 +1,35 @@
 """The offline dataset: M padded trajectories plus their provenance.
 
-In memory a :class:`Dataset` is a pytree of numpy arrays (see
-:mod:`jaxil.data.validate` for every field, its dtype and the episode
-boundary rules) with a static :class:`DatasetInfo` (environment spec, tier and
+In memory a [`Dataset`][jaxil.data.format.Dataset] is a pytree of numpy arrays (see
+[`jaxil.data.validate`][jaxil.data.validate] for every field, its dtype and the episode
+boundary rules) with a static [`DatasetInfo`][jaxil.data.format.DatasetInfo] (environment spec, tier and
 source names, recipe, library versions, creation arguments).
 
-On disk a dataset is ONE uncompressed zip file in the ``.npz`` layout that
-``np.load`` also reads: a ``metadata.json`` member followed by one ``.npy``
+On disk a dataset is ONE uncompressed zip file in the `.npz` layout that
+`np.load` also reads: a `metadata.json` member followed by one `.npy`
 member per field. Why this format:
 
-* Fast load. Members are stored uncompressed, so :func:`load` reads each field
-  with one ``readinto`` straight into its destination array (no decompression,
+* Fast load. Members are stored uncompressed, so [`load`][jaxil.data.format.load] reads each field
+  with one `readinto` straight into its destination array (no decompression,
   no per-chunk copies); verifying the SHA-256 checksums costs more than the
   read itself. Observations are float noise to a compressor anyway.
 * Atomic. One file can be written to a temporary sibling, fsynced and moved
-  over the destination with ``os.replace``: a reader sees the old file or the
+  over the destination with `os.replace`: a reader sees the old file or the
   new one, never a half-written one, and an interrupted write leaves at most a
-  hidden ``.<name>.*.tmp`` file that :func:`load` never picks up and the next
-  write to the same path removes (:mod:`jaxil.runs.io_atomic`). A directory
-  of ``.npy`` files cannot replace an existing directory atomically.
+  hidden `.<name>.*.tmp` file that [`load`][jaxil.data.format.load] never picks up and the next
+  write to the same path removes ([`jaxil.runs.io_atomic`][jaxil.runs.io_atomic]). A directory
+  of `.npy` files cannot replace an existing directory atomically.
 * Deterministic. Members are written in a fixed order with a fixed zip
-  timestamp and attributes, and ``metadata.json`` has sorted keys and no
+  timestamp and attributes, and `metadata.json` has sorted keys and no
   creation time, so the same content gives byte-identical files (the basis of
   "same seed, same dataset" checks).
-* Portable and safe. ``np.load(path)`` and ``unzip -p path metadata.json``
+* Portable and safe. `np.load(path)` and `unzip -p path metadata.json`
   inspect a file without jaxil; pickled (object) arrays are never read.
 
-``metadata.json`` holds: ``format``, ``schema_version``, ``env_id``, ``spec``
-(``EnvSpec.to_dict``), ``recipe``, ``tier_names``, ``source_names``,
-``versions`` (jax, jaxlib, jaxmarl, jumanji, jaxil, ...), ``creation_args``,
-``num_trajectories``, ``num_steps`` and ``fields`` (dtype, shape and SHA-256
+`metadata.json` holds: `format`, `schema_version`, `env_id`, `spec`
+(`EnvSpec.to_dict`), `recipe`, `tier_names`, `source_names`,
+`versions` (jax, jaxlib, jaxmarl, jumanji, jaxil, ...), `creation_args`,
+`num_trajectories`, `num_steps` and `fields` (dtype, shape and SHA-256
 of each array).
 """
 
@@ -76,15 +76,15 @@ def library_versions() -> dict[str, Optional[str]]:
 
 @dataclasses.dataclass(frozen=True)
 class DatasetInfo:
-    """Dataset-level metadata. Frozen and hashable, so a :class:`Dataset` can be
-    passed through ``jax.jit`` (it is the static part of the pytree).
+    """Dataset-level metadata. Frozen and hashable, so a [`Dataset`][jaxil.data.format.Dataset] can be
+    passed through `jax.jit` (it is the static part of the pytree).
 
     Attributes:
       spec: the environment the data was recorded on.
-      tier_names: quality tier of each ``tier`` index, e.g. ``("expert", "random")``.
-      source_names: source policy of each ``source`` index.
+      tier_names: quality tier of each `tier` index, e.g. `("expert", "random")`.
+      source_names: source policy of each `source` index.
       recipe: name of the recipe that built the dataset ("" if none).
-      versions: ``(package, version)`` pairs at creation time.
+      versions: `(package, version)` pairs at creation time.
       creation_args_json: canonical JSON of the arguments that created it.
     """
 
@@ -138,15 +138,15 @@ def canonical_json(obj: Any) -> str:
 
 @struct.dataclass
 class Dataset:
-    """M padded trajectories; every array leads with ``[M]``.
+    """M padded trajectories; every array leads with `[M]`.
 
-    Fields (``T`` steps, ``N`` agents): ``obs [M,T+1,N,O]`` float32,
-    ``global_state [M,T+1,S]`` float32, ``avail_actions [M,T+1,N,A]`` bool,
-    ``actions [M,T,N]`` int32 or ``[M,T,N,d]`` float32, ``reward [M,T]``
-    float32, ``done/truncated/mask [M,T]`` bool; per trajectory
-    ``episode_return`` float32, ``length`` int32, ``success`` bool, ``tier``
-    int8 (into ``info.tier_names``), ``source`` int16 (into
-    ``info.source_names``), ``seed`` int64, ``expert`` bool (ground truth;
+    Fields (`T` steps, `N` agents): `obs [M,T+1,N,O]` float32,
+    `global_state [M,T+1,S]` float32, `avail_actions [M,T+1,N,A]` bool,
+    `actions [M,T,N]` int32 or `[M,T,N,d]` float32, `reward [M,T]`
+    float32, `done/truncated/mask [M,T]` bool; per trajectory
+    `episode_return` float32, `length` int32, `success` bool, `tier`
+    int8 (into `info.tier_names`), `source` int16 (into
+    `info.source_names`), `seed` int64, `expert` bool (ground truth;
     learners that must not see it are not given it).
 
     Methods return new datasets; nothing is modified in place.
@@ -183,18 +183,18 @@ class Dataset:
         creation_args: Optional[Mapping[str, Any]] = None,
         check: bool = True,
     ) -> "Dataset":
-        """Wrap :func:`envs.run_episodes` output (``Episodes``) as a dataset.
+        """Wrap [`envs.run_episodes`][jaxil.envs.rollout.run_episodes] output (`Episodes`) as a dataset.
 
         Args:
-          episodes: batch-major complete episodes ``[E, T(+1), ...]``.
+          episodes: batch-major complete episodes `[E, T(+1), ...]`.
           spec: the spec of the environment that produced them.
-          tier: quality tier of all E episodes, e.g. ``"expert"``.
+          tier: quality tier of all E episodes, e.g. `"expert"`.
           source: name of the policy that produced them.
-          seed: the collection seed, one for all or one per episode ``[E]``.
-          expert: ground-truth expert flag, one for all or ``[E]``.
+          seed: the collection seed, one for all or one per episode `[E]`.
+          expert: ground-truth expert flag, one for all or `[E]`.
           recipe: name of the recipe building the dataset.
           creation_args: JSON-serialisable arguments that created it.
-          check: run :func:`validate` (recommended; costs one pass).
+          check: run [`validate`][jaxil.data.format.Dataset.validate] (recommended; costs one pass).
         """
         length = np.asarray(episodes.length, np.int32)
         M = length.shape[0]
@@ -242,7 +242,7 @@ class Dataset:
 
     @property
     def num_steps(self) -> int:
-        """T, the padded time axis of ``actions`` (observations have T+1)."""
+        """T, the padded time axis of `actions` (observations have T+1)."""
         return int(self.actions.shape[1])
 
     @property
@@ -256,7 +256,7 @@ class Dataset:
 
     # -- transformations ------------------------------------------------------------
     def select(self, indices: Any) -> "Dataset":
-        """The trajectories at ``indices`` (ints, in that order, or a bool mask [M])."""
+        """The trajectories at `indices` (ints, in that order, or a bool mask [M])."""
         idx = np.asarray(indices)
         M = self.num_trajectories
         if idx.dtype == np.bool_:
@@ -273,7 +273,7 @@ class Dataset:
         return self.replace(**{k: v[idx] for k, v in self.arrays().items()})
 
     def shuffle(self, seed: Any) -> "Dataset":
-        """Trajectories in a random order: ``seed`` an int or a JAX PRNG key."""
+        """Trajectories in a random order: `seed` an int or a JAX PRNG key."""
         M = self.num_trajectories
         if isinstance(seed, (int, np.integer)):
             perm = np.random.default_rng(int(seed)).permutation(M)
@@ -282,7 +282,7 @@ class Dataset:
         return self.select(perm)
 
     def validate(self, spec: Optional[EnvSpec] = None) -> "Dataset":
-        """Raise :class:`DatasetError` if any rule is broken; return self."""
+        """Raise [`DatasetError`][jaxil.data.validate.DatasetError] if any rule is broken; return self."""
         validate(self, spec)
         return self
 
@@ -290,8 +290,8 @@ class Dataset:
     def summary(self) -> dict[str, Any]:
         """Per-tier and overall statistics as a JSON-friendly dict.
 
-        Each group has ``count``, ``transitions``, ``mean_return``,
-        ``std_return``, ``win_rate``, ``mean_length`` and ``expert_fraction``
+        Each group has `count`, `transitions`, `mean_return`,
+        `std_return`, `win_rate`, `mean_length` and `expert_fraction`
         (None where the group is empty).
         """
         ret = np.asarray(self.episode_return, np.float64)
@@ -329,7 +329,7 @@ class Dataset:
         }
 
     def metadata(self) -> dict[str, Any]:
-        """The ``metadata.json`` that :func:`save` writes (with checksums)."""
+        """The `metadata.json` that [`save`][jaxil.data.format.save] writes (with checksums)."""
         arrays = self.arrays()
         return _metadata(self.info, arrays)
 
@@ -417,7 +417,7 @@ def checksum(x: np.ndarray) -> str:
 
 
 def describe_fields(arrays: Mapping[str, np.ndarray]) -> dict[str, dict[str, Any]]:
-    """``{name: {"dtype", "shape", "sha256"}}`` as stored in ``metadata.json``."""
+    """`{name: {"dtype", "shape", "sha256"}}` as stored in `metadata.json`."""
     return {
         k: {"dtype": v.dtype.name, "shape": list(v.shape), "sha256": checksum(v)}
         for k, v in arrays.items()
@@ -436,10 +436,10 @@ def _metadata(info: DatasetInfo, arrays: Mapping[str, np.ndarray]) -> dict[str, 
 
 
 def save(dataset: Dataset, path: PathLike, *, check: bool = True) -> Path:
-    """Write ``dataset`` to ``path`` atomically; return the path.
+    """Write `dataset` to `path` atomically; return the path.
 
     The file is written to a hidden temporary sibling, fsynced, then moved
-    over ``path`` with ``os.replace``; an existing file at ``path`` stays
+    over `path` with `os.replace`; an existing file at `path` stays
     intact until that moment. Identical datasets give byte-identical files.
     """
     if check:
@@ -464,7 +464,7 @@ def _zip_info(name: str) -> zipfile.ZipInfo:
 def write_archive(
     path: PathLike, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, Any]
 ) -> None:
-    """Atomically write ``metadata.json`` + one ``<name>.npy`` per array."""
+    """Atomically write `metadata.json` + one `<name>.npy` per array."""
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(
@@ -488,9 +488,9 @@ def write_archive(
 
 
 def size_bound(spec: EnvSpec, num_trajectories: int, max_steps: Optional[int] = None) -> int:
-    """Bytes of the arrays of ``num_trajectories`` trajectories padded to
-    ``max_steps`` (default ``spec.max_steps``), the size a file of them
-    reaches at most: every field of :class:`Dataset`, stored uncompressed."""
+    """Bytes of the arrays of `num_trajectories` trajectories padded to
+    `max_steps` (default `spec.max_steps`), the size a file of them
+    reaches at most: every field of [`Dataset`][jaxil.data.format.Dataset], stored uncompressed."""
     T = spec.max_steps if max_steps is None else int(max_steps)
     n = spec.num_agents
     action = n * (spec.action.dim * 4 if not spec.discrete else 4)
@@ -514,12 +514,12 @@ def read_archive(
     required: Sequence[str] = (),
     format_name: str = FORMAT_NAME,
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Read ``(metadata, arrays)`` written by :func:`write_archive`.
+    """Read `(metadata, arrays)` written by [`write_archive`][jaxil.data.format.write_archive].
 
-    Every problem becomes a :class:`DatasetError` naming the file: not a zip
-    (truncated or corrupt), no or bad ``metadata.json``, wrong ``format`` or
-    ``schema_version``, missing fields, member sizes, dtypes or shapes that
-    disagree with the metadata, SHA-256 mismatches (when ``verify``).
+    Every problem becomes a [`DatasetError`][jaxil.data.validate.DatasetError] naming the file: not a zip
+    (truncated or corrupt), no or bad `metadata.json`, wrong `format` or
+    `schema_version`, missing fields, member sizes, dtypes or shapes that
+    disagree with the metadata, SHA-256 mismatches (when `verify`).
     """
     path = Path(path)
     if not path.exists():
@@ -602,7 +602,7 @@ def read_archive(
 
 
 def _read_array(f: io.BufferedReader, zinfo: zipfile.ZipInfo, path: Path, name: str) -> np.ndarray:
-    """One stored ``.npy`` member, read straight into a fresh array."""
+    """One stored `.npy` member, read straight into a fresh array."""
     bad = f"{path}: field `{name}` is truncated or corrupt; re-create or re-download the file"
     if zinfo.compress_type != zipfile.ZIP_STORED:
         raise DatasetError(
@@ -647,19 +647,19 @@ def load(
     verify: bool = True,
     registered: bool = False,
 ) -> Dataset:
-    """Read and fully validate a dataset written by :func:`save`.
+    """Read and fully validate a dataset written by [`save`][jaxil.data.format.save].
 
     Args:
       path: the dataset file.
       spec: the environment it will be used with; shapes are checked against
         it and it must match the recorded spec. Defaults to the recorded spec.
       verify: check the per-field SHA-256 checksums (recommended).
-      registered: also require the recorded ``env_id`` to be registered with
-        :mod:`envs` (``jaxil data validate`` does); off by default so data of
+      registered: also require the recorded `env_id` to be registered with
+        [`envs`][jaxil.envs] (`jaxil data validate` does); off by default so data of
         test or out-of-tree environments still loads.
 
     Raises:
-      FileNotFoundError: nothing at ``path``.
+      FileNotFoundError: nothing at `path`.
       DatasetError: anything wrong with the file or its contents; the message
         names the file, the field, the trajectory (and step) and the fix.
     """

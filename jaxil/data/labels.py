@@ -12,8 +12,8 @@ from jaxil.data.preferences import dataset_id
 def expert_labels(dataset, labels: str) -> Optional[np.ndarray]:
     """Per-trajectory expert flags: ground truth, none, all, or a file.
 
-    A file is the ``.labels.json`` sidecar of ``jaxil label`` (its
-    ``source_id`` must be this dataset's) or a ``.npy`` array; either holds
+    A file is the `.labels.json` sidecar of `jaxil label` (its
+    `source_id` must be this dataset's) or a `.npy` array; either holds
     one boolean (or 0/1) per trajectory.
     """
     m = dataset.num_trajectories

@@ -1,57 +1,61 @@
-"""Import the O-MAPL authors' ``.h5`` preference files into jaxil.
+"""Import the O-MAPL authors' `.h5` preference files into jaxil.
 
-The O-MAPL release (github.com/vietbt/OMAPL) reads ``dataset/<env>.h5`` in
-``utils.py`` (``load_h5py_data``: every top-level HDF5 dataset becomes one
-tensor; the batch size is ``len(labels)``); how each key is used is in
-``trainers/omarl.py`` and ``llm_generate.py``. A file holds P preference
+The O-MAPL release (github.com/vietbt/OMAPL) reads `dataset/<env>.h5` in
+`utils.py` (`load_h5py_data`: every top-level HDF5 dataset becomes one
+tensor; the batch size is `len(labels)`); how each key is used is in
+`trainers/omarl.py` and `llm_generate.py`. A file holds P preference
 pairs, each two trajectories x and y padded to one time axis of T steps, as
-flat HDF5 datasets (no groups)::
+flat HDF5 datasets (no groups):
 
-    states_{x,y}   [P, T+1, S]     global state (SMACv1: the N agent-specific
-                                   states, concatenated; a [P, T+1, N, s]
-                                   copy is flattened to that on import)
-    obs_{x,y}      [P, T+1, N, O]  local observations
-    avails_{x,y}   [P, T+1, N, A]  0/1 action masks (discrete tasks)
-    actions_{x,y}  [P, T, N]       integer actions, or [P, T, N, d] (MaMuJoCo)
-    dones_{x,y}    [P, T]          step t terminated (no bootstrap from t+1)
-    actives_{x,y}  [P, T]          1 on the trajectory's steps, 0 on padding
-                                   (read only by their LLM prompt builder;
-                                   optional here)
-    labels         [P]             1: x preferred, 0: y preferred
+```text
+states_{x,y}   [P, T+1, S]     global state (SMACv1: the N agent-specific
+                               states, concatenated; a [P, T+1, N, s]
+                               copy is flattened to that on import)
+obs_{x,y}      [P, T+1, N, O]  local observations
+avails_{x,y}   [P, T+1, N, A]  0/1 action masks (discrete tasks)
+actions_{x,y}  [P, T, N]       integer actions, or [P, T, N, d] (MaMuJoCo)
+dones_{x,y}    [P, T]          step t terminated (no bootstrap from t+1)
+actives_{x,y}  [P, T]          1 on the trajectory's steps, 0 on padding
+                               (read only by their LLM prompt builder;
+                               optional here)
+labels         [P]             1: x preferred, 0: y preferred
+```
 
 Entry t of states/obs/avails is what the agents saw before acting at step t
-(their trainer takes entries ``[:-1]`` as s_t and ``[1:]`` as s_{t+1}).
-The code does not fix dtypes (it converts with ``torch.from_numpy`` and
+(their trainer takes entries `[:-1]` as s_t and `[1:]` as s_{t+1}).
+The code does not fix dtypes (it converts with `torch.from_numpy` and
 casts labels and dones to float); any numeric or bool dtype is accepted, and
 labels anywhere in [0, 1] are read as soft preferences.
 
 What the import makes of it:
 
-* a :class:`~jaxil.data.Dataset` of M = 2P trajectories, the x sides at
-  ``0..P-1`` and the y sides at ``P..2P-1`` (``source`` 0 and 1). A
-  trajectory's length is its number of active steps; without ``actives`` it
+* a [`Dataset`][jaxil.data.format.Dataset] of M = 2P trajectories, the x sides at
+  `0..P-1` and the y sides at `P..2P-1` (`source` 0 and 1). A
+  trajectory's length is its number of active steps; without `actives` it
   ends at its first done, else at T. Entries past the end are zeroed (jaxil
-  padding), ``done`` is the file's done at the last step, ``truncated`` is
+  padding), `done` is the file's done at the last step, `truncated` is
   never set (SMAC reports a time-limit end as done too).
-* the preferences Phase 1 takes, ``(pairs, prefs)``: :class:`QueryPairs`
-  of whole trajectories (x_i = i, y_i = P + i, start 0, ``segment_len=None``)
-  and ``prefs [P]`` float32, the probability that x is preferred = the label::
+* the preferences Phase 1 takes, `(pairs, prefs)`: [`QueryPairs`][jaxil.data.preferences.QueryPairs]
+  of whole trajectories (x_i = i, y_i = P + i, start 0, `segment_len=None`)
+  and `prefs [P]` float32, the probability that x is preferred = the label:
 
-      ds, (pairs, prefs) = import_omapl_h5("dataset/5m_vs_6m.h5", None, spec=SMAC_SPEC)
-      fit = fit_preferences(ds, pairs, prefs, seeds=3)
+```python
+ds, (pairs, prefs) = import_omapl_h5("dataset/5m_vs_6m.h5", None, spec=SMAC_SPEC)
+fit = fit_preferences(ds, pairs, prefs, seeds=3)
+```
 
-The files store no rewards and no quality tiers: ``reward`` and
-``episode_return`` are zero, ``expert`` is False, ``success`` False, ``seed``
+The files store no rewards and no quality tiers: `reward` and
+`episode_return` are zero, `expert` is False, `success` False, `seed`
 -1 (so the ground-truth oracle and labelling metrics have nothing to compare
 against). A trajectory that appears in several pairs is imported once per
 pair. The authors recorded StarCraft II SMAC and MaMuJoCo, whose shapes no
 jaxil environment shares (SMAX observations differ): import those with
-``spec=`` describing the file, or ``env_id=None`` to infer one.
+`spec=` describing the file, or `env_id=None` to infer one.
 
-:func:`save_preferences` / :func:`load_preferences` keep the preferences
-beside the dataset file (``jaxil data import-omapl`` writes both), tied to
+[`save_preferences`][jaxil.data.omapl_h5.save_preferences] / [`load_preferences`][jaxil.data.omapl_h5.load_preferences] keep the preferences
+beside the dataset file (`jaxil data import-omapl` writes both), tied to
 the dataset by a content hash. h5py is an optional dependency:
-``pip install "jaxil[h5]"``.
+`pip install "jaxil[h5]"`.
 """
 
 from __future__ import annotations
@@ -88,7 +92,7 @@ _LABEL_MEANING = "the probability that trajectory x is preferred (1: x, 0: y)"
 
 
 class Preferences(NamedTuple):
-    """What Phase 1 takes besides the dataset: ``fit_preferences(ds, *prefs)``."""
+    """What Phase 1 takes besides the dataset: `fit_preferences(ds, *prefs)`."""
 
     pairs: QueryPairs
     prefs: np.ndarray  # [Q] float32 in [0, 1]: P(x preferred)
@@ -101,24 +105,24 @@ def import_omapl_h5(
     spec: Optional[EnvSpec] = None,
     tier: str = "unlabelled",
 ) -> tuple[Dataset, Preferences]:
-    """Read an O-MAPL ``.h5`` preference file (layout in the module docstring).
+    """Read an O-MAPL `.h5` preference file (layout in the module docstring).
 
     Args:
-      path: the ``.h5`` file.
-      env_id: the jaxil environment the data must fit (``envs.make(env_id).spec``),
-        or None to use ``spec``, or to infer a spec from the shapes (env id
-        ``omapl:<file stem>``, max_steps = T).
+      path: the `.h5` file.
+      env_id: the jaxil environment the data must fit (`envs.make(env_id).spec`),
+        or None to use `spec`, or to infer a spec from the shapes (env id
+        `omapl:<file stem>`, max_steps = T).
       spec: an explicit spec for data from an environment jaxil does not have
-        (e.g. the SMAC map it was recorded on); not together with ``env_id``.
+        (e.g. the SMAC map it was recorded on); not together with `env_id`.
       tier: the tier name of every trajectory (their quality is not stored).
 
     Returns:
-      ``(dataset, Preferences(pairs, prefs))``: M = 2P validated trajectories
+      `(dataset, Preferences(pairs, prefs))`: M = 2P validated trajectories
       and the P answered queries over them.
 
     Raises:
       ImportError: h5py is not installed.
-      FileNotFoundError: nothing at ``path``.
+      FileNotFoundError: nothing at `path`.
       DatasetError: (a ValueError) anything wrong with the file, in one line
         naming the file, the field and the fix.
     """
@@ -187,7 +191,7 @@ class _Source:
 
 
 def _read_pairs(src: _Source, spec: Optional[EnvSpec]) -> tuple[dict, np.ndarray]:
-    """Every field checked against ``spec`` (or, without one, against the x
+    """Every field checked against `spec` (or, without one, against the x
     side's shapes); returns per side the arrays and lengths, and the labels."""
     labels = src.get("labels")
     if labels.ndim != 1 or labels.shape[0] < 1:
@@ -435,16 +439,16 @@ def _to_dataset(src: _Source, arrays: dict, spec: EnvSpec, tier: str) -> Dataset
 
 def content_id(dataset: Dataset) -> str:
     """SHA-256 over the trajectories' observations, actions and lengths.
-    (Phase 1's ``dataset_id`` hashes returns, seeds and lengths, which are
+    (Phase 1's `dataset_id` hashes returns, seeds and lengths, which are
     constant or coincide across imported files: they store no rewards.)"""
     parts = (checksum(np.asarray(getattr(dataset, k))) for k in ("obs", "actions", "length"))
     return hashlib.sha256("".join(parts).encode()).hexdigest()
 
 
 def save_preferences(path: PathLike, dataset: Dataset, prefs: Preferences) -> Path:
-    """Write ``prefs`` beside ``dataset`` atomically (the dataset file layout:
-    ``metadata.json`` + one ``.npy`` per array, format ``jaxil.preferences``).
-    The metadata records the dataset's :func:`content_id`, checked on load."""
+    """Write `prefs` beside `dataset` atomically (the dataset file layout:
+    `metadata.json` + one `.npy` per array, format `jaxil.preferences`).
+    The metadata records the dataset's [`content_id`][jaxil.data.omapl_h5.content_id], checked on load."""
     pairs, p = prefs
     arrays = {
         "traj_x": np.asarray(pairs.traj_x, np.int32),
@@ -468,7 +472,7 @@ def save_preferences(path: PathLike, dataset: Dataset, prefs: Preferences) -> Pa
 
 
 def load_preferences(path: PathLike, dataset: Optional[Dataset] = None) -> Preferences:
-    """Read what :func:`save_preferences` wrote; with ``dataset``, refuse
+    """Read what [`save_preferences`][jaxil.data.omapl_h5.save_preferences] wrote; with `dataset`, refuse
     preferences that were made for other trajectories."""
     meta, a = read_archive(path, format_name=PREFERENCES_FORMAT, required=_PAIR_FIELDS)
     if dataset is not None and meta.get("dataset_sha256") != content_id(dataset):

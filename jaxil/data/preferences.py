@@ -2,7 +2,7 @@
 
 A query set is chosen once, on the host, with a budget (the number of
 queries); the oracle answers it once; the preference learner then trains on
-minibatches of the answered queries. :class:`QueryPairs` holds indices only
+minibatches of the answered queries. [`QueryPairs`][jaxil.data.preferences.QueryPairs] holds indices only
 (trajectory and start step of both sides), so the same queries can be
 answered by several oracles and compared.
 
@@ -27,9 +27,9 @@ class QueryPairs:
     """Q preference queries over one dataset: segment x vs segment y.
 
     Attributes:
-      traj_x, traj_y: ``[Q]`` int32 trajectory indices (never equal in a pair).
-      start_x, start_y: ``[Q]`` int32 first step of each segment.
-      segment_len: steps per segment; ``None`` = whole trajectories (start 0,
+      traj_x, traj_y: `[Q]` int32 trajectory indices (never equal in a pair).
+      start_x, start_y: `[Q]` int32 first step of each segment.
+      segment_len: steps per segment; `None` = whole trajectories (start 0,
         length = the dataset's padded T, masked past each episode's end).
     """
 
@@ -79,11 +79,11 @@ def sample_query_pairs(
     segment_len: Optional[int] = None,
     seed: int = 0,
 ) -> QueryPairs:
-    """``num_queries`` random pairs of distinct trajectories (uniform), each
-    cut to a segment of ``segment_len`` steps starting uniformly in
-    ``[0, max(length − L, 0)]`` (so it lies inside the episode when the
-    episode is long enough), or whole trajectories when ``segment_len`` is
-    None. Deterministic given ``seed``."""
+    """`num_queries` random pairs of distinct trajectories (uniform), each
+    cut to a segment of `segment_len` steps starting uniformly in
+    `[0, max(length − L, 0)]` (so it lies inside the episode when the
+    episode is long enough), or whole trajectories when `segment_len` is
+    None. Deterministic given `seed`."""
     M = dataset.num_trajectories
     T = dataset.reward.shape[1]
     if int(num_queries) < 1:
@@ -112,8 +112,8 @@ def sample_query_pairs(
 
 
 def _segments_per_trajectory(dataset: Dataset, segment_len: Optional[int]) -> np.ndarray:
-    """``[M]`` the number of distinct segments of each trajectory: one start
-    per step in ``[0, max(length − L, 0)]`` (:func:`sample_query_pairs`), or
+    """`[M]` the number of distinct segments of each trajectory: one start
+    per step in `[0, max(length − L, 0)]` ([`sample_query_pairs`][jaxil.data.preferences.sample_query_pairs]), or
     one whole trajectory."""
     if segment_len is None:
         return np.ones(dataset.num_trajectories, np.int64)
@@ -122,8 +122,8 @@ def _segments_per_trajectory(dataset: Dataset, segment_len: Optional[int]) -> np
 
 def num_distinct_pairs(dataset: Dataset, segment_len: Optional[int] = None) -> int:
     """How many distinct queries the dataset offers: unordered pairs of
-    segments from two different trajectories (``M(M−1)/2`` for whole
-    trajectories). ``x vs y`` and ``y vs x`` are the same pair."""
+    segments from two different trajectories (`M(M−1)/2` for whole
+    trajectories). `x vs y` and `y vs x` are the same pair."""
     c = _segments_per_trajectory(dataset, segment_len)
     s = int(c.sum())
     return (s * s - int(np.sum(c * c))) // 2
@@ -142,7 +142,7 @@ def _concat(parts: list[QueryPairs], segment_len: Optional[int]) -> QueryPairs:
 
 
 def _all_pairs(dataset: Dataset, num: int, segment_len: Optional[int], seed: int) -> QueryPairs:
-    """``num`` pairs chosen uniformly without replacement among all
+    """`num` pairs chosen uniformly without replacement among all
     distinct pairs, each side order a coin flip."""
     c = _segments_per_trajectory(dataset, segment_len)
     traj = np.repeat(np.arange(len(c)), c)
@@ -161,17 +161,17 @@ def _all_pairs(dataset: Dataset, num: int, segment_len: Optional[int], seed: int
 
 def distinct_query_pairs(dataset: Dataset, num_queries: int, segment_len: Optional[int] = None,
                          seed: int = 0) -> QueryPairs:
-    """``min(num_queries, num_distinct_pairs(...))`` distinct random queries.
+    """`min(num_queries, num_distinct_pairs(...))` distinct random queries.
 
-    :func:`sample_query_pairs` draws with replacement, so a budget near or
+    [`sample_query_pairs`][jaxil.data.preferences.sample_query_pairs] draws with replacement, so a budget near or
     above the number of distinct pairs asks many pairs twice (or both ways
     round) while seeming to ask more. Here a repeated pair is dropped and
     replaced by a fresh draw; when the budget asks for more than half of
     all distinct pairs they are chosen without replacement from the full
     list instead, and a budget above the total asks every pair once. When
     the first draw has no repeats (a budget small against the number of
-    pairs) the queries are exactly ``sample_query_pairs(dataset,
-    num_queries, segment_len, seed)``. Deterministic given ``seed``.
+    pairs) the queries are exactly `sample_query_pairs(dataset,
+    num_queries, segment_len, seed)`. Deterministic given `seed`.
     """
     drawn = sample_query_pairs(dataset, num_queries, segment_len, seed=seed)  # checks the args
     total = num_distinct_pairs(dataset, segment_len)
@@ -196,7 +196,7 @@ def distinct_query_pairs(dataset: Dataset, num_queries: int, segment_len: Option
 
 
 def _window(x: np.ndarray, traj: np.ndarray, start: np.ndarray, n: int) -> np.ndarray:
-    """``x[traj, start:start+n]`` per query, zero-padded past the end of T."""
+    """`x[traj, start:start+n]` per query, zero-padded past the end of T."""
     T = x.shape[1]
     steps = start[:, None] + np.arange(n)[None, :]  # [Q, n]
     valid = steps < T
@@ -206,7 +206,7 @@ def _window(x: np.ndarray, traj: np.ndarray, start: np.ndarray, n: int) -> np.nd
 
 
 def segments(dataset: Dataset, traj: np.ndarray, start: np.ndarray, L: Optional[int]) -> Segments:
-    """numpy :class:`Segments` of the given trajectories/starts. ``L=None``
+    """numpy [`Segments`][jaxil.data.sampling.Segments] of the given trajectories/starts. `L=None`
     means whole trajectories, cut to the dataset's longest episode (padding
     beyond it would only cost compute)."""
     n = int(np.max(dataset.length)) if L is None else int(L)
@@ -225,14 +225,14 @@ def segments(dataset: Dataset, traj: np.ndarray, start: np.ndarray, L: Optional[
 
 
 def pair_segments(dataset: Dataset, pairs: QueryPairs) -> tuple[Segments, Segments]:
-    """Both sides of every query as numpy :class:`Segments` ``[Q, ...]``."""
+    """Both sides of every query as numpy [`Segments`][jaxil.data.sampling.Segments] `[Q, ...]`."""
     query_sides(dataset, pairs)
     return (segments(dataset, pairs.traj_x, pairs.start_x, pairs.segment_len),
             segments(dataset, pairs.traj_y, pairs.start_y, pairs.segment_len))
 
 
 def query_sides(dataset: Dataset, pairs: QueryPairs):
-    """``((traj_x, start_x), (traj_y, start_y))`` as int64, checked against the dataset."""
+    """`((traj_x, start_x), (traj_y, start_y))` as int64, checked against the dataset."""
     M = dataset.num_trajectories
     out = []
     for t, s in ((pairs.traj_x, pairs.start_x), (pairs.traj_y, pairs.start_y)):
@@ -247,16 +247,16 @@ def query_sides(dataset: Dataset, pairs: QueryPairs):
 
 
 def valid_steps(dataset: Dataset, traj: np.ndarray, start: np.ndarray, n: int) -> np.ndarray:
-    """Valid steps of each segment ``[Q]``: those in ``[start, start + n)``
+    """Valid steps of each segment `[Q]`: those in `[start, start + n)`
     before the episode's end (the dataset's mask is a prefix of each row)."""
     end = np.minimum(np.asarray(dataset.length, np.int64)[traj], np.asarray(start, np.int64) + n)
     return np.maximum(end - start, 0)
 
 
 def segment_returns(dataset: Dataset, pairs: QueryPairs) -> tuple[np.ndarray, np.ndarray]:
-    """True (recorded) returns of both sides of every query, ``[Q]`` float64
+    """True (recorded) returns of both sides of every query, `[Q]` float64
     each, summed over the segments' valid steps (without building the
-    observation windows that :func:`pair_segments` gathers)."""
+    observation windows that [`pair_segments`][jaxil.data.preferences.pair_segments] gathers)."""
     n = dataset.reward.shape[1] if pairs.segment_len is None else int(pairs.segment_len)
     reward = np.asarray(dataset.reward)
     T = reward.shape[1]

@@ -1,19 +1,23 @@
 """On-device batches from a dataset: transitions and trajectory-segment pairs.
 
-Build the device arrays ONCE, outside the training loop::
+Build the device arrays ONCE, outside the training loop:
 
-    trans = flatten_transitions(dataset, expert_flags=labels)   # on device
-    trajs = trajectory_arrays(dataset)
+```python
+trans = flatten_transitions(dataset, expert_flags=labels)   # on device
+trajs = trajectory_arrays(dataset)
+```
 
-then gather inside the jitted update (``batch_size``/``segment_len`` are
-static Python ints; everything else is traced)::
+then gather inside the jitted update (`batch_size`/`segment_len` are
+static Python ints; everything else is traced):
 
-    batch = sample_transitions(key, trans, 256)
-    expert_batch = sample_where(key, trans, 256, trans.expert)
-    s0_batch = sample_initial_states(key, trans, 256)   # uniform over trajectories
-    x, y = sample_segment_pairs(key, trajs, 64, segment_len=20)
+```python
+batch = sample_transitions(key, trans, 256)
+expert_batch = sample_where(key, trans, 256, trans.expert)
+s0_batch = sample_initial_states(key, trans, 256)   # uniform over trajectories
+x, y = sample_segment_pairs(key, trajs, 64, segment_len=20)
+```
 
-Each sampler is one ``tree_map(lambda x: x[idx])`` (JAX-CORL style): no host
+Each sampler is one `tree_map(lambda x: x[idx])` (JAX-CORL style): no host
 round trip, no Python loop, vmappable over seeds.
 """
 
@@ -36,20 +40,20 @@ class Transitions:
     Attributes:
       obs: [K, N, O] observations the agents acted on.
       global_state: [K, S].
-      avail: [K, N, A] legal-action mask at ``obs``.
+      avail: [K, N, A] legal-action mask at `obs`.
       actions: [K, N] int32 or [K, N, d] float32.
       reward: [K] team reward.
       next_obs, next_global_state, next_avail: the following step (for the
-        last step of a trajectory: the final observation ``obs[length]``).
+        last step of a trajectory: the final observation `obs[length]`).
       done: [K] terminal — no bootstrapping past it. A truncated (or cut)
         trajectory's last step is NOT done.
       init_obs, init_global_state, init_avail: step 0 of the same trajectory,
         for the (1 - γ)·E[ν(s0)] term of DICE objectives. Read off a uniform
         transition they weight each trajectory's s0 by its length; draw s0
-        uniformly over trajectories with :func:`sample_initial_states`.
+        uniformly over trajectories with [`sample_initial_states`][jaxil.data.sampling.sample_initial_states].
       traj_index: [K] int32 trajectory of each step; step: [K] int32 its time
-        (every trajectory has exactly one ``step == 0`` transition).
-      expert: [K] bool labels copied from ``expert_flags`` per trajectory,
+        (every trajectory has exactly one `step == 0` transition).
+      expert: [K] bool labels copied from `expert_flags` per trajectory,
         or None when the data is unlabelled.
     """
 
@@ -77,14 +81,14 @@ class Transitions:
 def flatten_transitions(
     dataset: Dataset, expert_flags: Any = None, device: Any = None
 ) -> Transitions:
-    """All valid steps of ``dataset`` as a :class:`Transitions` on ``device``.
+    """All valid steps of `dataset` as a [`Transitions`][jaxil.data.sampling.Transitions] on `device`.
 
     Args:
       dataset: the trajectories.
       expert_flags: optional [M] bool per-trajectory labels (ground truth
-        ``dataset.expert``, or labels a learner produced). None leaves
-        ``Transitions.expert`` None, so nothing leaks the ground truth by default.
-      device: a ``jax.Device`` or sharding for ``jax.device_put`` (default device
+        `dataset.expert`, or labels a learner produced). None leaves
+        `Transitions.expert` None, so nothing leaks the ground truth by default.
+      device: a `jax.Device` or sharding for `jax.device_put` (default device
         if None).
     """
     length = np.asarray(dataset.length)
@@ -122,16 +126,16 @@ def flatten_transitions(
 
 
 def sample_transitions(key: jax.Array, transitions: Transitions, batch_size: int) -> Transitions:
-    """``batch_size`` transitions uniformly, with replacement. Jittable
-    (``batch_size`` static)."""
+    """`batch_size` transitions uniformly, with replacement. Jittable
+    (`batch_size` static)."""
     return sample_transitions_indexed(key, transitions, batch_size)[0]
 
 
 def sample_transitions_indexed(
     key: jax.Array, transitions: Transitions, batch_size: int
 ) -> tuple[Transitions, jax.Array]:
-    """:func:`sample_transitions` (the same draw for the same key) and the
-    ``[batch_size]`` indices it drew."""
+    """[`sample_transitions`][jaxil.data.sampling.sample_transitions] (the same draw for the same key) and the
+    `[batch_size]` indices it drew."""
     k = transitions.reward.shape[0]
     idx = jax.random.randint(key, (batch_size,), 0, k)
     return jax.tree.map(lambda x: x[idx], transitions), idx
@@ -140,24 +144,24 @@ def sample_transitions_indexed(
 def stratified_log_ratio(
     is_expert: jax.Array, expert_share: float, num_expert: jax.Array, num_total: int
 ) -> jax.Array:
-    """``log d_U(x)/q(x)`` per sample, for a batch drawn from the mixture
-    ``q = λ·Uniform(D_E) + (1−λ)·Uniform(D_U)`` (λ = ``expert_share``, D_E ⊂
-    D_U, ``num_expert`` = |D_E| > 0 and ``num_total`` = |D_U| transitions):
+    """`log d_U(x)/q(x)` per sample, for a batch drawn from the mixture
+    `q = λ·Uniform(D_E) + (1−λ)·Uniform(D_U)` (λ = `expert_share`, D_E ⊂
+    D_U, `num_expert` = |D_E| > 0 and `num_total` = |D_U| transitions):
 
         ρ(x) = (1/K) / (λ·1[x∈D_E]/K_E + (1−λ)/K) = 1 / (λ·1[x∈D_E]·K/K_E + 1 − λ)
 
     An expert transition is over-drawn, so its ratio is below 1; any other
-    transition has ``1/(1−λ)``. A batch of λB draws from D_E and (1−λ)B from
+    transition has `1/(1−λ)`. A batch of λB draws from D_E and (1−λ)B from
     D_U is the stratified form of a draw from q.
 
     Args:
-      is_expert: ``[B]`` bool, whether each sample lies in D_E.
+      is_expert: `[B]` bool, whether each sample lies in D_E.
       expert_share: λ ∈ [0, 1), a Python float.
       num_expert: K_E (traced OK).
       num_total: K.
 
     Returns:
-      ``[B]`` float32 log ratios.
+      `[B]` float32 log ratios.
     """
     if not 0.0 <= expert_share < 1.0:
         raise ValueError(f"expert_share must be in [0, 1), got {expert_share}")
@@ -169,8 +173,8 @@ def stratified_log_ratio(
 def sample_where(
     key: jax.Array, transitions: Transitions, batch_size: int, weights_or_mask: jax.Array
 ) -> Transitions:
-    """``batch_size`` transitions with probability proportional to
-    ``weights_or_mask`` [K] (bool mask or non-negative weights), with replacement.
+    """`batch_size` transitions with probability proportional to
+    `weights_or_mask` [K] (bool mask or non-negative weights), with replacement.
 
     Entries with zero weight are never drawn. Inverse-CDF sampling: O(K) for the
     cumulative sum plus O(B log K), never a [B, K] array. At least one weight
@@ -203,31 +207,31 @@ def sample_where(
 
 
 def initial_state_mask(transitions: Transitions) -> jax.Array:
-    """``[K]`` bool: the first transition (``step == 0``) of each trajectory,
+    """`[K]` bool: the first transition (`step == 0`) of each trajectory,
     one per trajectory."""
     return transitions.step == 0
 
 
 def sample_initial_states(key: jax.Array, transitions: Transitions, batch_size: int) -> Transitions:
-    """``batch_size`` trajectories uniformly (with replacement), each as its
-    first transition: read ``init_obs`` / ``init_global_state`` off the result.
+    """`batch_size` trajectories uniformly (with replacement), each as its
+    first transition: read `init_obs` / `init_global_state` off the result.
 
     This is the s0 ∼ p0 of DICE objectives as DemoDICE samples it, one initial
-    state per trajectory (Kim et al. 2022; the authors' ``lfd_mujoco.py``
+    state per trajectory (Kim et al. 2022; the authors' `lfd_mujoco.py`
     draws indices uniformly over an array of per-trajectory initial states).
-    Taking ``init_obs`` of uniformly drawn *transitions* instead weights every
-    trajectory's s0 by its length. Jittable (``batch_size`` static); one
-    O(K) cumulative sum per call (:func:`sample_where` on
-    :func:`initial_state_mask`). Every trajectory must keep its ``step == 0``
-    transition (:func:`flatten_transitions` does).
+    Taking `init_obs` of uniformly drawn *transitions* instead weights every
+    trajectory's s0 by its length. Jittable (`batch_size` static); one
+    O(K) cumulative sum per call ([`sample_where`][jaxil.data.sampling.sample_where] on
+    [`initial_state_mask`][jaxil.data.sampling.initial_state_mask]). Every trajectory must keep its `step == 0`
+    transition ([`flatten_transitions`][jaxil.data.sampling.flatten_transitions] does).
     """
     return sample_where(key, transitions, batch_size, initial_state_mask(transitions))
 
 
 @struct.dataclass
 class TrajectoryArrays:
-    """The per-step fields of a dataset on device, batch-major ``[M, T(+1), ...]``
-    (what :func:`sample_segment_pairs` gathers from)."""
+    """The per-step fields of a dataset on device, batch-major `[M, T(+1), ...]`
+    (what [`sample_segment_pairs`][jaxil.data.sampling.sample_segment_pairs] gathers from)."""
 
     obs: jax.Array  # [M, T+1, N, O]
     global_state: jax.Array  # [M, T+1, S]
@@ -240,7 +244,7 @@ class TrajectoryArrays:
 
 
 def trajectory_arrays(dataset: Dataset, device: Any = None) -> TrajectoryArrays:
-    """Put the per-step fields of ``dataset`` on ``device`` once."""
+    """Put the per-step fields of `dataset` on `device` once."""
     return jax.device_put(
         TrajectoryArrays(
             obs=np.asarray(dataset.obs),
@@ -259,7 +263,7 @@ def trajectory_arrays(dataset: Dataset, device: Any = None) -> TrajectoryArrays:
 @struct.dataclass
 class Segments:
     """B segments of L steps; observation-like fields carry L+1 entries, the
-    last being the observation after the segment (for ``r = Q - γ·V(s')``).
+    last being the observation after the segment (for `r = Q - γ·V(s')`).
 
     Attributes:
       obs: [B, L+1, N, O]; global_state: [B, L+1, S]; avail: [B, L+1, N, A].
@@ -286,13 +290,13 @@ def sample_segment_pairs(
     batch_size: int,
     segment_len: Optional[int] = None,
 ) -> tuple[Segments, Segments]:
-    """Two batches ``(x, y)`` of segments from distinct random trajectories.
+    """Two batches `(x, y)` of segments from distinct random trajectories.
 
     Trajectories are uniform; x and y never come from the same trajectory (M
-    must be >= 2). The start is uniform over ``[0, max(length - L, 0)]`` so a
+    must be >= 2). The start is uniform over `[0, max(length - L, 0)]` so a
     segment lies inside the valid part when the episode is long enough;
-    shorter episodes give a masked tail. ``segment_len=None`` means whole
-    trajectories (L = T, start 0). Jittable (``batch_size``/``segment_len``
+    shorter episodes give a masked tail. `segment_len=None` means whole
+    trajectories (L = T, start 0). Jittable (`batch_size`/`segment_len`
     static).
     """
     M, T = dataset_arrays.reward.shape

@@ -1,34 +1,34 @@
-"""The rules every jaxil dataset satisfies, and :func:`validate` that checks them.
+"""The rules every jaxil dataset satisfies, and [`validate`][jaxil.data.validate.validate] that checks them.
 
-A dataset holds M padded trajectories of T steps (``T = actions.shape[1]``):
+A dataset holds M padded trajectories of T steps (`T = actions.shape[1]`):
 
-* ``obs [M, T+1, N, O]``, ``global_state [M, T+1, S]``,
-  ``avail_actions [M, T+1, N, A]`` — entry ``t`` is what the agents saw before
-  acting at step ``t``; entry ``length`` is the observation after the last
+* `obs [M, T+1, N, O]`, `global_state [M, T+1, S]`,
+  `avail_actions [M, T+1, N, A]` — entry `t` is what the agents saw before
+  acting at step `t`; entry `length` is the observation after the last
   action (what a truncated trajectory bootstraps from).
-* ``actions [M, T, N]`` int32 (discrete) or ``[M, T, N, d]`` float32
-  (continuous), ``reward/done/truncated/mask [M, T]``.
-* per trajectory: ``episode_return, length, success, tier, source, seed,
-  expert`` (all ``[M]``).
+* `actions [M, T, N]` int32 (discrete) or `[M, T, N, d]` float32
+  (continuous), `reward/done/truncated/mask [M, T]`.
+* per trajectory: `episode_return, length, success, tier, source, seed,
+  expert` (all `[M]`).
 
 Episode boundaries (the decision this module enforces):
 
-* ``mask`` is a prefix of ``length`` ones, ``1 <= length <= T``, and
-  ``length <= spec.max_steps``.
-* ``done`` (terminated: no bootstrapping) and ``truncated`` (time limit:
-  bootstrap from ``obs[length]``) are False before the last valid step
-  ``length - 1``; at it, at most one of them is True. Neither means the
+* `mask` is a prefix of `length` ones, `1 <= length <= T`, and
+  `length <= spec.max_steps`.
+* `done` (terminated: no bootstrapping) and `truncated` (time limit:
+  bootstrap from `obs[length]`) are False before the last valid step
+  `length - 1`; at it, at most one of them is True. Neither means the
   trajectory was *cut* by the collector (a collection horizon, the trailing
   part of an imported stream): learners treat it like a truncation.
-* ``episode_return`` equals the sum of ``reward`` over valid steps (within a
+* `episode_return` equals the sum of `reward` over valid steps (within a
   float32 accumulation tolerance).
-* Padding is zero: ``reward/done/truncated/actions`` at steps ``>= length``
-  and ``obs/global_state/avail_actions`` at entries ``> length``.
-* Discrete actions lie in ``[0, A)`` and are allowed by ``avail_actions`` at
+* Padding is zero: `reward/done/truncated/actions` at steps `>= length`
+  and `obs/global_state/avail_actions` at entries `> length`.
+* Discrete actions lie in `[0, A)` and are allowed by `avail_actions` at
   every valid step; continuous actions lie in the spec's box.
 * Float fields hold no NaN or inf.
 
-Every violation raises :class:`DatasetError` naming the field, the trajectory
+Every violation raises [`DatasetError`][jaxil.data.validate.DatasetError] naming the field, the trajectory
 (and step) and what to do about it. All checks are vectorised numpy; they cost
 about as much as one pass over the data.
 """
@@ -47,8 +47,8 @@ from jaxil.envs.registry import list_envs
 # another version are refused on load.
 SCHEMA_VERSION = 1
 
-# Field name -> dtype. ``actions`` is int32 for discrete spaces and float32 for
-# continuous ones (``None`` here).
+# Field name -> dtype. `actions` is int32 for discrete spaces and float32 for
+# continuous ones (`None` here).
 TRAJECTORY_FIELDS: dict[str, Any] = {
     "obs": np.float32,
     "global_state": np.float32,
@@ -86,8 +86,8 @@ class DatasetError(ValueError):
 
 # -- the file's metadata block -----------------------------------------------------
 
-# Every key of ``metadata.json`` that :func:`jaxil.data.save` writes and
-# :func:`jaxil.data.load` reads, with its JSON type. All have been written since
+# Every key of `metadata.json` that `jaxil.data.save` writes and
+# `jaxil.data.load` reads, with its JSON type. All have been written since
 # schema version 1, so a file without one was not written by jaxil or was edited.
 METADATA_KEYS: dict[str, type] = {
     "format": str,
@@ -104,9 +104,9 @@ METADATA_KEYS: dict[str, type] = {
     "fields": dict,
 }
 # Env-id families that name data, not a simulator: what the importers record
-# when they infer the spec from the file (``vault:<name>`` from
-# :func:`jaxil.data.import_vault`, ``omapl:<stem>`` from ``jaxil data
-# import-omapl --env infer``).
+# when they infer the spec from the file (`vault:<name>` from
+# `jaxil.data.import_vault`, `omapl:<stem>` from `jaxil data
+# import-omapl --env infer`).
 DATA_ONLY_FAMILIES = ("vault", "omapl")
 
 _JSON_TYPE = {str: "string", int: "integer", dict: "object", list: "array"}
@@ -114,12 +114,12 @@ _RECREATE = "the file was not written by jaxil.data.save or was edited — re-cr
 
 
 def check_metadata(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
-    """Check a file's ``metadata.json`` block against the arrays stored with it.
+    """Check a file's `metadata.json` block against the arrays stored with it.
 
-    Every key of :data:`METADATA_KEYS` must be present with its type,
-    ``env_id`` must equal ``spec.env_id``, and ``num_trajectories`` /
-    ``num_steps`` must equal the trajectories in ``length`` and the steps in
-    ``actions``. Raises :class:`DatasetError` (the caller adds the file name).
+    Every key of `METADATA_KEYS` must be present with its type,
+    `env_id` must equal `spec.env_id`, and `num_trajectories` /
+    `num_steps` must equal the trajectories in `length` and the steps in
+    `actions`. Raises [`DatasetError`][jaxil.data.validate.DatasetError] (the caller adds the file name).
     """
     for key, kind in METADATA_KEYS.items():
         if key not in meta:
@@ -154,9 +154,9 @@ def check_metadata(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) ->
 
 
 def check_env_id(env_id: str) -> None:
-    """Raise :class:`DatasetError` unless ``env_id`` is registered with
-    :mod:`envs` (membership only: no environment is built) or belongs to a
-    data-only family (:data:`DATA_ONLY_FAMILIES`)."""
+    """Raise [`DatasetError`][jaxil.data.validate.DatasetError] unless `env_id` is registered with
+    [`envs`][jaxil.envs] (membership only: no environment is built) or belongs to a
+    data-only family (`DATA_ONLY_FAMILIES`)."""
 
     if env_id.split(":", 1)[0] in DATA_ONLY_FAMILIES:
         return
@@ -177,11 +177,11 @@ def action_dtype(spec: EnvSpec) -> np.dtype:
 
 
 def validate(dataset: Any, spec: Optional[EnvSpec] = None) -> None:
-    """Check every rule in this module's docstring; raise :class:`DatasetError`.
+    """Check every rule in this module's docstring; raise [`DatasetError`][jaxil.data.validate.DatasetError].
 
     Args:
-      dataset: a :class:`jaxil.data.Dataset` (anything with its fields and an
-        ``info`` carrying the recorded ``spec`` works).
+      dataset: a [`jaxil.data.Dataset`][jaxil.data.format.Dataset] (anything with its fields and an
+        `info` carrying the recorded `spec` works).
       spec: the environment the caller will use the data with. Defaults to the
         spec the dataset was recorded with; when given, shapes are checked
         against it and it must equal the recorded one.

@@ -1,25 +1,27 @@
 """OG-MARL / flashbax vault interchange.
 
-An OG-MARL dataset is a flashbax ``Vault``: a directory
-``<rel_dir>/<vault_name>/<vault_uid>/`` (OG-MARL: ``vaults/smac_v1/3m.vlt/Good``)
+An OG-MARL dataset is a flashbax `Vault`: a directory
+`<rel_dir>/<vault_name>/<vault_uid>/` (OG-MARL: `vaults/smac_v1/3m.vlt/Good`)
 holding
 
-* ``metadata.json`` — ``{"version": 1.2, "structure_shape": {...},
-  "structure_dtype": {...}, ...user keys}``: the experience tree with each
+* `metadata.json` — `{"version": 1.2, "structure_shape": {...},
+  "structure_dtype": {...}, ...user keys}`: the experience tree with each
   leaf's buffer shape (as a string) and dtype name;
-* a tensorstore OCDBT key-value store (``manifest.ocdbt``, ``d/``) with one
+* a tensorstore OCDBT key-value store (`manifest.ocdbt`, `d/`) with one
   zarr array per leaf, named by its tree path plus a dot
-  (``observations.``, ``infos.legals.``), gzip-compressed, shaped
-  ``(B, 10**13, ...)`` (an extendable time axis), and a zarr array
-  ``vault_index`` = the number of time steps written.
+  (`observations.`, `infos.legals.`), gzip-compressed, shaped
+  `(B, 10**13, ...)` (an extendable time axis), and a zarr array
+  `vault_index` = the number of time steps written.
 
-The experience tree (B = 1, one long time axis of concatenated episodes)::
+The experience tree (B = 1, one long time axis of concatenated episodes):
 
-    observations [1, K, N, O]     actions [1, K, N] (or [1, K, N, d])
-    rewards      [1, K, N]        terminals / truncations [1, K, N]
-    infos: {legals [1, K, N, A], state [1, K, S]}
+```text
+observations [1, K, N, O]     actions [1, K, N] (or [1, K, N, d])
+rewards      [1, K, N]        terminals / truncations [1, K, N]
+infos: {legals [1, K, N, A], state [1, K, S]}
+```
 
-An episode ends where ``terminals | truncations`` is set (for all agents at
+An episode ends where `terminals | truncations` is set (for all agents at
 once; asynchronous per-agent endings are refused). Steps after a stream's
 last episode end are an unfinished episode and become one cut trajectory
 (neither done nor truncated); a vault in which no step ends an episode is
@@ -28,27 +30,27 @@ Vaults do not store the observation after an episode's last action: on
 import it is filled with a copy of the last one (terminal steps never
 bootstrap from it; for truncated ones it is an approximation). Per-agent
 rewards become the team reward by their mean (identical team rewards pass
-through exactly); vaults without ``infos.state`` get the concatenated
+through exactly); vaults without `infos.state` get the concatenated
 observations as global state.
 
 Import checks every field's shape against the others (B, K and N shared by
-all fields, the ``infos.legals`` width covering every action taken) and
+all fields, the `infos.legals` width covering every action taken) and
 against the environment's spec (the one given, else the one stored with the
 vault), and names the vault, the field, the expected and the actual shape.
 
-:func:`export_vault` writes that layout, with team rewards and episode flags
+[`export_vault`][jaxil.data.vault.export_vault] writes that layout, with team rewards and episode flags
 broadcast over agents (float32, as OG-MARL's released vaults) and cut
 trajectories (neither done nor truncated) marked as truncations, so OG-MARL
-code reads it as is. The environment's spec is stored in ``metadata.json``
-(user key ``jaxil.spec``); beside it a small ``jaxil_episodes.npz`` holds
+code reads it as is. The environment's spec is stored in `metadata.json`
+(user key `jaxil.spec`); beside it a small `jaxil_episodes.npz` holds
 final observations and per-trajectory metadata (tier, source, seed, expert
-flag, success, exact episode boundaries). :func:`import_vault` uses the
+flag, success, exact episode boundaries). [`import_vault`][jaxil.data.vault.import_vault] uses the
 stored spec, and the episode file when present and consistent, so that
-``import_vault(export_vault(ds))`` gives back ``ds`` exactly; a vault whose
+`import_vault(export_vault(ds))` gives back `ds` exactly; a vault whose
 episode file no longer matches (appended to after export) keeps its spec.
 
-Backends: flashbax's own ``Vault`` when it is installed
-(``pip install 'jaxil[vault]'``), otherwise the same layout through
+Backends: flashbax's own `Vault` when it is installed
+(`pip install 'jaxil[vault]'`), otherwise the same layout through
 tensorstore directly (a dependency of orbax-checkpoint). Both read each
 other's vaults.
 """
@@ -197,7 +199,7 @@ def _read_experience(vault_dir: Path, backend: str) -> tuple[dict, dict]:
 
 
 def _write_experience(vault_dir: Path, exp: dict, user_meta: dict, backend: str) -> None:
-    """Create a new vault at ``vault_dir`` holding ``exp`` (leaves [1, K, ...])."""
+    """Create a new vault at `vault_dir` holding `exp` (leaves [1, K, ...])."""
     vault_dir = Path(vault_dir).absolute()  # tensorstore's file:// URLs need absolute paths
     k = int(next(iter(_leaves(exp)))[1].shape[1])
     if backend == "flashbax":
@@ -264,16 +266,16 @@ def export_vault(
     overwrite: bool = False,
     backend: str = "auto",
 ) -> Path:
-    """Write ``dataset`` as an OG-MARL vault at ``<path>/<vault_name>/<vault_uid>``.
+    """Write `dataset` as an OG-MARL vault at `<path>/<vault_name>/<vault_uid>`.
 
     Atomic: the vault is built in a hidden sibling directory and renamed into
     place, so an interrupted export leaves no vault at the destination. With
-    ``overwrite`` the old vault is first renamed to a hidden sibling and put
+    `overwrite` the old vault is first renamed to a hidden sibling and put
     back if the swap fails (a hard kill between the two renames leaves it at
-    ``.<vault_uid>.old-*``). Returns the vault directory.
+    `.<vault_uid>.old-*`). Returns the vault directory.
 
     Raises:
-      FileExistsError: the vault exists and ``overwrite`` is False (flashbax
+      FileExistsError: the vault exists and `overwrite` is False (flashbax
         would silently append to it).
       ImportError: neither flashbax nor tensorstore is available.
     """
@@ -388,26 +390,26 @@ def import_vault(
     reward_reduction: str = "mean",
     backend: str = "auto",
 ) -> Dataset:
-    """Read an OG-MARL / flashbax vault into a validated :class:`Dataset`.
+    """Read an OG-MARL / flashbax vault into a validated [`Dataset`][jaxil.data.format.Dataset].
 
     Args:
-      path: the vault directory ``<rel_dir>/<vault_name>`` (OG-MARL:
-        ``vaults/smac_v1/3m.vlt``), or the ``<vault_uid>`` directory itself.
-      vault_uid: e.g. ``"Good"``; optional when ``path`` holds one vault.
+      path: the vault directory `<rel_dir>/<vault_name>` (OG-MARL:
+        `vaults/smac_v1/3m.vlt`), or the `<vault_uid>` directory itself.
+      vault_uid: e.g. `"Good"`; optional when `path` holds one vault.
       spec: the environment the data belongs to. Defaults to the spec stored by
-        :func:`export_vault` (``metadata.json``, else ``jaxil_episodes.npz``),
-        else one inferred from the shapes (env id ``vault:<name>/<uid>``,
+        [`export_vault`][jaxil.data.vault.export_vault] (`metadata.json`, else `jaxil_episodes.npz`),
+        else one inferred from the shapes (env id `vault:<name>/<uid>`,
         max_steps = the longest episode). The vault's fields must fit it.
       tier, source, expert: per-trajectory labels for a plain OG-MARL vault
-        (source defaults to ``<vault_name>/<vault_uid>``); a vault written by
-        :func:`export_vault` keeps its own.
+        (source defaults to `<vault_name>/<vault_uid>`); a vault written by
+        [`export_vault`][jaxil.data.vault.export_vault] keeps its own.
       reward_reduction: how per-agent rewards become the team reward:
-        ``"mean"``, ``"sum"`` or ``"first"`` (agent 0).
-      backend: ``"auto"`` (flashbax if installed, else tensorstore),
-        ``"flashbax"`` or ``"tensorstore"``.
+        `"mean"`, `"sum"` or `"first"` (agent 0).
+      backend: `"auto"` (flashbax if installed, else tensorstore),
+        `"flashbax"` or `"tensorstore"`.
 
     Raises:
-      FileNotFoundError: no vault at ``path``.
+      FileNotFoundError: no vault at `path`.
       DatasetError: (a ValueError) the vault cannot be read, a field's shape
         disagrees with another field's or with the spec, no step ends an
         episode, or the data breaks the dataset schema; the one-line message
@@ -547,12 +549,12 @@ def _count(size: int, axis: str) -> str:
 def _check_fields(exp: dict, vdir: Path, spec: EnvSpec | None, given: bool) -> None:
     """Check the experience tree's layout before anything is read from it.
 
-    Every field must have its layout (``observations [B, K, N, O]``,
-    ``actions [B, K, N]`` or ``[B, K, N, d]``, ``rewards`` / ``terminals`` /
-    ``truncations [B, K, N]`` or ``[B, K]``, ``infos.legals [B, K, N, A]``,
-    ``infos.state [B, K, S]``), every named axis must have one size across the
-    fields, and N, O, S, A and d must be ``spec``'s (``given`` by the caller,
-    else stored with the vault). Without a spec the ``infos.legals`` width is
+    Every field must have its layout (`observations [B, K, N, O]`,
+    `actions [B, K, N]` or `[B, K, N, d]`, `rewards` / `terminals` /
+    `truncations [B, K, N]` or `[B, K]`, `infos.legals [B, K, N, A]`,
+    `infos.state [B, K, S]`), every named axis must have one size across the
+    fields, and N, O, S, A and d must be `spec`'s (`given` by the caller,
+    else stored with the vault). Without a spec the `infos.legals` width is
     the number of actions, so it must cover every action taken.
 
     Raises:
@@ -647,7 +649,7 @@ def _check_fields(exp: dict, vdir: Path, spec: EnvSpec | None, given: bool) -> N
 def _flatten_streams(exp: dict, vdir: Path) -> dict[str, np.ndarray]:
     """Merge the B streams of a vault into one time axis [B*K, ...] and derive
     per-step episode-end flags (a stream's last step always ends an episode).
-    The fields' shapes are checked by :func:`_check_fields` first."""
+    The fields' shapes are checked by `_check_fields` first."""
     obs = exp["observations"]
     B, K, N = obs.shape[:3]
     infos = exp["infos"] if isinstance(exp.get("infos"), dict) else {}
@@ -695,8 +697,8 @@ def _episode_bounds(flat: dict, vdir: Path) -> tuple[np.ndarray, np.ndarray, np.
 
 
 def _load_sidecar(vdir: Path) -> dict | None:
-    """The episode file written by :func:`export_vault` (arrays, ``meta`` and
-    ``num_steps``), or None when absent or unreadable (with a warning)."""
+    """The episode file written by [`export_vault`][jaxil.data.vault.export_vault] (arrays, `meta` and
+    `num_steps`), or None when absent or unreadable (with a warning)."""
     path = vdir / SIDECAR_FILE
     if not path.exists():
         return None
@@ -712,8 +714,8 @@ def _load_sidecar(vdir: Path) -> dict | None:
 
 def _stored_spec(vdir: Path, meta: dict, side: dict | None, required: bool
                  ) -> EnvSpec | None:
-    """The spec :func:`export_vault` stored: ``metadata.json``'s ``jaxil.spec``,
-    else the episode file's. An unreadable one is an error when ``required``
+    """The spec [`export_vault`][jaxil.data.vault.export_vault] stored: `metadata.json`'s `jaxil.spec`,
+    else the episode file's. An unreadable one is an error when `required`
     (no spec was given), else ignored."""
     jaxil = meta.get("jaxil") if isinstance(meta.get("jaxil"), dict) else {}
     if jaxil.get("spec") is not None:
@@ -737,7 +739,7 @@ def _stored_spec(vdir: Path, meta: dict, side: dict | None, required: bool
 def _sidecar_matches(side: dict, meta: dict, flat: dict, K: int, vdir: Path) -> bool:
     """Whether the episode file still describes the vault: the same episode
     boundaries, final entries shaped like the vault's fields, per-trajectory
-    arrays of one length, the spec of ``metadata.json``. Warns when not."""
+    arrays of one length, the spec of `metadata.json`. Warns when not."""
     length = side["length"].astype(np.int64)
     M = len(length)
     stops = np.cumsum(length)

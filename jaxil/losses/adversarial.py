@@ -1,18 +1,18 @@
 """Adversarial imitation (GAIL, AIRL) and the KL-penalised learned reward.
 
-Pure functions of arrays; the learners in :mod:`jaxil.algorithms.irl.adversarial`
+Pure functions of arrays; the learners in [`jaxil.algorithms.irl.adversarial`][jaxil.algorithms.irl.adversarial]
 compose them with the discriminator network and the PPO trainer.
 
 Conventions. The discriminator D = σ(ℓ) is trained with label 1 on expert
 samples and label 0 on the policy's (the logistic loss of
-:func:`jaxil.losses.discriminator_loss`, here also per agent:
-:func:`agent_discriminator_loss`).
+[`jaxil.losses.discriminator_loss`][jaxil.losses.discriminator.discriminator_loss], here also per agent:
+[`agent_discriminator_loss`][jaxil.losses.adversarial.agent_discriminator_loss]).
 
 - GAIL (Ho & Ermon, 2016): ℓ(s, a) is a free function; the policy's reward is
-  one of :data:`GAIL_REWARDS` of ℓ (:func:`gail_reward`).
+  one of `GAIL_REWARDS` of ℓ ([`gail_reward`][jaxil.losses.adversarial.gail_reward]).
 - AIRL (Fu, Luo & Levine, 2018): D(s, a, s') = exp f / (exp f + π(a|s)) with
   the reward-shaping form f = g(s, a) + γ h(s') − h(s), i.e. the logit is
-  ℓ = f − log π(a|s) (:func:`airl_logits`), and the policy's reward is
+  ℓ = f − log π(a|s) ([`airl_logits`][jaxil.losses.adversarial.airl_logits]), and the policy's reward is
   log D − log(1 − D) = ℓ = f − log π (entropy-regularised RL on f).
 """
 
@@ -31,18 +31,18 @@ GAIL_REWARDS = ("softplus", "logit", "log_d")
 def gail_reward(logits: jax.Array, form: str = "softplus") -> jax.Array:
     """The policy's reward from the discriminator logit ℓ = log D − log(1 − D).
 
-    - ``"softplus"``: r = −log(1 − D) = softplus(ℓ) > 0 (GAIL as Ho & Ermon
+    - `"softplus"`: r = −log(1 − D) = softplus(ℓ) > 0 (GAIL as Ho & Ermon
       wrote it; positive, so it rewards surviving longer);
-    - ``"logit"``: r = log D − log(1 − D) = ℓ (AIRL's form; the AfD reward);
-    - ``"log_d"``: r = log D = −softplus(−ℓ) < 0 (a cost; rewards ending
+    - `"logit"`: r = log D − log(1 − D) = ℓ (AIRL's form; the AfD reward);
+    - `"log_d"`: r = log D = −softplus(−ℓ) < 0 (a cost; rewards ending
       episodes early).
 
     Args:
       logits: discriminator logits, any shape (float).
-      form: one of :data:`GAIL_REWARDS`.
+      form: one of `GAIL_REWARDS`.
 
     Returns:
-      Rewards, the shape of ``logits``.
+      Rewards, the shape of `logits`.
     """
     logits = jnp.asarray(logits)
     chex.assert_type(logits, float)
@@ -61,18 +61,18 @@ def airl_shaped_reward(g: jax.Array, h: jax.Array, h_next: jax.Array, last: jax.
 
         f(s, a, s') = g(s, a) + γ (1 − last) h(s') − h(s)
 
-    (``last``: the step ended the episode; h of the terminal successor is 0,
+    (`last`: the step ended the episode; h of the terminal successor is 0,
     the convention of the GAE here: time limits count as terminal).
 
     Args:
-      g: ``[...]`` reward term g(s, a).
-      h: ``[...]`` potential h(s).
-      h_next: ``[...]`` potential h(s') of the next state.
-      last: ``[...]`` bool (or 0/1).
+      g: `[...]` reward term g(s, a).
+      h: `[...]` potential h(s).
+      h_next: `[...]` potential h(s') of the next state.
+      last: `[...]` bool (or 0/1).
       gamma: discount γ.
 
     Returns:
-      ``[...]`` f.
+      `[...]` f.
     """
     g, h, h_next, last = map(jnp.asarray, (g, h, h_next, last))
     chex.assert_equal_shape([g, h, h_next, last])
@@ -85,17 +85,17 @@ def airl_logits(g: jax.Array, h: jax.Array, h_next: jax.Array, last: jax.Array,
     """AIRL's discriminator logit ℓ = f(s, a, s') − log π(a|s), i.e.
     D = exp f / (exp f + π(a|s)) (Fu et al., 2018, eq. 4).
 
-    Multi-agent: ``log_pi`` is the joint log-probability Σ_i log π_i(a_i|o_i)
+    Multi-agent: `log_pi` is the joint log-probability Σ_i log π_i(a_i|o_i)
     (team discriminator) or one agent's (per-agent discriminators; then every
-    argument carries the agent axis). ``log_pi`` enters as a constant: the
+    argument carries the agent axis). `log_pi` enters as a constant: the
     discriminator step does not differentiate the policy (stop-gradient).
 
     Args:
-      g, h, h_next, last, gamma: as in :func:`airl_shaped_reward`.
-      log_pi: ``[...]`` log π(a|s) under the current policy.
+      g, h, h_next, last, gamma: as in [`airl_shaped_reward`][jaxil.losses.adversarial.airl_shaped_reward].
+      log_pi: `[...]` log π(a|s) under the current policy.
 
     Returns:
-      ``[...]`` logits.
+      `[...]` logits.
     """
     log_pi = jnp.asarray(log_pi)
     f = airl_shaped_reward(g, h, h_next, last, gamma)
@@ -110,8 +110,8 @@ def agent_discriminator_loss(expert_logits: jax.Array, policy_logits: jax.Array)
         L = Σ_i ( E_E[softplus(−ℓ_i)] + E_π[softplus(ℓ_i)] ).
 
     Args:
-      expert_logits: ``[B, N]`` logits on expert samples.
-      policy_logits: ``[B2, N]`` logits on policy samples.
+      expert_logits: `[B, N]` logits on expert samples.
+      policy_logits: `[B2, N]` logits on policy samples.
 
     Returns:
       Scalar loss.
@@ -138,18 +138,18 @@ def kl_penalized_reward(reward: jax.Array, log_pi: jax.Array, ref_log_pi: jax.Ar
 
     a one-sample estimate of β·KL(π_θ ‖ π_ref) per step (its expectation under
     π_θ is the KL), as in RL fine-tuning against a reward model. Joint
-    policies factorise over agents, so for a team reward ``[...]`` the log-ratio
-    is summed over agents; a per-agent reward ``[..., N]`` gets each agent's
+    policies factorise over agents, so for a team reward `[...]` the log-ratio
+    is summed over agents; a per-agent reward `[..., N]` gets each agent's
     own log-ratio.
 
     Args:
-      reward: ``[...]`` team rewards or ``[..., N]`` per-agent rewards.
-      log_pi: ``[..., N]`` log π_θ(a_i|o_i) of the actions taken.
-      ref_log_pi: ``[..., N]`` log π_ref(a_i|o_i) of the same actions.
+      reward: `[...]` team rewards or `[..., N]` per-agent rewards.
+      log_pi: `[..., N]` log π_θ(a_i|o_i) of the actions taken.
+      ref_log_pi: `[..., N]` log π_ref(a_i|o_i) of the same actions.
       coef: β ≥ 0.
 
     Returns:
-      Rewards, the shape of ``reward``.
+      Rewards, the shape of `reward`.
     """
     reward, log_pi, ref_log_pi = map(jnp.asarray, (reward, log_pi, ref_log_pi))
     chex.assert_equal_shape([log_pi, ref_log_pi])

@@ -1,10 +1,10 @@
 """Weighted behaviour cloning over a batch of joint actions.
 
-Plain BC (``weights = 1``) is per-agent maximum likelihood; DICE methods
+Plain BC (`weights = 1`) is per-agent maximum likelihood; DICE methods
 (DemoDICE, Kim et al. 2022; MisoDICE, Bui et al. 2025) and O-MAPL weight each
-sample by an importance weight computed elsewhere (``dice_weights``,
-``gumbel_weights``). Weights are constants of the policy loss: they are wrapped
-in ``stop_gradient`` here.
+sample by an importance weight computed elsewhere (`dice_weights`,
+`gumbel_weights`). Weights are constants of the policy loss: they are wrapped
+in `stop_gradient` here.
 """
 
 from __future__ import annotations
@@ -34,14 +34,14 @@ def weighted_bc_loss(
         L = − Σ_b m_b · w_b · Σ_i log π_i(a_bi | o_bi) / max(Σ_b m_b, 1)
 
     (the MisoDICE policy step
-    ``L_π = −E_{D_U}[ω(s,a)·Σ_i log π_i(a_i|o_i)]``). Plain BC is
-    ``weights = ones``. Agents are summed, samples averaged over the valid
+    `L_π = −E_{D_U}[ω(s,a)·Σ_i log π_i(a_i|o_i)]`). Plain BC is
+    `weights = ones`. Agents are summed, samples averaged over the valid
     (unmasked) ones.
 
     Args:
-      log_probs: ``[B, N]`` log-probabilities of the data actions per agent.
-      weights: ``[B]`` per-sample weights (treated as constants).
-      mask: optional ``[B]`` validity mask (bool or 0/1); ``None`` = all valid.
+      log_probs: `[B, N]` log-probabilities of the data actions per agent.
+      weights: `[B]` per-sample weights (treated as constants).
+      mask: optional `[B]` validity mask (bool or 0/1); `None` = all valid.
 
     Returns:
       Scalar loss.
@@ -66,15 +66,15 @@ def agent_weighted_bc_loss(
         L = − Σ_b m_b · Σ_i w_bi · log π_i(a_bi | o_bi) / max(Σ_b m_b, 1)
 
     Each agent has its own weight, e.g. its own DemoDICE weight in INDD or
-    ``exp(z_i)`` in the O-MAPL actor loss (whose code takes the mean over
-    agents as well; this sums them, matching ``weighted_bc_loss`` so that
+    `exp(z_i)` in the O-MAPL actor loss (whose code takes the mean over
+    agents as well; this sums them, matching `weighted_bc_loss` so that
     equal per-agent weights give the same loss). A per-agent mask can be
-    folded into ``weights``.
+    folded into `weights`.
 
     Args:
-      log_probs: ``[B, N]`` log-probabilities of the data actions per agent.
-      weights: ``[B, N]`` per-sample, per-agent weights (treated as constants).
-      mask: optional ``[B]`` validity mask; ``None`` = all valid.
+      log_probs: `[B, N]` log-probabilities of the data actions per agent.
+      weights: `[B, N]` per-sample, per-agent weights (treated as constants).
+      mask: optional `[B]` validity mask; `None` = all valid.
 
     Returns:
       Scalar loss.

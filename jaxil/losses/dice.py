@@ -2,14 +2,14 @@
 MisoDICE on mixed team values (Bui et al., NeurIPS 2025).
 
 With reward R = log d_E/d_U (the discriminator logit), the dual of
-``min KL(d ‖ d_E) + α·KL(d ‖ d_U)`` is
+`min KL(d ‖ d_E) + α·KL(d ‖ d_U)` is
 
     min_ν (1−γ)·E_{s0}[ν(s0)] + (1+α)·log E_{D_U}[exp(e_ν(s,a,s') / (1+α))],
     e_ν = R + γ(1−done)·ν(s') − ν(s),
 
 and the optimal occupancy ratio d*/d_U ∝ exp(e_ν/(1+α)) weights the BC
-policy step. In MisoDICE ν is the mixed team value ν_tot. ``alpha`` and
-``gamma`` may be traced scalars (hyper-parameter sweeps vmap over them); they
+policy step. In MisoDICE ν is the mixed team value ν_tot. `alpha` and
+`gamma` may be traced scalars (hyper-parameter sweeps vmap over them); they
 never enter Python control flow here.
 """
 
@@ -24,7 +24,7 @@ import numpy as np
 
 Scalar = Union[float, jax.Array]
 
-# DemoDICE's ``EPS`` (float32 machine epsilon), added to the input gradient.
+# DemoDICE's `EPS` (float32 machine epsilon), added to the input gradient.
 _GRAD_EPS = float(np.finfo(np.float32).eps)
 
 
@@ -35,19 +35,19 @@ def dice_advantage(
     done: jax.Array,
     gamma: Scalar,
 ) -> jax.Array:
-    """DICE advantage ``e = r + γ·(1 − done)·ν(s') − ν(s)``.
+    """DICE advantage `e = r + γ·(1 − done)·ν(s') − ν(s)`.
 
     Args:
-      reward: ``[B]`` rewards (for DemoDICE/MisoDICE the discriminator logit,
+      reward: `[B]` rewards (for DemoDICE/MisoDICE the discriminator logit,
         held fixed by the caller).
-      nu: ``[B]`` values ν(s).
-      nu_next: ``[B]`` values ν(s').
-      done: ``[B]`` terminal flags (bool or 0/1); a terminal transition does
+      nu: `[B]` values ν(s).
+      nu_next: `[B]` values ν(s').
+      done: `[B]` terminal flags (bool or 0/1); a terminal transition does
         not bootstrap.
       gamma: discount, Python float or traced scalar.
 
     Returns:
-      ``[B]`` advantages.
+      `[B]` advantages.
     """
     reward, nu, nu_next, done = (jnp.asarray(x) for x in (reward, nu, nu_next, done))
     chex.assert_rank([reward, nu, nu_next, done], 1)
@@ -78,18 +78,18 @@ def dice_nu_loss(
 
         L_ν = (1−γ)·mean_{s0}[ν(s0)] + (1+α)·(logsumexp_b(e_b/(1+α)) − log B)
 
-    i.e. ``(1−γ)·E[ν(s0)] + (1+α)·log E_{D_U}[exp(e/(1+α))]``
-    (Kim et al. 2022 and their ``demodice.py``; Bui et al. 2025). With a
-    ``mask``, the log-mean-exp runs over the valid samples only
-    (``B`` → number of valid samples; an all-invalid batch leaves only the
+    i.e. `(1−γ)·E[ν(s0)] + (1+α)·log E_{D_U}[exp(e/(1+α))]`
+    (Kim et al. 2022 and their `demodice.py`; Bui et al. 2025). With a
+    `mask`, the log-mean-exp runs over the valid samples only
+    (`B` → number of valid samples; an all-invalid batch leaves only the
     linear term).
 
     Args:
-      nu_init: ``[B0]`` values at initial states ν(s0).
-      adv: ``[B]`` advantages from ``dice_advantage`` (differentiable in ν).
+      nu_init: `[B0]` values at initial states ν(s0).
+      adv: `[B]` advantages from `dice_advantage` (differentiable in ν).
       alpha: α ≥ 0, weight of the KL to the union occupancy (traced OK).
       gamma: discount (traced OK).
-      mask: optional ``[B]`` validity mask for ``adv``.
+      mask: optional `[B]` validity mask for `adv`.
 
     Returns:
       Scalar loss.
@@ -113,29 +113,29 @@ def dice_weights(
     mask: Optional[jax.Array] = None,
     log_ratio: Optional[jax.Array] = None,
 ) -> jax.Array:
-    """Policy weights ``ω_b = exp(e_b/(1+α))`` normalised to mean 1.
+    """Policy weights `ω_b = exp(e_b/(1+α))` normalised to mean 1.
 
         ω_b = B' · softmax_b(e/(1+α)) = exp(e_b/(1+α)) / mean_{b'} exp(e_{b'}/(1+α))
 
-    over the valid samples (``B'`` of them); invalid samples get weight 0, so
-    ``Σ_b m_b ω_b / Σ_b m_b = 1``. Computed as a softmax (max subtracted), the
-    same as DemoDICE's ``exp((e − max e)/(1+α)) / mean(·)``, under
-    ``stop_gradient``. All zeros for an all-invalid batch.
+    over the valid samples (`B'` of them); invalid samples get weight 0, so
+    `Σ_b m_b ω_b / Σ_b m_b = 1`. Computed as a softmax (max subtracted), the
+    same as DemoDICE's `exp((e − max e)/(1+α)) / mean(·)`, under
+    `stop_gradient`. All zeros for an all-invalid batch.
 
-    With ``log_ratio`` (``log ρ_b = log d_U(x_b)/q(x_b)`` for a batch drawn
+    With `log_ratio` (`log ρ_b = log d_U(x_b)/q(x_b)` for a batch drawn
     from a proposal q instead of D_U), the weights are the self-normalised
-    importance weights ``ρ_b·exp(e_b/(1+α)) / mean_{b'}(ρ_{b'}·exp(e_{b'}/(1+α)))``:
-    ``mean_b ω_b·f_b`` then estimates the same ``E_U[exp(e/(1+α))·f] /
-    E_U[exp(e/(1+α))]`` as the plain weights on a D_U batch.
+    importance weights `ρ_b·exp(e_b/(1+α)) / mean_{b'}(ρ_{b'}·exp(e_{b'}/(1+α)))`:
+    `mean_b ω_b·f_b` then estimates the same `E_U[exp(e/(1+α))·f] /
+    E_U[exp(e/(1+α))]` as the plain weights on a D_U batch.
 
     Args:
-      adv: ``[B]`` advantages.
+      adv: `[B]` advantages.
       alpha: α (traced OK).
-      mask: optional ``[B]`` validity mask.
-      log_ratio: optional ``[B]`` log importance ratios (finite).
+      mask: optional `[B]` validity mask.
+      log_ratio: optional `[B]` log importance ratios (finite).
 
     Returns:
-      ``[B]`` non-negative weights, constant for autodiff.
+      `[B]` non-negative weights, constant for autodiff.
     """
     adv = jnp.asarray(adv)
     chex.assert_rank(adv, 1)
@@ -165,9 +165,9 @@ def _leading(tree: Any, name: str) -> int:
 def nu_penalty_points(
     key: jax.Array, union: Any, expert: Any, union_next: Any, expert_next: Any
 ) -> Any:
-    """DemoDICE's points for the ν gradient penalty, stacked ``[3B, ...]``:
-    the union states, ``u·s_E + (1−u)·s_U`` and ``u·s'_E + (1−u)·s'_U``
-    (one ``u ~ U(0,1)`` per sample, shared by a state and its successor and
+    """DemoDICE's points for the ν gradient penalty, stacked `[3B, ...]`:
+    the union states, `u·s_E + (1−u)·s_U` and `u·s'_E + (1−u)·s'_U`
+    (one `u ~ U(0,1)` per sample, shared by a state and its successor and
     by every leaf of a pytree input)."""
     b = _leading(union, "union")
     for name, tree in (("expert", expert), ("union_next", union_next), ("expert_next", expert_next)):
@@ -194,26 +194,26 @@ def nu_gradient_penalty(
     key: jax.Array,
     agent_axis: bool = False,
 ) -> jax.Array:
-    """DemoDICE's gradient penalty on ν (the authors' ``demodice.py``,
-    ``grad_reg_coeffs[1]`` = 1e-4 there; the coefficient is the caller's):
+    """DemoDICE's gradient penalty on ν (the authors' `demodice.py`,
+    `grad_reg_coeffs[1]` = 1e-4 there; the coefficient is the caller's):
 
         x ∈ {s_U} ∪ {u·s_E + (1−u)·s_U} ∪ {u·s'_E + (1−u)·s'_U}
         GP_ν = mean_x ‖∇_x ν(x) + ε_32‖²₂
 
     (one-sided: it pulls the input gradient towards 0, a smoothness prior on
     ν, unlike the discriminator's two-sided (‖g‖ − 1)²). Inputs may be
-    pytrees (e.g. ``(obs [B, N, O], state [B, S])`` for a mixed ν_tot); the
+    pytrees (e.g. `(obs [B, N, O], state [B, S])` for a mixed ν_tot); the
     norm runs over every leaf of a sample jointly.
 
-    With ``agent_axis`` (INDD: one ν_i(o_i) per agent), every leaf is
-    ``[B, N, ...]``, ``value_fn`` returns ``[M, N]`` with ``[m, i]``
-    depending on ``x[m, i]`` alone, the norm is taken per agent, and the
-    per-agent penalties are summed: ``Σ_i mean_x ‖∇_{x_i} ν_i + ε‖²``.
+    With `agent_axis` (INDD: one ν_i(o_i) per agent), every leaf is
+    `[B, N, ...]`, `value_fn` returns `[M, N]` with `[m, i]`
+    depending on `x[m, i]` alone, the norm is taken per agent, and the
+    per-agent penalties are summed: `Σ_i mean_x ‖∇_{x_i} ν_i + ε‖²`.
 
     Args:
-      value_fn: pytree of ``[M, ...]`` inputs -> ``[M]`` values (``[M, N]``
-        with ``agent_axis``); per sample, no batch statistics.
-      union, expert, union_next, expert_next: pytrees of ``[B, ...]`` inputs
+      value_fn: pytree of `[M, ...]` inputs -> `[M]` values (`[M, N]`
+        with `agent_axis`); per sample, no batch statistics.
+      union, expert, union_next, expert_next: pytrees of `[B, ...]` inputs
         (states and next states of the union and expert batches, same B).
       key: PRNG key for the interpolation coefficients.
       agent_axis: per-agent values and norms (see above).

@@ -2,7 +2,7 @@
 
 The discriminator logit ℓ(s, a) is trained with label 1 on expert samples and
 label 0 on union (expert + unlabelled) samples; at the optimum
-``ℓ = log d_E(s,a) / d_U(s,a)``, which DemoDICE / MisoDICE use as the reward
+`ℓ = log d_E(s,a) / d_U(s,a)`, which DemoDICE / MisoDICE use as the reward
 (Kim et al., ICLR 2022; Bui et al., NeurIPS 2025).
 """
 
@@ -28,12 +28,12 @@ def discriminator_loss(expert_logits: jax.Array, union_logits: jax.Array) -> jax
         L = E_{D_E}[softplus(−ℓ)] + E_{D_U}[softplus(ℓ)]
           = −E_{D_E}[log σ(ℓ)] − E_{D_U}[log(1 − σ(ℓ))]
 
-    (DemoDICE's ``minimax_discriminator_loss(expert, union)``; each term is a
+    (DemoDICE's `minimax_discriminator_loss(expert, union)`; each term is a
     mean over its own batch, so the two batches may differ in size.)
 
     Args:
-      expert_logits: ``[B]`` logits on expert samples.
-      union_logits: ``[B2]`` logits on union samples.
+      expert_logits: `[B]` logits on expert samples.
+      union_logits: `[B2]` logits on union samples.
 
     Returns:
       Scalar loss.
@@ -45,11 +45,11 @@ def discriminator_loss(expert_logits: jax.Array, union_logits: jax.Array) -> jax
 
 
 def _demodice_cost(logits: jax.Array, eps: float) -> jax.Array:
-    """DemoDICE's cost ``log(1/(σ(ℓ) + ε) − 1 + ε)``; equals −ℓ when ε = 0.
+    """DemoDICE's cost `log(1/(σ(ℓ) + ε) − 1 + ε)`; equals −ℓ when ε = 0.
 
-    Evaluated as ``log(σ(−ℓ)(1−ε) + ε²) − log(σ(ℓ) + ε)`` (the same number:
-    ``1/(σ+ε) − 1 + ε = ((1−σ)(1−ε) + ε²)/(σ+ε)``), which avoids the
-    cancellation of ``1/(σ+ε) − 1`` when σ → 1."""
+    Evaluated as `log(σ(−ℓ)(1−ε) + ε²) − log(σ(ℓ) + ε)` (the same number:
+    `1/(σ+ε) − 1 + ε = ((1−σ)(1−ε) + ε²)/(σ+ε)`), which avoids the
+    cancellation of `1/(σ+ε) − 1` when σ → 1."""
     if isinstance(eps, (int, float)) and eps == 0.0:  # exact, and stable for any ℓ
         return -logits
     return (jnp.log(jax.nn.sigmoid(-logits) * (1.0 - eps) + eps * eps)
@@ -62,20 +62,20 @@ def bounded_reward(logits: jax.Array, eps: float = _GP_COST_EPS) -> jax.Array:
         R(ℓ) = −log(1/(σ(ℓ) + ε) − 1 + ε)
              = log(σ(ℓ) + ε) − log(σ(−ℓ)(1−ε) + ε²)
 
-    (geon-hyeong/imitation-dice, ``demodice.py``: ``union_cost`` enters the
-    advantage as ``−union_cost``; ε = ``EPS2`` = 1e-3.) R ≈ ℓ while
+    (geon-hyeong/imitation-dice, `demodice.py`: `union_cost` enters the
+    advantage as `−union_cost`; ε = `EPS2` = 1e-3.) R ≈ ℓ while
     |ℓ| ≪ log(1/ε), and R is bounded:
-    ``−log(1/ε − 1 + ε) ≤ R ≤ log((1+ε)/ε²)``, i.e. [−6.91, 13.82] for
+    `−log(1/ε − 1 + ε) ≤ R ≤ log((1+ε)/ε²)`, i.e. [−6.91, 13.82] for
     ε = 1e-3, where the raw logit ℓ is not (a discriminator that separates
     expert from union data almost perfectly drives ℓ, and through
-    ``exp(e/(1+α))`` the DICE weights, without bound). ``eps = 0`` gives ℓ.
+    `exp(e/(1+α))` the DICE weights, without bound). `eps = 0` gives ℓ.
 
     Args:
       logits: discriminator logits, any shape (float).
       eps: ε > 0 (a Python float), or 0 for the raw logit.
 
     Returns:
-      Rewards, the shape of ``logits``.
+      Rewards, the shape of `logits`.
     """
     logits = jnp.asarray(logits)
     chex.assert_type(logits, float)
@@ -96,7 +96,7 @@ def _batch_size(tree: Any, name: str) -> int:
 
 
 def _interpolate(u: jax.Array, x: Any, y: Any) -> Any:
-    """``u·x + (1−u)·y`` leaf-wise, one ``u`` per sample shared by all leaves."""
+    """`u·x + (1−u)·y` leaf-wise, one `u` per sample shared by all leaves."""
 
     def lerp(a, b):
         uu = u.reshape(u.shape + (1,) * (a.ndim - 1)).astype(a.dtype)
@@ -106,12 +106,12 @@ def _interpolate(u: jax.Array, x: Any, y: Any) -> Any:
 
 
 def _interpolation_draws(key: jax.Array, b: int, b2: int):
-    """Random draws of ``gradient_penalty``: ``(u [b], partner_idx [b] | None, shuffle_idx [b])``.
+    """Random draws of `gradient_penalty`: `(u [b], partner_idx [b] | None, shuffle_idx [b])`.
 
-    ``u ~ U(0,1)`` per expert sample; ``partner_idx`` picks the union partner
-    of each expert sample (``None``: sample b pairs with union sample b, when
-    ``b == b2``); ``shuffle_idx`` is the shuffled union copy for the
-    union–union interpolates (a permutation when ``b ≤ b2``).
+    `u ~ U(0,1)` per expert sample; `partner_idx` picks the union partner
+    of each expert sample (`None`: sample b pairs with union sample b, when
+    `b == b2`); `shuffle_idx` is the shuffled union copy for the
+    union–union interpolates (a permutation when `b ≤ b2`).
     """
     k_u, k_pair, k_perm = jax.random.split(key, 3)
     u = jax.random.uniform(k_u, (b,))
@@ -135,42 +135,42 @@ def gradient_penalty(
     """DemoDICE's gradient penalty on the discriminator.
 
     The form of the DemoDICE authors' code (geon-hyeong/imitation-dice,
-    ``demodice.py``, cost network update; coefficient 0.1 there, applied by the
+    `demodice.py`, cost network update; coefficient 0.1 there, applied by the
     caller):
 
-    1. ``u_b ~ U(0, 1)`` per sample; interpolates
-       ``x̃ = u·x_E + (1−u)·x_U`` (expert–union) and, with ``union_union``,
-       ``x̃' = u·perm(x_U) + (1−u)·x_U`` (union–union, a shuffled copy of the
+    1. `u_b ~ U(0, 1)` per sample; interpolates
+       `x̃ = u·x_E + (1−u)·x_U` (expert–union) and, with `union_union`,
+       `x̃' = u·perm(x_U) + (1−u)·x_U` (union–union, a shuffled copy of the
        union batch); both sets are penalised together.
     2. The gradient is taken of their cost
-       ``c(ℓ) = log(1/(σ(ℓ)+ε) − 1 + ε)`` (≈ −ℓ; ``cost_eps`` = ε = 1e-3, and
-       ``cost_eps=0`` gives exactly the logit's gradient), not of ℓ itself.
-    3. ``g = ∇_x c(x̃) + ε_32`` (float32 machine epsilon, which keeps the norm
+       `c(ℓ) = log(1/(σ(ℓ)+ε) − 1 + ε)` (≈ −ℓ; `cost_eps` = ε = 1e-3, and
+       `cost_eps=0` gives exactly the logit's gradient), not of ℓ itself.
+    3. `g = ∇_x c(x̃) + ε_32` (float32 machine epsilon, which keeps the norm
        differentiable at 0), the norm taken over all input features of a
        sample jointly, and
 
            GP = mean_b (‖g_b‖₂ − 1)²      (two-sided, target norm 1).
 
-    Inputs may be a pytree (e.g. ``(obs, actions_onehot, state)``): every leaf
-    is ``[B, ...]``, a sample uses the same ``u`` in all leaves and its norm
-    runs over all leaves. ``logit_fn`` must act per sample (no batch
-    statistics) and return ``[M]`` logits for ``M`` stacked samples, since the
+    Inputs may be a pytree (e.g. `(obs, actions_onehot, state)`): every leaf
+    is `[B, ...]`, a sample uses the same `u` in all leaves and its norm
+    runs over all leaves. `logit_fn` must act per sample (no batch
+    statistics) and return `[M]` logits for `M` stacked samples, since the
     per-sample gradients are read off the gradient of the summed cost.
-    Differentiable in the parameters ``logit_fn`` closes over.
+    Differentiable in the parameters `logit_fn` closes over.
 
-    When the batch sizes differ (``B`` expert, ``B2`` union), each expert
+    When the batch sizes differ (`B` expert, `B2` union), each expert
     sample is paired with a uniformly drawn union sample; with equal sizes
-    sample ``b`` is paired with union sample ``b`` as in the authors' code.
+    sample `b` is paired with union sample `b` as in the authors' code.
 
     Args:
-      logit_fn: maps a pytree of ``[M, ...]`` inputs to ``[M]`` logits.
-      expert_inputs: pytree of ``[B, ...]`` expert inputs.
-      union_inputs: pytree of ``[B2, ...]`` union inputs, same structure and
+      logit_fn: maps a pytree of `[M, ...]` inputs to `[M]` logits.
+      expert_inputs: pytree of `[B, ...]` expert inputs.
+      union_inputs: pytree of `[B2, ...]` union inputs, same structure and
         per-sample shapes.
       key: PRNG key for the interpolation coefficients and shuffles.
       target_norm: the norm the penalty pulls towards (1 in DemoDICE).
-      cost_eps: ε of the cost transform (see 2.); a Python float (``0.0``
-        switches to the exact ``−ℓ``).
+      cost_eps: ε of the cost transform (see 2.); a Python float (`0.0`
+        switches to the exact `−ℓ`).
       union_union: include the union–union interpolates.
 
     Returns:
@@ -216,9 +216,9 @@ def gradient_penalty(
 
 
 def agent_interpolation_draws(key: jax.Array, b: int, b2: int, num_agents: int):
-    """The draws of :func:`agent_gradient_penalty`: :func:`_interpolation_draws`
-    once per agent (``jax.random.split(key, num_agents)``), stacked on a
-    leading agent axis: ``(u [N, b], partner_idx [N, b] | None, shuffle_idx [N, b])``."""
+    """The draws of [`agent_gradient_penalty`][jaxil.losses.discriminator.agent_gradient_penalty]: `_interpolation_draws`
+    once per agent (`jax.random.split(key, num_agents)`), stacked on a
+    leading agent axis: `(u [N, b], partner_idx [N, b] | None, shuffle_idx [N, b])`."""
     keys = jax.random.split(key, num_agents)
     return jax.vmap(lambda k: _interpolation_draws(k, b, b2))(keys)
 
@@ -232,28 +232,28 @@ def agent_gradient_penalty(
     cost_eps: float = _GP_COST_EPS,
     union_union: bool = True,
 ) -> jax.Array:
-    """:func:`gradient_penalty` for N independent per-agent discriminators
+    """[`gradient_penalty`][jaxil.losses.discriminator.gradient_penalty] for N independent per-agent discriminators
     (INDD), every interpolate built within one agent.
 
     Agent i's logit ℓ_i(x_i) sees its own input only, so agent i runs the
-    DemoDICE penalty on its own samples: ``u ~ U(0,1)``, partners and the
-    union shuffle are drawn per agent (:func:`agent_interpolation_draws`),
-    ``x̃_i = u·x_E,i + (1−u)·x_U,i`` and ``x̃'_i = u·perm_i(x_U,i) + (1−u)·x_U,i``
+    DemoDICE penalty on its own samples: `u ~ U(0,1)`, partners and the
+    union shuffle are drawn per agent ([`agent_interpolation_draws`][jaxil.losses.discriminator.agent_interpolation_draws]),
+    `x̃_i = u·x_E,i + (1−u)·x_U,i` and `x̃'_i = u·perm_i(x_U,i) + (1−u)·x_U,i`
     — never a point between agent i's input and agent j's. Per agent,
-    ``GP_i = mean_b (‖∇_{x_i} c(ℓ_i(x̃_i)) + ε_32‖₂ − 1)²``, and
+    `GP_i = mean_b (‖∇_{x_i} c(ℓ_i(x̃_i)) + ε_32‖₂ − 1)²`, and
 
         GP = Σ_i GP_i
 
     (the per-agent DemoDICE losses are summed, so are their penalties).
 
     Args:
-      logit_fn: ``[M, N, D] -> [M, N]`` logits, where ``[m, i]`` depends on
-        ``x[m, i]`` alone (per-agent networks; shared parameters with an agent
+      logit_fn: `[M, N, D] -> [M, N]` logits, where `[m, i]` depends on
+        `x[m, i]` alone (per-agent networks; shared parameters with an agent
         id qualify) and on no batch statistics.
-      expert_inputs: ``[B, N, D]`` expert inputs.
-      union_inputs: ``[B2, N, D]`` union inputs.
+      expert_inputs: `[B, N, D]` expert inputs.
+      union_inputs: `[B2, N, D]` union inputs.
       key: PRNG key.
-      target_norm, cost_eps, union_union: as in :func:`gradient_penalty`.
+      target_norm, cost_eps, union_union: as in [`gradient_penalty`][jaxil.losses.discriminator.gradient_penalty].
 
     Returns:
       Scalar penalty, summed over agents (multiply by the coefficient yourself).

@@ -1,5 +1,5 @@
 """Generalised advantage estimation (Schulman et al., 2016) over a
-time-major batch, as a reverse ``lax.scan``."""
+time-major batch, as a reverse `lax.scan`."""
 
 from __future__ import annotations
 
@@ -21,20 +21,20 @@ def gae(
         δ_t = r_t + γ (1 − last_t) V_{t+1} − V_t,
         A_t = δ_t + γ λ (1 − last_t) A_{t+1},
 
-    with ``V_T = last_value``. ``last_t`` marks that step t ended an episode:
+    with `V_T = last_value`. `last_t` marks that step t ended an episode:
     the next value belongs to a new episode and is not bootstrapped (time
     limits are treated as terminal, as in PureJaxRL and JaxMARL).
 
     Args:
-      reward: ``[T, ...]`` reward of the transition taken at t.
-      value: ``[T, ...]`` V(s_t).
-      last: ``[T, ...]`` bool (or 0/1), the episode ended with step t.
-      last_value: ``[...]`` value of the observation after step T−1.
+      reward: `[T, ...]` reward of the transition taken at t.
+      value: `[T, ...]` V(s_t).
+      last: `[T, ...]` bool (or 0/1), the episode ended with step t.
+      last_value: `[...]` value of the observation after step T−1.
       gamma: discount γ (a float or a traced scalar).
       lam: GAE λ.
 
     Returns:
-      ``(advantages, value_targets)``, both ``[T, ...]``; targets = A + V.
+      `(advantages, value_targets)`, both `[T, ...]`; targets = A + V.
     """
     reward, value, last = jnp.asarray(reward), jnp.asarray(value), jnp.asarray(last)
     last_value = jnp.asarray(last_value)

@@ -1,8 +1,8 @@
 """PPO's clipped objectives (Schulman et al., 2017), as pure functions.
 
-The trainer (:mod:`jaxil.algorithms.rl.ppo`) computes log-probabilities, values,
+The trainer ([`jaxil.algorithms.rl.ppo`][jaxil.algorithms.rl.ppo]) computes log-probabilities, values,
 advantages and targets; these functions only do the arithmetic, averaged
-over every element of their inputs (a minibatch of ``[B, N]`` agent-steps, or
+over every element of their inputs (a minibatch of `[B, N]` agent-steps, or
 any other shape).
 """
 
@@ -16,14 +16,14 @@ import jax.numpy as jnp
 
 
 class SurrogateStats(NamedTuple):
-    """Diagnostics of :func:`clipped_surrogate_loss` (scalars)."""
+    """Diagnostics of [`clipped_surrogate_loss`][jaxil.losses.ppo.clipped_surrogate_loss] (scalars)."""
 
     approx_kl: jax.Array  # E[(ρ − 1) − log ρ], the k3 estimator of KL(old ‖ new)
     clip_frac: jax.Array  # fraction of elements with |ρ − 1| > ε
 
 
 def normalize_advantages(advantages: jax.Array, eps: float = 1e-8) -> jax.Array:
-    """``(A − mean A) / (std A + eps)`` over all elements (per minibatch)."""
+    """`(A − mean A) / (std A + eps)` over all elements (per minibatch)."""
     advantages = jnp.asarray(advantages)
     chex.assert_type(advantages, float)
     return (advantages - advantages.mean()) / (advantages.std() + eps)
@@ -40,16 +40,16 @@ def clipped_surrogate_loss(
         ρ = exp(log π(a|o) − log π_old(a|o)),
         L = −E[min(ρ·A, clip(ρ, 1 − ε, 1 + ε)·A)].
 
-    ``old_log_prob`` and ``advantages`` are treated as constants (stop-gradient).
+    `old_log_prob` and `advantages` are treated as constants (stop-gradient).
 
     Args:
-      log_prob: ``[...]`` log-probabilities under the current policy.
-      old_log_prob: ``[...]`` log-probabilities under the behaviour policy.
-      advantages: ``[...]`` advantage estimates (already normalised if wanted).
+      log_prob: `[...]` log-probabilities under the current policy.
+      old_log_prob: `[...]` log-probabilities under the behaviour policy.
+      advantages: `[...]` advantage estimates (already normalised if wanted).
       clip_eps: ε > 0.
 
     Returns:
-      ``(loss, SurrogateStats)``.
+      `(loss, SurrogateStats)`.
     """
     log_prob, old_log_prob = jnp.asarray(log_prob), jnp.asarray(old_log_prob)
     advantages = jnp.asarray(advantages)
@@ -79,12 +79,12 @@ def clipped_value_loss(
         V_clip = V_old + clip(V − V_old, −ε, ε),
         L = ½·E[max((V − G)², (V_clip − G)²)].
 
-    ``old_value`` and ``target`` are constants (stop-gradient).
+    `old_value` and `target` are constants (stop-gradient).
 
     Args:
-      value: ``[...]`` current value predictions.
-      old_value: ``[...]`` predictions when the data was collected.
-      target: ``[...]`` value targets G (GAE returns).
+      value: `[...]` current value predictions.
+      old_value: `[...]` predictions when the data was collected.
+      target: `[...]` value targets G (GAE returns).
       clip_eps: ε > 0.
 
     Returns:

@@ -1,7 +1,7 @@
 """Preference (Bradley–Terry) loss on learned trajectory returns (O-MAPL).
 
-O-MAPL (ICML 2025; github.com/vietbt/OMAPL, ``trainers/omarl.py``) learns an
-implicit per-step reward ``r_t = Q_tot(s_t, a_t) − γ(1 − d_t)·V̄_tot(s_{t+1})``
+O-MAPL (ICML 2025; github.com/vietbt/OMAPL, `trainers/omarl.py`) learns an
+implicit per-step reward `r_t = Q_tot(s_t, a_t) − γ(1 − d_t)·V̄_tot(s_{t+1})`
 and fits it to pairwise preferences with a logistic loss on the difference of
 the summed rewards, plus an L2 penalty on the rewards.
 """
@@ -31,18 +31,18 @@ def preference_loss(
         L   = mean_b BCE(ℓ_b, y_b) + c·mean_{valid}(r²)
         BCE(ℓ, y) = −y·log σ(ℓ) − (1−y)·log(1−σ(ℓ)) = y·softplus(−ℓ) + (1−y)·softplus(ℓ)
 
-    with ``R = Σ_t r_t`` the learned returns and ``c = reg_coef`` (0.5 in
-    O-MAPL, whose code uses ``binary_cross_entropy_with_logits`` and
-    ``0.5 * rewards.pow(2).mean()`` over the rewards of both trajectories).
+    with `R = Σ_t r_t` the learned returns and `c = reg_coef` (0.5 in
+    O-MAPL, whose code uses `binary_cross_entropy_with_logits` and
+    `0.5 * rewards.pow(2).mean()` over the rewards of both trajectories).
     Soft labels are allowed (e.g. 0.5 for ties).
 
     Args:
-      return_x: ``[B]`` learned returns of the first trajectories.
-      return_y: ``[B]`` learned returns of the second trajectories.
-      label: ``[B]`` probability that ``x`` is preferred, in ``[0, 1]``.
+      return_x: `[B]` learned returns of the first trajectories.
+      return_y: `[B]` learned returns of the second trajectories.
+      label: `[B]` probability that `x` is preferred, in `[0, 1]`.
       rewards: any shape, the per-step rewards entering the penalty.
       reg_coef: weight of the penalty (traced OK).
-      reward_mask: optional mask, same shape as ``rewards``: the penalty
+      reward_mask: optional mask, same shape as `rewards`: the penalty
         averages over the valid (padding-free) steps only.
 
     Returns:

@@ -2,13 +2,13 @@
 of supervised fine-tuning (SFT, behaviour cloning on token tasks) and the
 loss masks it is weighed by.
 
-A token episode is ``T`` steps of ``N`` agents, one token per agent and
+A token episode is `T` steps of `N` agents, one token per agent and
 step; a learner scores it teacher-forced (e.g.
-``jaxil.nn.transformer.TransformerPolicy.episode_scores``) into ``log π(a_t)
-[T, N]`` and averages it over the tokens a loss mask ``m [T, N]`` selects:
-the episode's valid steps (:func:`agent_token_mask`), and for learning from
+`jaxil.nn.transformer.TransformerPolicy.episode_scores`) into `log π(a_t)
+[T, N]` and averages it over the tokens a loss mask `m [T, N]` selects:
+the episode's valid steps ([`agent_token_mask`][jaxil.losses.sequence.agent_token_mask]), and for learning from
 a takeover (OEC-style) only the steps from the switch on
-(:func:`after_switch`).
+([`after_switch`][jaxil.losses.sequence.after_switch]).
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ def masked_sequence_nll(log_probs: jax.Array, mask: jax.Array) -> jax.Array:
 
     (maximum likelihood / SFT: the token-level cross-entropy of the data's
     tokens under teacher forcing). Every masked token weighs the same, so a
-    batch ``[E, T, N]`` of episodes is averaged over all its tokens, not per
+    batch `[E, T, N]` of episodes is averaged over all its tokens, not per
     episode: long episodes count as much as their tokens.
 
     Args:
-      log_probs: ``[T, N]`` (or ``[E, T, N]``) float log-probabilities of
+      log_probs: `[T, N]` (or `[E, T, N]`) float log-probabilities of
         the recorded tokens.
       mask: the same shape, bool or 0/1: which tokens the loss counts.
 
@@ -51,23 +51,23 @@ def masked_sequence_nll(log_probs: jax.Array, mask: jax.Array) -> jax.Array:
 
 def agent_token_mask(valid: jax.Array, num_agents: int,
                      avail: Optional[jax.Array] = None) -> jax.Array:
-    """The loss mask ``[T, N]`` of one episode's agent tokens.
+    """The loss mask `[T, N]` of one episode's agent tokens.
 
-        m_ti = valid_t  ∧  (Σ_a avail_tia > 1   if ``avail`` is given)
+        m_ti = valid_t  ∧  (Σ_a avail_tia > 1   if `avail` is given)
 
-    Steps at and after the episode's end are padding (``valid`` False).
-    With ``avail``, tokens the grammar forces (one legal token, e.g.
-    ``<wait>`` off turn or ``<eot>`` after a full command) are left out:
+    Steps at and after the episode's end are padding (`valid` False).
+    With `avail`, tokens the grammar forces (one legal token, e.g.
+    `<wait>` off turn or `<eot>` after a full command) are left out:
     their log-probability is 0 whatever the parameters, so they would only
     dilute the mean.
 
     Args:
-      valid: ``[T]`` bool, the episode's valid steps (``Episodes.mask``).
+      valid: `[T]` bool, the episode's valid steps (`Episodes.mask`).
       num_agents: N.
-      avail: optional ``[T, N, V]`` legal-token mask of each step.
+      avail: optional `[T, N, V]` legal-token mask of each step.
 
     Returns:
-      ``[T, N]`` bool.
+      `[T, N]` bool.
     """
     valid = jnp.asarray(valid)
     chex.assert_rank(valid, 1)
@@ -84,16 +84,16 @@ def after_switch(t: jax.Array, switch: jax.Array) -> jax.Array:
 
         m_t = [t ≥ s]
 
-    When an expert takes over an episode at step ``s`` (the student acted
-    before), only the expert's tokens ``t ≥ s`` are labels; ``s = 0`` is a
-    whole expert episode, ``s ≥ T`` none of it.
+    When an expert takes over an episode at step `s` (the student acted
+    before), only the expert's tokens `t ≥ s` are labels; `s = 0` is a
+    whole expert episode, `s ≥ T` none of it.
 
     Args:
-      t: ``[T]`` integer step indices (``jnp.arange(T)``).
-      switch: ``[]`` the switch step, or ``[N]`` one per agent.
+      t: `[T]` integer step indices (`jnp.arange(T)`).
+      switch: `[]` the switch step, or `[N]` one per agent.
 
     Returns:
-      ``[T]`` bool, or ``[T, N]`` for a per-agent ``switch``.
+      `[T]` bool, or `[T, N]` for a per-agent `switch`.
     """
     t, switch = jnp.asarray(t), jnp.asarray(switch)
     chex.assert_rank(t, 1)
@@ -117,10 +117,10 @@ def leave_one_out_advantages(returns: jax.Array) -> jax.Array:
     "Back to basics", arXiv 2402.14740).
 
     Args:
-      returns: ``[M, K]`` float episode returns, K ≥ 2.
+      returns: `[M, K]` float episode returns, K ≥ 2.
 
     Returns:
-      ``[M, K]`` advantages (they sum to 0 over each prompt's K rollouts).
+      `[M, K]` advantages (they sum to 0 over each prompt's K rollouts).
     """
     returns = jnp.asarray(returns)
     chex.assert_rank(returns, 2)
@@ -137,18 +137,18 @@ def reinforce_loss(log_probs: jax.Array, mask: jax.Array, advantages: jax.Array)
 
         L(θ) = − mean_e  A_e · Σ_{t,i} m_eti · log π_θ(a_eti | context_eti)
 
-    Its gradient is the score-function estimate of ``−∇ E[R]`` when ``A_e``
+    Its gradient is the score-function estimate of `−∇ E[R]` when `A_e`
     is the episode's return minus a baseline that does not depend on the
-    episode's own tokens (:func:`leave_one_out_advantages`); the advantages
+    episode's own tokens ([`leave_one_out_advantages`][jaxil.losses.sequence.leave_one_out_advantages]); the advantages
     are constants (gradients are stopped through them).
 
     Args:
-      log_probs: ``[E, T, N]`` float teacher-forced log-probabilities of the
+      log_probs: `[E, T, N]` float teacher-forced log-probabilities of the
         emitted tokens under the parameters being trained (anything, even
         −inf, where the mask is off).
-      mask: ``[E, T, N]`` bool or 0/1: the tokens the policy chose
-        (:func:`agent_token_mask` with the legal masks).
-      advantages: ``[E]`` float.
+      mask: `[E, T, N]` bool or 0/1: the tokens the policy chose
+        ([`agent_token_mask`][jaxil.losses.sequence.agent_token_mask] with the legal masks).
+      advantages: `[E]` float.
 
     Returns:
       Scalar loss.

@@ -3,8 +3,8 @@
 A reward model scores a trajectory τ by the discounted sum of its step
 rewards; the analytic reward of two policies is the log-likelihood ratio of
 the actions taken, summed over steps and agents. Both are pure functions of
-padded, batch-major ``[B, T, ...]`` arrays with a ``[B, T]`` mask of valid
-steps (:class:`envs.rollout.Episodes`, :class:`jaxil.data.Dataset`).
+padded, batch-major `[B, T, ...]` arrays with a `[B, T]` mask of valid
+steps ([`envs.rollout.Episodes`][jaxil.envs.rollout.Episodes], [`jaxil.data.Dataset`][jaxil.data.format.Dataset]).
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ def discounted_score(values: jax.Array, mask: jax.Array, gamma) -> jax.Array:
     they hold non-finite padding.
 
     Args:
-      values: ``[B, T, ...]`` per-step values (team ``[B, T]`` or per agent
-        ``[B, T, N]``), float.
-      mask: ``[B, T]`` valid steps (bool or 0/1).
+      values: `[B, T, ...]` per-step values (team `[B, T]` or per agent
+        `[B, T, N]`), float.
+      mask: `[B, T]` valid steps (bool or 0/1).
       gamma: discount in [0, 1] (a float or a traced scalar).
 
     Returns:
-      ``[B, ...]`` scores.
+      `[B, ...]` scores.
     """
     values, mask = jnp.asarray(values), jnp.asarray(mask)
     chex.assert_rank(mask, 2)
@@ -50,18 +50,18 @@ def log_ratio_score(logp_num: jax.Array, logp_den: jax.Array, mask: jax.Array) -
                = log π_num(τ) − log π_den(τ)
 
     (the transition probabilities cancel; AfD's analytic Init–SFT reward with
-    ``num = π_SFT``, ``den = π_0``: Sun & van der Schaar, arXiv 2405.15624).
-    A step mask ``m_t`` counts every agent of a valid step; a per-agent mask
-    ``m_{t,i}`` selects tokens (a token episode's agent-token loss mask,
-    :func:`jaxil.losses.sequence.agent_token_mask`).
+    `num = π_SFT`, `den = π_0`: Sun & van der Schaar, arXiv 2405.15624).
+    A step mask `m_t` counts every agent of a valid step; a per-agent mask
+    `m_{t,i}` selects tokens (a token episode's agent-token loss mask,
+    [`jaxil.losses.sequence.agent_token_mask`][jaxil.losses.sequence.agent_token_mask]).
 
     Args:
-      logp_num: ``[B, T, N]`` per-agent log-probabilities under π_num.
-      logp_den: ``[B, T, N]`` under π_den.
-      mask: ``[B, T]`` valid steps, or ``[B, T, N]`` the agent actions to count.
+      logp_num: `[B, T, N]` per-agent log-probabilities under π_num.
+      logp_den: `[B, T, N]` under π_den.
+      mask: `[B, T]` valid steps, or `[B, T, N]` the agent actions to count.
 
     Returns:
-      ``[B]`` log-ratios.
+      `[B]` log-ratios.
     """
     logp_num, logp_den, mask = map(jnp.asarray, (logp_num, logp_den, mask))
     chex.assert_rank([logp_num, logp_den], 3)

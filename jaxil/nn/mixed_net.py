@@ -1,19 +1,19 @@
 """Local per-agent scalars mixed into a team scalar: the network of the DICE
 discriminator and value and of the IRL reward models.
 
-``MixedNet`` evaluates a :class:`jaxil.nn.nets.LocalMLP` with one output per
-agent, ``x_i = f_i(in_i)`` for all N agents at once, and combines them by
-``mode``:
+`MixedNet` evaluates a [`jaxil.nn.nets.LocalMLP`][jaxil.nn.nets.LocalMLP] with one output per
+agent, `x_i = f_i(in_i)` for all N agents at once, and combines them by
+`mode`:
 
-- ``"hyper"``: ``x_tot(s) = Σ_i w_i(s)·x_i + b(s)`` with the non-negative
-  weights and bias of a :class:`jaxil.nn.nets.HyperMixer` of the global state
-  (:func:`jaxil.nn.mixing.mix`; MisoDICE);
-- ``"sum"``: ``x_tot = Σ_i x_i`` (:func:`jaxil.nn.mixing.vdn_mix`; VDN);
-- ``"none"``: no mixing, the ``[..., N]`` local values themselves (INDD, a
+- `"hyper"`: `x_tot(s) = Σ_i w_i(s)·x_i + b(s)` with the non-negative
+  weights and bias of a [`jaxil.nn.nets.HyperMixer`][jaxil.nn.nets.HyperMixer] of the global state
+  ([`jaxil.nn.mixing.mix`][jaxil.nn.mixing.mix]; MisoDICE);
+- `"sum"`: `x_tot = Σ_i x_i` ([`jaxil.nn.mixing.vdn_mix`][jaxil.nn.mixing.vdn_mix]; VDN);
+- `"none"`: no mixing, the `[..., N]` local values themselves (INDD, a
   per-agent discriminator).
 
-Parameters: ``{"local": <LocalMLP variables>}`` plus ``"mixer"`` (the
-HyperMixer's) in ``"hyper"`` mode.
+Parameters: `{"local": <LocalMLP variables>}` plus `"mixer"` (the
+HyperMixer's) in `"hyper"` mode.
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ MIXING = ("hyper", "sum", "none")
 
 
 class MixedNet:
-    """Per-agent scalars ``[..., N]``, mixed into ``[...]`` per ``mode``.
+    """Per-agent scalars `[..., N]`, mixed into `[...]` per `mode`.
 
     Args:
       num_agents: N.
-      mode: ``"hyper"``, ``"sum"`` or ``"none"`` (see the module docstring).
+      mode: `"hyper"`, `"sum"` or `"none"` (see the module docstring).
       hidden: hidden widths of the local network.
-      mixer_hidden: width of the HyperMixer's hidden layer (``"hyper"``).
+      mixer_hidden: width of the HyperMixer's hidden layer (`"hyper"`).
       shared: one local parameter set with a one-hot agent id (True) or
         independent stacked parameters per agent (False).
     """
@@ -50,7 +50,7 @@ class MixedNet:
         self.mixer = HyperMixer(num_agents=num_agents, hidden=mixer_hidden)
 
     def init(self, key: jax.Array, x: jax.Array, state: jax.Array) -> Any:
-        """Parameters from example inputs ``x [B, N, D]`` and ``state [B, S]``."""
+        """Parameters from example inputs `x [B, N, D]` and `state [B, S]`."""
         k1, k2 = jax.random.split(key)
         p = {"local": self.local.init(k1, x)}
         if self.mode == "hyper":
@@ -58,11 +58,11 @@ class MixedNet:
         return p
 
     def local_values(self, params: Any, x: jax.Array) -> jax.Array:
-        """``x [..., N, D] -> [..., N]`` local values (before mixing)."""
+        """`x [..., N, D] -> [..., N]` local values (before mixing)."""
         return self.local.apply(params["local"], x)[..., 0]
 
     def __call__(self, params: Any, x: jax.Array, state: jax.Array) -> jax.Array:
-        """``[...]`` team values (hyper/sum) or ``[..., N]`` local ones (none)."""
+        """`[...]` team values (hyper/sum) or `[..., N]` local ones (none)."""
         local = self.local_values(params, x)
         if self.mode == "hyper":
             w, b = self.mixer.apply(params["mixer"], state)

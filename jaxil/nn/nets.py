@@ -3,15 +3,15 @@
 Local networks see only their own agent's input (decentralised execution) and
 are evaluated for all N agents in one batched call, in one of two modes:
 
-- ``shared=True``: one parameter set for every agent; a one-hot agent id is
+- `shared=True`: one parameter set for every agent; a one-hot agent id is
   appended to each agent's input so the agents can still behave differently
   (the O-MAPL / PyMARL convention).
-- ``shared=False``: independent parameters stacked on a leading agent axis
-  (every parameter leaf is ``[N, ...]``), applied with ``nn.vmap``.
+- `shared=False`: independent parameters stacked on a leading agent axis
+  (every parameter leaf is `[N, ...]`), applied with `nn.vmap`.
 
 Mixers map the global state to non-negative per-agent weights and a bias, so
-that a team quantity is ``x_tot(s) = Σ_i w_i(s)·x_i + b(s)`` (see
-``jaxil.nn.mixing.mix``). ``QMixer`` is the nonlinear QMIX mixer, kept only to
+that a team quantity is `x_tot(s) = Σ_i w_i(s)·x_i + b(s)` (see
+`jaxil.nn.mixing.mix`). `QMixer` is the nonlinear QMIX mixer, kept only to
 demonstrate in the tests why MisoDICE mixes linearly.
 """
 
@@ -33,21 +33,21 @@ ACTIVATIONS: dict[str, Activation] = {"relu": nn.relu, "tanh": nn.tanh}
 
 
 def activation(name: str) -> Activation:
-    """The hidden activation called ``name`` (``"relu"`` or ``"tanh"``)."""
+    """The hidden activation called `name` (`"relu"` or `"tanh"`)."""
     if name not in ACTIVATIONS:
         raise ValueError(f"unknown activation {name!r}; choose one of {sorted(ACTIVATIONS)}")
     return ACTIVATIONS[name]
 
 
 def orthogonal_init(out_scale: float) -> tuple[Initializer, Initializer]:
-    """``(hidden, output)`` kernel initialisers of the PPO convention
-    (orthogonal, gain √2 on hidden layers and ``out_scale`` on the output
+    """`(hidden, output)` kernel initialisers of the PPO convention
+    (orthogonal, gain √2 on hidden layers and `out_scale` on the output
     layer: 0.01 for a policy head, 1.0 for a value head)."""
     return nn.initializers.orthogonal(math.sqrt(2.0)), nn.initializers.orthogonal(out_scale)
 
 
 class MLP(nn.Module):
-    """Plain MLP: ``Dense(h_1) → act → … → Dense(h_k) → act → Dense(out_dim)``.
+    """Plain MLP: `Dense(h_1) → act → … → Dense(h_k) → act → Dense(out_dim)`.
 
     Attributes:
       out_dim: output width.
@@ -65,7 +65,7 @@ class MLP(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        """``x [..., in_dim] -> [..., out_dim]``."""
+        """`x [..., in_dim] -> [..., out_dim]`."""
         hidden_init = _init_kw(self.kernel_init)
         for i, width in enumerate(self.hidden):
             x = self.activation(nn.Dense(width, name=f"hidden_{i}", **hidden_init)(x))
@@ -90,26 +90,26 @@ _AgentStackedMLP = nn.vmap(
 class LocalMLP(nn.Module):
     """Per-agent MLP evaluated for all agents at once.
 
-    ``__call__(x [..., N, in_dim]) -> [..., N, out_dim]``.
+    `__call__(x [..., N, in_dim]) -> [..., N, out_dim]`.
 
     Parameter layout:
 
-    - ``shared=True``: ``params["mlp"]`` is one :class:`MLP` whose input is
-      ``in_dim + N`` wide (observation ⊕ one-hot agent id).
-    - ``shared=False``: ``params["agents"]`` is an :class:`MLP` whose every
-      leaf has a leading agent axis of size N; slice ``i`` of it is agent
-      ``i``'s network (``MLP(out_dim, hidden).apply({"params": slice_i}, x_i)``
-      reproduces the output of agent ``i``).
+    - `shared=True`: `params["mlp"]` is one [`MLP`][jaxil.nn.nets.MLP] whose input is
+      `in_dim + N` wide (observation ⊕ one-hot agent id).
+    - `shared=False`: `params["agents"]` is an [`MLP`][jaxil.nn.nets.MLP] whose every
+      leaf has a leading agent axis of size N; slice `i` of it is agent
+      `i`'s network (`MLP(out_dim, hidden).apply({"params": slice_i}, x_i)`
+      reproduces the output of agent `i`).
 
     Attributes:
       out_dim: output width per agent.
-      num_agents: N, checked against ``x.shape[-2]``.
+      num_agents: N, checked against `x.shape[-2]`.
       hidden: hidden widths.
       shared: parameter sharing (one-hot id appended) vs independent stacked
         parameters.
       activation: hidden activation.
       kernel_init, out_kernel_init: kernel initialisers of the hidden and
-        output layers (None: LeCun normal; see :func:`orthogonal_init`).
+        output layers (None: LeCun normal; see [`orthogonal_init`][jaxil.nn.nets.orthogonal_init]).
     """
 
     out_dim: int
@@ -122,7 +122,7 @@ class LocalMLP(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        """``x [..., N, in_dim] -> [..., N, out_dim]``."""
+        """`x [..., N, in_dim] -> [..., N, out_dim]`."""
         x = jnp.asarray(x)
         if x.ndim < 2 or x.shape[-2] != self.num_agents:
             raise ValueError(
@@ -143,14 +143,14 @@ class LocalMLP(nn.Module):
 
 
 class HyperMixer(nn.Module):
-    """State-conditioned linear mixing weights (O-MAPL ``MixNet`` / QMIX style).
+    """State-conditioned linear mixing weights (O-MAPL `MixNet` / QMIX style).
 
-    ``h = relu(Dense(hidden)(s))``, ``w(s) = |Dense(N)(h)| ≥ 0``,
-    ``b(s) = Dense(1)(h)``, so ``x_tot = Σ_i w_i(s) x_i + b(s)`` is linear and
-    monotone in the local values. As in the O-MAPL authors' ``MixNet``
-    (github.com/vietbt/OMAPL, ``algos/utils.py``) weights and bias share the
-    hidden layer; ``separate_bias_trunk=True`` gives the bias its own
-    ``Dense(hidden) → relu`` trunk instead.
+    `h = relu(Dense(hidden)(s))`, `w(s) = |Dense(N)(h)| ≥ 0`,
+    `b(s) = Dense(1)(h)`, so `x_tot = Σ_i w_i(s) x_i + b(s)` is linear and
+    monotone in the local values. As in the O-MAPL authors' `MixNet`
+    (github.com/vietbt/OMAPL, `algos/utils.py`) weights and bias share the
+    hidden layer; `separate_bias_trunk=True` gives the bias its own
+    `Dense(hidden) → relu` trunk instead.
 
     Attributes:
       num_agents: N.
@@ -164,7 +164,7 @@ class HyperMixer(nn.Module):
 
     @nn.compact
     def __call__(self, state: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """``state [..., S] -> (weights [..., N] >= 0, bias [...])``."""
+        """`state [..., S] -> (weights [..., N] >= 0, bias [...])`."""
         if state.ndim < 1:
             raise ValueError(f"HyperMixer expects a state [..., S], got a scalar of shape {state.shape}")
         h = nn.relu(nn.Dense(self.hidden, name="trunk")(state))
@@ -178,9 +178,9 @@ class HyperMixer(nn.Module):
 class QMixer(nn.Module):
     """Two-layer monotonic QMIX mixer (Rashid et al., 2018).
 
-    ``W1(s) = |Dense(N·E)(s)|`` reshaped ``[N, E]``, ``b1(s) = Dense(E)(s)``,
-    ``h = elu(local · W1 + b1)``, ``w2(s) = |Dense(E)(s)|``,
-    ``V(s) = Dense(1)(relu(Dense(E)(s)))``; ``x_tot = h · w2 + V(s)``.
+    `W1(s) = |Dense(N·E)(s)|` reshaped `[N, E]`, `b1(s) = Dense(E)(s)`,
+    `h = elu(local · W1 + b1)`, `w2(s) = |Dense(E)(s)|`,
+    `V(s) = Dense(1)(relu(Dense(E)(s)))`; `x_tot = h · w2 + V(s)`.
 
     Monotone in every local value, but *nonlinear* (the ELU layer), which
     breaks the convexity of the DICE ν-loss in the local values; jaxil uses it
@@ -196,7 +196,7 @@ class QMixer(nn.Module):
 
     @nn.compact
     def __call__(self, local: jax.Array, state: jax.Array) -> jax.Array:
-        """``local [..., N], state [..., S] -> [...]``."""
+        """`local [..., N], state [..., S] -> [...]`."""
         chex.assert_axis_dimension(local, -1, self.num_agents)
         chex.assert_equal_shape_prefix([local, state], local.ndim - 1)
         chex.assert_rank(state, local.ndim)

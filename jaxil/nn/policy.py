@@ -2,50 +2,50 @@
 
 Every neural policy — a learner's student (BC, INDD, MisoDICE, O-MAPL), a PPO
 teacher, the interactive and IRL learners built on them — is a
-:class:`PolicyNet`: a local network per agent (:class:`jaxil.nn.nets.LocalMLP`,
+[`PolicyNet`][jaxil.nn.policy.PolicyNet]: a local network per agent ([`jaxil.nn.nets.LocalMLP`][jaxil.nn.nets.LocalMLP],
 all agents in one batched call, each agent seeing only its own observation)
-and a head from :mod:`jaxil.nn.distributions`:
+and a head from [`jaxil.nn.distributions`][jaxil.nn.distributions]:
 
-- discrete actions: logits ``[..., N, A]`` of a masked categorical;
-- box actions, one of three heads (``box``):
+- discrete actions: logits `[..., N, A]` of a masked categorical;
+- box actions, one of three heads (`box`):
 
-  - ``"censored_gaussian"``: a diagonal Gaussian clipped to the box, with the
+  - `"censored_gaussian"`: a diagonal Gaussian clipped to the box, with the
     probability mass that the clip puts on each bound counted in the
-    likelihood (:func:`jaxil.nn.distributions.censored_gaussian_log_prob`);
-  - ``"tanh_gaussian"``: a tanh-squashed diagonal Gaussian;
-  - ``"beta"``: a Beta per dimension on the box (``log_std="state"`` only;
+    likelihood ([`jaxil.nn.distributions.censored_gaussian_log_prob`][jaxil.nn.distributions.censored_gaussian_log_prob]);
+  - `"tanh_gaussian"`: a tanh-squashed diagonal Gaussian;
+  - `"beta"`: a Beta per dimension on the box (`log_std="state"` only;
     the network outputs the two concentrations through a softplus).
 
   The Gaussian heads' log-std is either an output of the network
-  (``log_std="state"``, clipped to ``[LOG_STD_MIN, LOG_STD_MAX]``; the
-  learners) or one state-independent parameter vector (``log_std="param"``;
+  (`log_std="state"`, clipped to `[LOG_STD_MIN, LOG_STD_MAX]`; the
+  learners) or one state-independent parameter vector (`log_std="param"`;
   the PPO teachers).
 
-  Default head (``box=None``, :data:`DEFAULT_BOX`): the censored Gaussian for
-  ``log_std="state"``, the policy that learners fit to recorded actions; the
-  tanh-Gaussian for ``log_std="param"``, the PPO teachers, whose shipped
+  Default head (`box=None`, `DEFAULT_BOX`): the censored Gaussian for
+  `log_std="state"`, the policy that learners fit to recorded actions; the
+  tanh-Gaussian for `log_std="param"`, the PPO teachers, whose shipped
   checkpoints were trained squashed. Scripted experts put many actions exactly
   on the bounds (MPE spread's controller: 66 % of the action components).
   Under the tanh-Gaussian the likelihood of such an action grows without
   bound as the pre-squash mean goes to ±∞, so behaviour cloning chases
   saturation; the censored Gaussian gives it a probability Φ(·) ≤ 1 instead
   (experiments/misodice_table/README.md measures the three heads). A learner
-  names its head in its config (``box``, default the censored Gaussian), so
+  names its head in its config (`box`, default the censored Gaussian), so
   its run identity records it.
 
-:meth:`PolicyNet.policy` gives the :class:`envs.policies.Policy` that rollouts,
+[`PolicyNet.policy`][jaxil.nn.policy.PolicyNet.policy] gives the [`envs.policies.Policy`][jaxil.envs.policies.Policy] that rollouts,
 the dataset zoo and everything else that takes a policy accept, with
-``log_prob`` and ``entropy`` defined; a scripted expert is a Policy with those
-left ``None``.
+`log_prob` and `entropy` defined; a scripted expert is a Policy with those
+left `None`.
 
 Raw actions. PPO stores what it sampled *before* the tanh or the clip:
-``raw`` is the integer action (discrete), the pre-squash / pre-clip Gaussian
-draw ``u`` (Gaussian heads) or the action itself (Beta), and
-:meth:`PolicyNet.raw_log_prob_entropy` scores it. The tanh Jacobian does not
+`raw` is the integer action (discrete), the pre-squash / pre-clip Gaussian
+draw `u` (Gaussian heads) or the action itself (Beta), and
+[`PolicyNet.raw_log_prob_entropy`][jaxil.nn.policy.PolicyNet.raw_log_prob_entropy] scores it. The tanh Jacobian does not
 depend on the parameters, so ratios of raw log-probabilities equal those of
-the squashed policy, without the precision loss of ``atanh`` near the bounds;
-for the clip, the Gaussian density of ``u`` is the likelihood of a policy
-that acts ``u`` in an environment that clips.
+the squashed policy, without the precision loss of `atanh` near the bounds;
+for the clip, the Gaussian density of `u` is the likelihood of a policy
+that acts `u` in an environment that clips.
 """
 
 from __future__ import annotations
@@ -65,33 +65,33 @@ LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 LOG_STD_MODES = ("state", "param")
 INITS = ("lecun", "orthogonal")
 BOX_HEADS = ("censored_gaussian", "tanh_gaussian", "beta")
-#: The box head of ``box=None``, per ``log_std`` mode (see the module docstring).
+#: The box head of `box=None`, per `log_std` mode (see the module docstring).
 DEFAULT_BOX = {"state": "censored_gaussian", "param": "tanh_gaussian"}
 #: Smallest Beta concentration (softplus(x) + BETA_MIN).
 BETA_MIN = 1e-2
 
 
 class PolicyNet:
-    """A decentralised stochastic policy over ``obs [..., N, O]``.
+    """A decentralised stochastic policy over `obs [..., N, O]`.
 
     Args:
       spec: the environment's spec (agents, observation width, action space).
       hidden: hidden widths of the local network.
       shared: one parameter set with a one-hot agent id appended (True) or
         independent stacked parameters per agent (False).
-      activation: ``"relu"`` or ``"tanh"``.
-      init: ``"lecun"`` (flax's default) or ``"orthogonal"`` (the PPO
+      activation: `"relu"` or `"tanh"`.
+      init: `"lecun"` (flax's default) or `"orthogonal"` (the PPO
         convention: gain √2 on hidden layers, 0.01 on the output layer).
-      log_std: ``"state"`` (the network outputs mean ⊕ log-std) or
-        ``"param"`` (a state-independent log-std vector); box actions only.
-      log_std_init: initial value of the ``"param"`` log-std.
-      box: the box head, one of :data:`BOX_HEADS`; None takes
-        :data:`DEFAULT_BOX` of the ``log_std`` mode. Ignored for discrete
+      log_std: `"state"` (the network outputs mean ⊕ log-std) or
+        `"param"` (a state-independent log-std vector); box actions only.
+      log_std_init: initial value of the `"param"` log-std.
+      box: the box head, one of `BOX_HEADS`; None takes
+        `DEFAULT_BOX` of the `log_std` mode. Ignored for discrete
         actions.
 
-    Parameters: ``log_std="state"`` (and every discrete policy) uses the
-    :class:`LocalMLP` variables as they are; ``"param"`` uses
-    ``{"net": <LocalMLP variables>, "log_std": [d]}``.
+    Parameters: `log_std="state"` (and every discrete policy) uses the
+    [`LocalMLP`][jaxil.nn.nets.LocalMLP] variables as they are; `"param"` uses
+    `{"net": <LocalMLP variables>, "log_std": [d]}`.
     """
 
     def __init__(
@@ -139,8 +139,8 @@ class PolicyNet:
         return {"net": variables, "log_std": jnp.full((d,), self.log_std_init, jnp.float32)}
 
     def head(self, params: Any, obs: jax.Array):
-        """Logits ``[..., N, A]`` (discrete), ``(mean, log_std)`` (Gaussian
-        box heads) or ``(alpha, beta)`` (Beta), each ``[..., N, d]``."""
+        """Logits `[..., N, A]` (discrete), `(mean, log_std)` (Gaussian
+        box heads) or `(alpha, beta)` (Beta), each `[..., N, d]`."""
         if self.discrete:
             return self.net.apply(params, obs)
         if self.param_log_std:
@@ -154,7 +154,7 @@ class PolicyNet:
 
     # -- scoring ---------------------------------------------------------------
     def log_prob(self, params, obs, avail, actions) -> jax.Array:
-        """``[..., N]`` log-likelihoods of environment ``actions`` under the
+        """`[..., N]` log-likelihoods of environment `actions` under the
         box head (for the censored Gaussian: log-probabilities of the actions
         on a bound, log-densities of the others)."""
         out = self.head(params, obs)
@@ -177,7 +177,7 @@ class PolicyNet:
         return D.gaussian_entropy(out[1])
 
     def entropy(self, params, obs, avail) -> jax.Array:
-        """``[..., N]`` entropies: of the masked categorical, of the Beta, or
+        """`[..., N]` entropies: of the masked categorical, of the Beta, or
         of the pre-squash / pre-clip Gaussian."""
         out = self.head(params, obs)
         if self.discrete:
@@ -185,8 +185,8 @@ class PolicyNet:
         return self._box_entropy(out)
 
     def raw_log_prob_entropy(self, params, obs, avail, raw) -> tuple[jax.Array, jax.Array]:
-        """``(log π(raw), entropy)``, both ``[..., N]``, for raw actions
-        (integers, pre-squash / pre-clip draws ``u``, or Beta actions; see the
+        """`(log π(raw), entropy)`, both `[..., N]`, for raw actions
+        (integers, pre-squash / pre-clip draws `u`, or Beta actions; see the
         module docstring)."""
         out = self.head(params, obs)
         if self.discrete:
@@ -199,15 +199,15 @@ class PolicyNet:
 
     # -- acting ------------------------------------------------------------------
     def act(self, params, obs, avail, key, deterministic: bool = False) -> jax.Array:
-        """Environment actions: sampled, or when ``deterministic`` the most
+        """Environment actions: sampled, or when `deterministic` the most
         likely available action / the squashed or clipped Gaussian mean / the
         Beta's mode."""
         return self.to_env_action(self.sample_raw(params, obs, avail, key, deterministic)[0])
 
     def sample_raw(self, params, obs, avail, key,
                    deterministic: bool = False) -> tuple[jax.Array, jax.Array]:
-        """``(raw, log π(raw))``: integer actions, pre-squash / pre-clip draws
-        ``u``, or Beta actions."""
+        """`(raw, log π(raw))`: integer actions, pre-squash / pre-clip draws
+        `u`, or Beta actions."""
         out = self.head(params, obs)
         if self.discrete:
             a = D.categorical_mode(out, avail) if deterministic else D.categorical_sample(
@@ -233,9 +233,9 @@ class PolicyNet:
 
     # -- the protocol ------------------------------------------------------------
     def policy(self, deterministic: bool = False, key: Optional[str] = None) -> Policy:
-        """This network as an :class:`envs.policies.Policy` (no carry; with
-        ``log_prob`` and ``entropy``). With ``key``, the policy takes a
-        learner's whole parameter dict and uses ``params[key]``."""
+        """This network as an [`envs.policies.Policy`][jaxil.envs.policies.Policy] (no carry; with
+        `log_prob` and `entropy`). With `key`, the policy takes a
+        learner's whole parameter dict and uses `params[key]`."""
         sub = (lambda params: params) if key is None else (lambda params: params[key])
 
         def act(params, obs, avail, rng, carry):
@@ -250,7 +250,7 @@ class PolicyNet:
         return Policy(init=stateless_carry, act=act, log_prob=log_prob, entropy=entropy)
 
     def policy_fn(self, deterministic: bool = False):
-        """A plain ``(params, obs, avail, key) -> actions`` for envs.run_episodes."""
+        """A plain `(params, obs, avail, key) -> actions` for envs.run_episodes."""
 
         def fn(params, obs, avail, key):
             return self.act(params, obs, avail, key, deterministic)
@@ -258,9 +258,9 @@ class PolicyNet:
         return fn
 
     def learner_fns(self, key: str = "policy"):
-        """``(act, policy)`` of a learner whose params hold this network under
-        ``params[key]``: ``act(params, obs, avail, rng, deterministic=False)``
-        and ``policy(deterministic=False) -> Policy``."""
+        """`(act, policy)` of a learner whose params hold this network under
+        `params[key]`: `act(params, obs, avail, rng, deterministic=False)`
+        and `policy(deterministic=False) -> Policy`."""
 
         def act(params, obs, avail, rng, deterministic=False):
             return self.act(params[key], obs, avail, rng, deterministic)
@@ -269,7 +269,7 @@ class PolicyNet:
 
 
 def encode_actions(spec: EnvSpec, actions: jax.Array) -> jax.Array:
-    """Actions as network input: one-hot ``[..., N, A]`` or the raw box vector."""
+    """Actions as network input: one-hot `[..., N, A]` or the raw box vector."""
     if spec.discrete:
         return jax.nn.one_hot(actions, spec.num_actions, dtype=jnp.float32)
     return jnp.asarray(actions, jnp.float32)

@@ -1,71 +1,71 @@
 """A decoder-only causal transformer whose policy carry is its KV cache.
 
-On a token environment one step is one token per agent: ``spec.action`` is a
-``DiscreteActions(num_actions=V)`` over the vocabulary, ``avail_actions
-[N, V]`` is the legal-token mask (token 0, :data:`PAD`, is never legal), and
-the first ``K = token_width`` columns of ``obs [N, O]`` are the token ids (as
+On a token environment one step is one token per agent: `spec.action` is a
+`DiscreteActions(num_actions=V)` over the vocabulary, `avail_actions
+[N, V]` is the legal-token mask (token 0, `PAD`, is never legal), and
+the first `K = token_width` columns of `obs [N, O]` are the token ids (as
 floats) that enter the agent's context at this step, right-padded with PAD:
 at reset BOS and the prompt; afterwards the agent's own previous token,
-followed by tool-output tokens when its turn ended. Columns after ``K`` are
+followed by tool-output tokens when its turn ended. Columns after `K` are
 privileged features for scripted experts and are never read here.
 
-:class:`Transformer` is the network (flax linen): token and learned absolute
-position embeddings, ``num_layers`` pre-LayerNorm blocks (causal multi-head
+[`Transformer`][jaxil.nn.transformer.Transformer] is the network (flax linen): token and learned absolute
+position embeddings, `num_layers` pre-LayerNorm blocks (causal multi-head
 self-attention, GELU MLP), a final LayerNorm and an untied output head. It
 has two paths over the same parameters:
 
-- :meth:`Transformer.step` — append up to ``K`` new tokens of one agent to
-  its :class:`KVCache` and return the next-token logits at the last of them
-  (``O(K·C)`` attention per layer, ``C = max_context``);
-- :meth:`Transformer.sequence_logits` — teacher forcing over a whole token
-  sequence (``O(T²)``), the training path; it also serves, re-run on the
+- [`Transformer.step`][jaxil.nn.transformer.Transformer.step] — append up to `K` new tokens of one agent to
+  its [`KVCache`][jaxil.nn.transformer.KVCache] and return the next-token logits at the last of them
+  (`O(K·C)` attention per layer, `C = max_context`);
+- [`Transformer.sequence_logits`][jaxil.nn.transformer.Transformer.sequence_logits] — teacher forcing over a whole token
+  sequence (`O(T²)`), the training path; it also serves, re-run on the
   growing prefix every step, as the cache-free reference
-  (:meth:`TransformerPolicy.recompute_policy`).
+  ([`TransformerPolicy.recompute_policy`][jaxil.nn.transformer.TransformerPolicy.recompute_policy]).
 
 PAD slots may appear anywhere in either input: they neither advance the
 position nor are attended to, so the logits of a real token depend only on
 the real tokens up to it. The two paths agree to float32 rounding.
 
 Positions are learned absolute embeddings (GPT-2). The context of a token
-episode is bounded by ``max_context`` (the cache length), so there is no
+episode is bounded by `max_context` (the cache length), so there is no
 longer sequence to extrapolate to, which is what rotary encodings buy; a
 position table is one gather in both paths, so cached and full logits are
-the same computation. A context longer than ``max_context`` is truncated:
+the same computation. A context longer than `max_context` is truncated:
 tokens past it are not stored and the logits stay those of the last stored
 token (both paths alike); environments keep their episodes within it.
 
-:class:`TransformerPolicy` turns the network into an
-:class:`envs.policies.Policy` for N agents with shared parameters (an
-optional learned agent-id embedding, ``num_agents > 0``, lets them differ):
-``init(key, N)`` is an empty cache per agent and ``act`` appends the step's
-tokens and samples a legal token with :mod:`jaxil.nn.distributions`.
+[`TransformerPolicy`][jaxil.nn.transformer.TransformerPolicy] turns the network into an
+[`envs.policies.Policy`][jaxil.envs.policies.Policy] for N agents with shared parameters (an
+optional learned agent-id embedding, `num_agents > 0`, lets them differ):
+`init(key, N)` is an empty cache per agent and `act` appends the step's
+tokens and samples a legal token with [`jaxil.nn.distributions`][jaxil.nn.distributions].
 
-Scoring needs the context, which the protocol's stateless ``log_prob(params,
-obs, avail, actions)`` and ``entropy(params, obs, avail)`` do not receive: the
+Scoring needs the context, which the protocol's stateless `log_prob(params,
+obs, avail, actions)` and `entropy(params, obs, avail)` do not receive: the
 distribution of a token is a function of the whole episode so far, not of
-``obs``. Scoring an action from one step's obs alone would be a different
-policy (an empty context), silently, so the Policy leaves both ``None``
+`obs`. Scoring an action from one step's obs alone would be a different
+policy (an empty context), silently, so the Policy leaves both `None`
 (like a scripted expert) and the context-aware scores are methods:
 
-- :meth:`TransformerPolicy.step_log_probs` — ``(params, obs, avail, carry)
-  -> (log π [N, V], carry)``, one step along a rollout;
-- :meth:`TransformerPolicy.episode_scores` — ``(params, obs [T, N, O], avail
-  [T, N, V], actions [T, N]) -> (log π(a_t) [T, N], entropy [T, N])``,
+- [`TransformerPolicy.step_log_probs`][jaxil.nn.transformer.TransformerPolicy.step_log_probs] — `(params, obs, avail, carry)
+  -> (log π [N, V], carry)`, one step along a rollout;
+- [`TransformerPolicy.episode_scores`][jaxil.nn.transformer.TransformerPolicy.episode_scores] — `(params, obs [T, N, O], avail
+  [T, N, V], actions [T, N]) -> (log π(a_t) [T, N], entropy [T, N])`,
   teacher-forced over one recorded episode in one pass per agent: exactly the
-  distributions ``act`` sampled from. Behaviour cloning / SFT on episodes is
-  ``−Σ mask·log π / Σ mask`` with a loss mask over steps (the agent's own
+  distributions `act` sampled from. Behaviour cloning / SFT on episodes is
+  `−Σ mask·log π / Σ mask` with a loss mask over steps (the agent's own
   tokens; for OEC only the expert's segment). A per-token KL to a
-  reference policy compares the two policies' :meth:`TransformerPolicy.chunk_logits`
-  under the same mask (``D.categorical_log_probs``); its one-sample
-  estimate is the difference of two ``episode_scores``;
-- :meth:`TransformerPolicy.sequence_log_probs` — flat token sequences,
-  ``log π(targets[t] | tokens[:t+1])``, for token data that is not an
+  reference policy compares the two policies' [`TransformerPolicy.chunk_logits`][jaxil.nn.transformer.TransformerPolicy.chunk_logits]
+  under the same mask (`D.categorical_log_probs`); its one-sample
+  estimate is the difference of two `episode_scores`;
+- [`TransformerPolicy.sequence_log_probs`][jaxil.nn.transformer.TransformerPolicy.sequence_log_probs] — flat token sequences,
+  `log π(targets[t] | tokens[:t+1])`, for token data that is not an
   environment episode.
 
-:meth:`TransformerPolicy.chunk_features` is the same teacher-forced pass
-stopped before the head: the final hidden states ``[T, N, d_model]`` (after
-the final LayerNorm) at the positions ``chunk_logits`` reads, which
-:meth:`Transformer.read_out` maps to those logits — the student's
+[`TransformerPolicy.chunk_features`][jaxil.nn.transformer.TransformerPolicy.chunk_features] is the same teacher-forced pass
+stopped before the head: the final hidden states `[T, N, d_model]` (after
+the final LayerNorm) at the positions `chunk_logits` reads, which
+[`Transformer.read_out`][jaxil.nn.transformer.Transformer.read_out] maps to those logits — the student's
 representation of its context, for diagnostics such as covariate shift.
 """
 
@@ -87,8 +87,8 @@ from jaxil.nn import distributions as D
 PAD = 0
 
 #: Architectures by name; vocabulary, token width and context come from the
-#: task (:func:`transformer_config`). Parameters at V = 64, C = 256
-#: (:meth:`TransformerConfig.num_params`; in the blocks alone): tiny 124,672
+#: task (`transformer_config`). Parameters at V = 64, C = 256
+#: (`TransformerConfig.num_params`; in the blocks alone): tiny 124,672
 #: (99,968); mini 644,224 (594,816); small 3,257,856 (3,159,040); base
 #: 19,111,936 (18,914,304).
 SIZES: dict[str, dict[str, int]] = {
@@ -105,17 +105,17 @@ _MASKED = -1e9
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
-    """Static structure of a :class:`Transformer` (hashable; no dropout).
+    """Static structure of a [`Transformer`][jaxil.nn.transformer.Transformer] (hashable; no dropout).
 
     Attributes:
       vocab_size: V, the number of token ids (the environment's
-        ``num_actions``); id 0 is :data:`PAD`.
-      token_width: K, how many leading ``obs`` columns are token ids.
+        `num_actions`); id 0 is `PAD`.
+      token_width: K, how many leading `obs` columns are token ids.
       max_context: C, the KV-cache length and the number of positions.
       d_model: residual width.
       num_layers: number of transformer blocks.
-      num_heads: attention heads (``d_model`` must be a multiple).
-      mlp_ratio: MLP hidden width as a multiple of ``d_model``.
+      num_heads: attention heads (`d_model` must be a multiple).
+      mlp_ratio: MLP hidden width as a multiple of `d_model`.
       num_agents: 0 for no agent-id embedding; N for a learned embedding of
         the agent index added to every token (agents then may differ while
         sharing all other parameters).
@@ -160,8 +160,8 @@ class TransformerConfig:
 
 def transformer_config(size: str, *, vocab_size: int, token_width: int, max_context: int,
                        **overrides: Any) -> TransformerConfig:
-    """The :data:`SIZES` architecture ``size`` for a task's vocabulary,
-    token width and context length (``overrides`` replace any field)."""
+    """The `SIZES` architecture `size` for a task's vocabulary,
+    token width and context length (`overrides` replace any field)."""
     if size not in SIZES:
         raise ValueError(f"unknown transformer size {size!r}; choose one of {list(SIZES)}")
     fields = dict(SIZES[size], vocab_size=vocab_size, token_width=token_width,
@@ -172,11 +172,11 @@ def transformer_config(size: str, *, vocab_size: int, token_width: int, max_cont
 
 def config_for_env(env: Any, size: str = "tiny", agent_ids: bool = False,
                    **overrides: Any) -> TransformerConfig:
-    """The :data:`SIZES` architecture ``size`` for a token environment: the
-    vocabulary from ``env.spec``, ``token_width`` and ``max_context`` from
-    the environment's attributes of those names (every ``tokens:`` task has
-    them); ``agent_ids`` adds the agent-id embedding (``num_agents`` from the
-    spec). ``overrides`` replace any field."""
+    """The `SIZES` architecture `size` for a token environment: the
+    vocabulary from `env.spec`, `token_width` and `max_context` from
+    the environment's attributes of those names (every `tokens:` task has
+    them); `agent_ids` adds the agent-id embedding (`num_agents` from the
+    spec). `overrides` replace any field."""
     spec = env.spec
     missing = [a for a in ("token_width", "max_context") if not hasattr(env, a)]
     if missing or not spec.discrete:
@@ -189,13 +189,13 @@ def config_for_env(env: Any, size: str = "tiny", agent_ids: bool = False,
 
 
 class KVCache(NamedTuple):
-    """One agent's context (leading batch axes, e.g. ``[N]``, allowed).
+    """One agent's context (leading batch axes, e.g. `[N]`, allowed).
 
     Attributes:
-      k, v: ``[..., L, C, H, D]`` keys and values of every layer; entries at
-        and past ``length`` are unused.
-      length: ``[...]`` int32, the number of tokens in the context.
-      logits: ``[..., V]`` next-token logits at the last token (zeros for an
+      k, v: `[..., L, C, H, D]` keys and values of every layer; entries at
+        and past `length` are unused.
+      length: `[...]` int32, the number of tokens in the context.
+      logits: `[..., V]` next-token logits at the last token (zeros for an
         empty context), returned again by a step that brings no token.
     """
 
@@ -206,14 +206,14 @@ class KVCache(NamedTuple):
 
 
 def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Softmax attention ``[Q, H, D] × [M, H, D] -> [Q, H, D]`` under ``mask [Q, M]``."""
+    """Softmax attention `[Q, H, D] × [M, H, D] -> [Q, H, D]` under `mask [Q, M]`."""
     scores = jnp.einsum("qhd,mhd->hqm", q, k) / math.sqrt(q.shape[-1])
     scores = jnp.where(mask[None], scores, jnp.asarray(_MASKED, scores.dtype))
     return jnp.einsum("hqm,mhd->qhd", jax.nn.softmax(scores, axis=-1), v)
 
 
 class _Block(nn.Module):
-    """Pre-LayerNorm block: ``x + Attn(LN(x))``, then ``x + MLP(LN(x))``."""
+    """Pre-LayerNorm block: `x + Attn(LN(x))`, then `x + MLP(LN(x))`."""
 
     config: TransformerConfig
 
@@ -227,10 +227,10 @@ class _Block(nn.Module):
         self.mlp_out = nn.Dense(c.d_model)
 
     def __call__(self, x, mask, cache_k=None, cache_v=None, write=None):
-        """``x [Q, d]``; keys are ``x``'s own (``cache_k is None``, ``mask
-        [Q, Q]``) or the cache ``[C, H, D]`` after writing ``x``'s keys at
-        slots ``write [Q]`` (out of range: dropped; ``mask [Q, C]``).
-        Returns ``(x, keys, values)``."""
+        """`x [Q, d]`; keys are `x`'s own (`cache_k is None`, `mask
+        [Q, Q]`) or the cache `[C, H, D]` after writing `x`'s keys at
+        slots `write [Q]` (out of range: dropped; `mask [Q, C]`).
+        Returns `(x, keys, values)`."""
         qkv = self.qkv(self.ln_attn(x))
         q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
         if cache_k is not None:
@@ -265,7 +265,7 @@ class _Decoder(nn.Module):
         return self.head(self.ln_final(h))
 
     def sequence_features(self, tokens, agent):
-        """``[T, d]`` the final LayerNorm's output: what the head reads."""
+        """`[T, d]` the final LayerNorm's output: what the head reads."""
         c = self.config
         kept, pos = _kept_positions(tokens, 0, c.max_context)
         x = self._embed(tokens, jnp.minimum(pos, c.max_context - 1), agent)
@@ -299,7 +299,7 @@ class _Decoder(nn.Module):
 
 
 def _kept_positions(tokens: jax.Array, start: jax.Array, max_context: int):
-    """``(kept [T], positions [T])``: non-PAD tokens that fit in the context,
+    """`(kept [T], positions [T])`: non-PAD tokens that fit in the context,
     and the position of each (PAD slots do not advance it)."""
     real = tokens != PAD
     pos = start + jnp.cumsum(real) - 1
@@ -307,12 +307,12 @@ def _kept_positions(tokens: jax.Array, start: jax.Array, max_context: int):
 
 
 class Transformer:
-    """The network of :mod:`jaxil.nn.transformer` as pure functions of one
-    agent's tokens (``vmap`` them over agents and batches).
+    """The network of [`jaxil.nn.transformer`][jaxil.nn.transformer] as pure functions of one
+    agent's tokens (`vmap` them over agents and batches).
 
-    Parameters: ``{"params": {"token_embed", "pos_embed" [C, d], ("agent_embed"
+    Parameters: `{"params": {"token_embed", "pos_embed" [C, d], ("agent_embed"
     [N, d]), "blocks_i" {ln_attn, qkv, attn_out, ln_mlp, mlp_in, mlp_out},
-    "ln_final", "head"}}``.
+    "ln_final", "head"}}`.
     """
 
     def __init__(self, config: TransformerConfig):
@@ -320,14 +320,14 @@ class Transformer:
         self.module = _Decoder(config)
 
     def init(self, key: jax.Array) -> Any:
-        """The network's variables, drawn from ``key`` (compiled: eagerly,
+        """The network's variables, drawn from `key` (compiled: eagerly,
         drawing every parameter op by op takes longer than compiling)."""
         tokens = jnp.zeros((self.config.token_width,), jnp.int32)
         return jax.jit(lambda k: self.module.init(k, tokens, jnp.int32(0),
                                                   method=_Decoder.sequence))(key)
 
     def empty_cache(self, batch_shape: tuple[int, ...] = ()) -> KVCache:
-        """An empty context (zeros, length 0) with leading ``batch_shape``."""
+        """An empty context (zeros, length 0) with leading `batch_shape`."""
         c = self.config
         kv = jnp.zeros(batch_shape + (c.num_layers, c.max_context, c.num_heads, c.head_dim),
                        jnp.float32)
@@ -340,13 +340,13 @@ class Transformer:
 
         Args:
           params: the network's variables.
-          tokens: ``[K]`` integer token ids; PAD slots anywhere are skipped.
-          cache: the agent's :class:`KVCache` (no batch axes).
+          tokens: `[K]` integer token ids; PAD slots anywhere are skipped.
+          cache: the agent's [`KVCache`][jaxil.nn.transformer.KVCache] (no batch axes).
           agent: the agent index (used only with an agent-id embedding).
 
         Returns:
-          ``(logits [V], cache)``: next-token logits at the last non-PAD token
-          (the previous ones if ``tokens`` is all PAD), and the extended cache.
+          `(logits [V], cache)`: next-token logits at the last non-PAD token
+          (the previous ones if `tokens` is all PAD), and the extended cache.
         """
         chex.assert_rank(tokens, 1)
         chex.assert_type(tokens, int)
@@ -358,14 +358,14 @@ class Transformer:
 
         Args:
           params: the network's variables.
-          tokens: ``[T]`` integer token ids, PAD slots anywhere (e.g. an
-            episode's per-step ``K``-wide chunks concatenated).
+          tokens: `[T]` integer token ids, PAD slots anywhere (e.g. an
+            episode's per-step `K`-wide chunks concatenated).
           agent: the agent index (used only with an agent-id embedding).
 
         Returns:
-          ``[T, V]``: row ``t`` is the distribution of the token after
-          ``tokens[t]`` given the non-PAD tokens up to ``t`` — what
-          :meth:`step` returns after the chunk ending at ``t``. Rows at PAD
+          `[T, V]`: row `t` is the distribution of the token after
+          `tokens[t]` given the non-PAD tokens up to `t` — what
+          [`step`][jaxil.nn.transformer.Transformer.step] returns after the chunk ending at `t`. Rows at PAD
           slots are finite but meaningless.
         """
         chex.assert_rank(tokens, 1)
@@ -374,38 +374,38 @@ class Transformer:
 
     def sequence_features(self, params: Any, tokens: jax.Array,
                           agent: jax.Array | int = 0) -> jax.Array:
-        """Teacher-forced final hidden states ``[T, d_model]`` of one token
+        """Teacher-forced final hidden states `[T, d_model]` of one token
         sequence: the final LayerNorm's output, which the head maps to
-        :meth:`sequence_logits` (``read_out(params, features)``)."""
+        [`sequence_logits`][jaxil.nn.transformer.Transformer.sequence_logits] (`read_out(params, features)`)."""
         chex.assert_rank(tokens, 1)
         chex.assert_type(tokens, int)
         return self.module.apply(params, tokens, agent, method=_Decoder.sequence_features)
 
     def read_out(self, params: Any, features: jax.Array) -> jax.Array:
-        """The output head: final hidden states ``[..., d_model]`` to
-        next-token logits ``[..., V]``."""
+        """The output head: final hidden states `[..., d_model]` to
+        next-token logits `[..., V]`."""
         return self.module.apply(params, features, method=_Decoder.read_out)
 
 
 def obs_tokens(obs: jax.Array, token_width: int) -> jax.Array:
-    """The token ids ``int32 [..., K]`` in the first ``K`` columns of ``obs``."""
+    """The token ids `int32 [..., K]` in the first `K` columns of `obs`."""
     return jnp.round(obs[..., :token_width]).astype(jnp.int32)
 
 
 class TokenBuffer(NamedTuple):
-    """Carry of :meth:`TransformerPolicy.recompute_policy`: the context as
-    tokens ``[..., C]`` (PAD after ``length``) and its ``length [...]``."""
+    """Carry of [`TransformerPolicy.recompute_policy`][jaxil.nn.transformer.TransformerPolicy.recompute_policy]: the context as
+    tokens `[..., C]` (PAD after `length`) and its `length [...]`."""
 
     tokens: jax.Array
     length: jax.Array
 
 
 class TransformerPolicy:
-    """A :class:`Transformer` acting for the N agents of one token environment
+    """A [`Transformer`][jaxil.nn.transformer.Transformer] acting for the N agents of one token environment
     (parameters shared; see the module docstring for scoring).
 
     Args:
-      config: the network's :class:`TransformerConfig`.
+      config: the network's [`TransformerConfig`][jaxil.nn.transformer.TransformerConfig].
     """
 
     def __init__(self, config: TransformerConfig):
@@ -430,11 +430,11 @@ class TransformerPolicy:
                              f"token_width={self.config.token_width} token ids from them")
 
     def init_carry(self, key: jax.Array, num_agents: int) -> KVCache:
-        """An empty :class:`KVCache` per agent (``[N, ...]``)."""
+        """An empty [`KVCache`][jaxil.nn.transformer.KVCache] per agent (`[N, ...]`)."""
         return self.net.empty_cache((num_agents,))
 
     def step_logits(self, params: Any, obs: jax.Array, carry: KVCache) -> tuple[jax.Array, KVCache]:
-        """``obs [N, O]``, ``carry [N]`` -> ``(logits [N, V], carry)``: append
+        """`obs [N, O]`, `carry [N]` -> `(logits [N, V], carry)`: append
         the step's tokens and return the raw next-token logits."""
         self._check_obs(obs)
         tokens = obs_tokens(obs, self.config.token_width)
@@ -443,15 +443,15 @@ class TransformerPolicy:
 
     def step_log_probs(self, params: Any, obs: jax.Array, avail: jax.Array,
                        carry: KVCache) -> tuple[jax.Array, KVCache]:
-        """``(log π [N, V], carry)``: the masked categorical ``act`` samples
-        from at this step (log π(a) = ``out[i, a]``; entropy:
-        ``D.categorical_entropy(logits, avail)`` of :meth:`step_logits`)."""
+        """`(log π [N, V], carry)`: the masked categorical `act` samples
+        from at this step (log π(a) = `out[i, a]`; entropy:
+        `D.categorical_entropy(logits, avail)` of [`step_logits`][jaxil.nn.transformer.TransformerPolicy.step_logits])."""
         logits, carry = self.step_logits(params, obs, carry)
         return D.categorical_log_probs(logits, avail), carry
 
     def act(self, params: Any, obs: jax.Array, avail: jax.Array, key: jax.Array,
             carry: KVCache, deterministic: bool = False) -> tuple[jax.Array, KVCache]:
-        """One legal token per agent ``int32 [N]`` (sampled, or the most likely
+        """One legal token per agent `int32 [N]` (sampled, or the most likely
         legal one) and the extended cache."""
         logits, carry = self.step_logits(params, obs, carry)
         if deterministic:
@@ -460,11 +460,11 @@ class TransformerPolicy:
 
     # -- the protocol --------------------------------------------------------------
     def policy(self, deterministic: bool = False, key: str | None = None) -> Policy:
-        """This network as an :class:`envs.policies.Policy` whose carry is the
-        KV cache; ``log_prob`` / ``entropy`` are ``None`` (they need the
-        context: use :meth:`step_log_probs` or :meth:`episode_scores`). With
-        ``key``, the policy takes a learner's parameter dict and uses
-        ``params[key]``."""
+        """This network as an [`envs.policies.Policy`][jaxil.envs.policies.Policy] whose carry is the
+        KV cache; `log_prob` / `entropy` are `None` (they need the
+        context: use [`step_log_probs`][jaxil.nn.transformer.TransformerPolicy.step_log_probs] or [`episode_scores`][jaxil.nn.transformer.TransformerPolicy.episode_scores]). With
+        `key`, the policy takes a learner's parameter dict and uses
+        `params[key]`."""
         sub = (lambda params: params) if key is None else (lambda params: params[key])
 
         def act(params, obs, avail, rng, carry):
@@ -474,10 +474,10 @@ class TransformerPolicy:
 
     def recompute_policy(self, deterministic: bool = False, key: str | None = None) -> Policy:
         """The same policy without a KV cache: the carry keeps the context's
-        tokens and every step re-runs :meth:`Transformer.sequence_logits`
-        over all ``max_context`` of them (``O(C²)`` per step). A baseline for
+        tokens and every step re-runs [`Transformer.sequence_logits`][jaxil.nn.transformer.Transformer.sequence_logits]
+        over all `max_context` of them (`O(C²)` per step). A baseline for
         benchmarks and a reference for tests; it acts exactly as
-        :meth:`policy` up to float32 rounding."""
+        [`policy`][jaxil.nn.transformer.TransformerPolicy.policy] up to float32 rounding."""
         sub = (lambda params: params) if key is None else (lambda params: params[key])
         c = self.config
 
@@ -505,12 +505,12 @@ class TransformerPolicy:
 
     # -- teacher-forced scoring ------------------------------------------------------
     def _chunks(self, per_token: Any, obs: jax.Array) -> jax.Array:
-        """``per_token(context [C], agent) -> [C, X]`` run once per agent
-        over its context (the non-PAD tokens of its ``K``-wide chunks,
-        packed left into ``max_context`` slots, PAD after), read at each
-        step's last stored token: ``[T, N, X]`` (zeros before the first
-        token). Packing first makes the pass cost ``C`` positions instead of
-        ``T·K`` (most chunks hold one token and ``K − 1`` PADs)."""
+        """`per_token(context [C], agent) -> [C, X]` run once per agent
+        over its context (the non-PAD tokens of its `K`-wide chunks,
+        packed left into `max_context` slots, PAD after), read at each
+        step's last stored token: `[T, N, X]` (zeros before the first
+        token). Packing first makes the pass cost `C` positions instead of
+        `T·K` (most chunks hold one token and `K − 1` PADs)."""
         chex.assert_rank(obs, 3)
         self._check_obs(obs)
         T, n, _ = obs.shape
@@ -533,14 +533,14 @@ class TransformerPolicy:
 
         Args:
           params: the network's variables.
-          obs: ``[T, N, O]`` the observations the agents acted on (an
-            :class:`envs.rollout.Episodes`' ``obs[e, :-1]``); steps past the
+          obs: `[T, N, O]` the observations the agents acted on (an
+            [`envs.rollout.Episodes`][jaxil.envs.rollout.Episodes]' `obs[e, :-1]`); steps past the
             episode's end may hold anything, they do not affect earlier ones.
 
         Returns:
-          ``[T, N, V]``: the logits ``act`` saw at each step, from one
-          :meth:`Transformer.sequence_logits` pass per agent over its
-          whole context (the chunks' tokens packed into ``max_context``
+          `[T, N, V]`: the logits `act` saw at each step, from one
+          [`Transformer.sequence_logits`][jaxil.nn.transformer.Transformer.sequence_logits] pass per agent over its
+          whole context (the chunks' tokens packed into `max_context`
           slots).
         """
         return self._chunks(lambda tokens, agent: self.net.sequence_logits(params, tokens, agent),
@@ -551,28 +551,28 @@ class TransformerPolicy:
 
         Args:
           params: the network's variables.
-          obs: ``[T, N, O]`` as for :meth:`chunk_logits`.
+          obs: `[T, N, O]` as for [`chunk_logits`][jaxil.nn.transformer.TransformerPolicy.chunk_logits].
 
         Returns:
-          ``[T, N, d_model]``: at the positions :meth:`chunk_logits` reads,
+          `[T, N, d_model]`: at the positions [`chunk_logits`][jaxil.nn.transformer.TransformerPolicy.chunk_logits] reads,
           the final LayerNorm's output, which the head maps to those logits
-          (``self.net.read_out(params, features)``); zeros where an agent
+          (`self.net.read_out(params, features)`); zeros where an agent
           has no token yet. The student's representation of its context,
           e.g. for measuring covariate shift
-          (:mod:`jaxil.algorithms.lm.diagnostics`).
+          ([`jaxil.algorithms.lm.diagnostics`][jaxil.algorithms.lm.diagnostics]).
         """
         return self._chunks(
             lambda tokens, agent: self.net.sequence_features(params, tokens, agent), obs)
 
     def episode_scores(self, params: Any, obs: jax.Array, avail: jax.Array,
                        actions: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """Teacher-forced ``(log π(a_t) [T, N], entropy [T, N])`` of one
-        recorded episode (``obs [T, N, O]``, ``avail [T, N, V]``, ``actions
-        [T, N]``): the distributions ``act`` drew from along the episode.
+        """Teacher-forced `(log π(a_t) [T, N], entropy [T, N])` of one
+        recorded episode (`obs [T, N, O]`, `avail [T, N, V]`, `actions
+        [T, N]`): the distributions `act` drew from along the episode.
 
-        SFT on episodes: ``−Σ_t,i m_ti·log π / Σ m_ti`` with a loss mask
-        ``m [T, N]`` (the episode's valid steps, and for OEC only the
-        expert's segment); ``vmap`` over episodes."""
+        SFT on episodes: `−Σ_t,i m_ti·log π / Σ m_ti` with a loss mask
+        `m [T, N]` (the episode's valid steps, and for OEC only the
+        expert's segment); `vmap` over episodes."""
         chex.assert_rank([obs, avail, actions], [3, 3, 2])
         logits = self.chunk_logits(params, obs)
         return (D.categorical_log_prob(logits, avail, actions),
@@ -580,10 +580,10 @@ class TransformerPolicy:
 
     def sequence_log_probs(self, params: Any, tokens: jax.Array, targets: jax.Array,
                            avail: jax.Array | None = None, agent: jax.Array | int = 0) -> jax.Array:
-        """``log π(targets[t] | tokens[:t+1])``, ``[T]``, for one flat token
-        sequence (``tokens``, ``targets`` ``[T]``; usually ``targets[t] =
-        tokens[t+1]``), under the legal mask ``avail [T, V]`` (None: every
-        token but PAD). Weight by a loss mask for SFT; ``vmap`` over
+        """`log π(targets[t] | tokens[:t+1])`, `[T]`, for one flat token
+        sequence (`tokens`, `targets` `[T]`; usually `targets[t] =
+        tokens[t+1]`), under the legal mask `avail [T, V]` (None: every
+        token but PAD). Weight by a loss mask for SFT; `vmap` over
         sequences."""
         chex.assert_rank([tokens, targets], 1)
         logits = self.net.sequence_logits(params, tokens, agent)

@@ -1,26 +1,26 @@
 """The one checkpoint format of jaxil: orbax, through this module.
 
-- :func:`save_tree` / :func:`restore_tree`: one pytree in one directory, its
-  leaves stored as ``{"leaf_<i>": array}`` in tree order (any container type
+- [`save_tree`][jaxil.runs.checkpoint.save_tree] / [`restore_tree`][jaxil.runs.checkpoint.restore_tree]: one pytree in one directory, its
+  leaves stored as `{"leaf_<i>": array}` in tree order (any container type
   works; zero-size leaves, which orbax refuses, are skipped and rebuilt from
   the template on restore). Teachers' actors and runner states, and the
   teacher policies shipped inside the package, use it.
-- :class:`Checkpointer`: numbered steps of a whole learner state (all seeds /
+- [`Checkpointer`][jaxil.runs.checkpoint.Checkpointer]: numbered steps of a whole learner state (all seeds /
   grid points at once) under one directory, of which the manager keeps the
-  newest few (``jaxil train``, ``jaxil interactive``). Zero-size leaves (a
-  box-action environment's ``[.., 0]`` legal-action mask) are stored as empty
+  newest few (`jaxil train`, `jaxil interactive`). Zero-size leaves (a
+  box-action environment's `[.., 0]` legal-action mask) are stored as empty
   nodes and rebuilt from the template on restore.
-- :func:`params_digest`: a SHA-256 over a pytree's leaves, recorded wherever
+- [`params_digest`][jaxil.runs.checkpoint.params_digest]: a SHA-256 over a pytree's leaves, recorded wherever
   a dataset or a shipped teacher must pin exact weights.
 
 Orbax writes into a temporary directory and renames it when complete, so a
 kill mid-save leaves the previous checkpoint loadable.
 
 A save that fails (a full disk, a permission change) raises one
-:class:`CheckpointWriteError` naming the step, the directory and the fix; the
+[`CheckpointWriteError`][jaxil.runs.checkpoint.CheckpointWriteError] naming the step, the directory and the fix; the
 tracebacks that orbax's background threads log meanwhile are held back (the
-exception chains the original error, which ``jaxil --debug`` shows). A
-Ctrl-C during a save keeps them silent too. :meth:`Checkpointer.check_space`
+exception chains the original error, which `jaxil --debug` shows). A
+Ctrl-C during a save keeps them silent too. [`Checkpointer.check_space`][jaxil.runs.checkpoint.Checkpointer.check_space]
 refuses a run whose checkpoint cannot fit before any work is done.
 """
 
@@ -90,7 +90,7 @@ def _write_failure(what: str, where: Path, e: BaseException) -> CheckpointWriteE
 
 def check_space(directory: str | os.PathLike, state: Any) -> None:
     """Refuse, before any work, a directory without room for one more
-    checkpoint of ``state``: its arrays' bytes plus :data:`SPACE_MARGIN_BYTES`
+    checkpoint of `state`: its arrays' bytes plus `SPACE_MARGIN_BYTES`
     (an old step is deleted only after the new one is complete).
 
     Raises:
@@ -114,11 +114,11 @@ def _leaf_name(i: int) -> str:
 
 
 def save_tree(path: str | os.PathLike, tree: Any) -> None:
-    """Save a pytree's (non-empty) leaves with orbax into the directory ``path``
+    """Save a pytree's (non-empty) leaves with orbax into the directory `path`
     (overwritten if it exists).
 
     Raises:
-      CheckpointWriteError: the write failed (see :class:`Checkpointer`).
+      CheckpointWriteError: the write failed (see [`Checkpointer`][jaxil.runs.checkpoint.Checkpointer]).
     """
     leaves = jax.tree.leaves(tree)
     flat = {_leaf_name(i): np.asarray(x) for i, x in enumerate(leaves) if np.size(x) > 0}
@@ -132,12 +132,12 @@ def save_tree(path: str | os.PathLike, tree: Any) -> None:
 
 
 def restore_tree(path: str | os.PathLike, like: Any) -> Any:
-    """Restore what :func:`save_tree` wrote into the structure of ``like`` (a
-    pytree of arrays or ``jax.ShapeDtypeStruct``).
+    """Restore what [`save_tree`][jaxil.runs.checkpoint.save_tree] wrote into the structure of `like` (a
+    pytree of arrays or `jax.ShapeDtypeStruct`).
 
     Raises:
-      FileNotFoundError: ``path`` does not exist.
-      ValueError: the stored arrays do not match ``like`` (another config or
+      FileNotFoundError: `path` does not exist.
+      ValueError: the stored arrays do not match `like` (another config or
         environment wrote them).
     """
     path = os.path.abspath(path)
@@ -177,16 +177,16 @@ def params_digest(params: Any) -> str:
 
 
 def _without_empty(tree: Any) -> Any:
-    """``tree`` with every zero-size leaf replaced by ``None`` (orbax refuses to
-    save zero-size arrays; ``None`` is an empty node it keeps)."""
+    """`tree` with every zero-size leaf replaced by `None` (orbax refuses to
+    save zero-size arrays; `None` is an empty node it keeps)."""
     leaves, treedef = jax.tree.flatten(tree)
     return jax.tree.unflatten(treedef, [None if np.size(x) == 0 else x for x in leaves])
 
 
 def _refill_empty(restored: Any, like: Any) -> Any:
-    """Undo :func:`_without_empty`: zero-size leaves of ``like`` come back as
-    zeros of their shape and dtype, the others from ``restored``. Both trees
-    are read with ``None`` as an item, so a field that is None in ``like``
+    """Undo `_without_empty`: zero-size leaves of `like` come back as
+    zeros of their shape and dtype, the others from `restored`. Both trees
+    are read with `None` as an item, so a field that is None in `like`
     (an environment state without a goal) keeps the two aligned."""
     is_none = lambda x: x is None  # noqa: E731
     items, treedef = jax.tree.flatten(like, is_leaf=is_none)
@@ -197,14 +197,14 @@ def _refill_empty(restored: Any, like: Any) -> Any:
 
 
 def _place_like(x: Any, template: Any) -> Any:
-    """``x`` uncommitted where ``template`` is an uncommitted array, else as it is."""
+    """`x` uncommitted where `template` is an uncommitted array, else as it is."""
     if isinstance(template, jax.Array) and not template.committed and x.committed:
         return jnp.asarray(np.asarray(x))
     return x
 
 
 class Checkpointer:
-    """Numbered checkpoints of a whole state under ``directory/<step>/``."""
+    """Numbered checkpoints of a whole state under `directory/<step>/`."""
 
     def __init__(self, directory: str | Path, max_to_keep: int = 2):
         self.directory = Path(directory).absolute()
@@ -222,7 +222,7 @@ class Checkpointer:
         return sorted(self.manager.all_steps())
 
     def save(self, step: int, state: Any) -> None:
-        """Write ``state`` as ``step`` and wait until it is complete.
+        """Write `state` as `step` and wait until it is complete.
 
         Raises:
           CheckpointWriteError: the write failed (a full disk, permissions);
@@ -237,17 +237,17 @@ class Checkpointer:
             raise _write_failure(f"checkpoint {step}", self.directory, e) from e
 
     def check_space(self, state: Any) -> None:
-        """:func:`check_space` of this directory."""
+        """[`check_space`][jaxil.runs.checkpoint.Checkpointer.check_space] of this directory."""
         check_space(self.directory, state)
 
     def restore(self, like: Any, step: Optional[int] = None,
                 sharding: Optional[jax.sharding.Sharding] = None) -> Any:
-        """Restore into the structure, shapes and dtypes of ``like``.
+        """Restore into the structure, shapes and dtypes of `like`.
 
-        The arrays are placed as ``like``'s are (its leaves may be
-        ``jax.ShapeDtypeStruct`` with a ``sharding``), or every leaf with
-        ``sharding`` when given: orbax then reads each device's part straight
-        into place (:mod:`jaxil.runs.sharding`). Where a leaf of ``like`` is an
+        The arrays are placed as `like`'s are (its leaves may be
+        `jax.ShapeDtypeStruct` with a `sharding`), or every leaf with
+        `sharding` when given: orbax then reads each device's part straight
+        into place ([`jaxil.runs.sharding`][jaxil.runs.sharding]). Where a leaf of `like` is an
         uncommitted array (what a freshly initialised state holds), the
         restored one is uncommitted too: orbax returns committed arrays,
         whose programs do not match the persistent compilation cache's
@@ -280,9 +280,9 @@ class Checkpointer:
                 "learner, network shape, number of runs or environment") from e
 
     def _damage(self, step: int, abstract: Any) -> Optional[str]:
-        """Why a failed restore of ``step`` is damage rather than another
+        """Why a failed restore of `step` is damage rather than another
         state, or None: its metadata is missing or unreadable, or it lists
-        exactly the arrays of ``abstract`` (so the data files are at fault)."""
+        exactly the arrays of `abstract` (so the data files are at fault)."""
         path = self.directory / str(step) / "default" / "_METADATA"
         try:
             meta = json.loads(path.read_text())["tree_metadata"]

@@ -1,24 +1,24 @@
 """The run engine: one driver for every training program.
 
-An algorithm contributes a :class:`Program`: how to make the stacked state of
+An algorithm contributes a [`Program`][jaxil.runs.engine.Program]: how to make the stacked state of
 all its runs, one compiled chunk of work (K fused updates, an interactive
-round, a PPO chunk), its evaluation, and its summary fields. :func:`run`
+round, a PPO chunk), its evaluation, and its summary fields. [`run`][jaxil.runs.engine.run]
 drives any program and owns everything else, so that no training loop
 re-implements it:
 
-- the run directory (:mod:`jaxil.runs.rundir`): identity, ``resume`` (refused
-  when a setting differs), ``overwrite``, metrics rows past the newest
+- the run directory ([`jaxil.runs.rundir`][jaxil.runs.rundir]): identity, `resume` (refused
+  when a setting differs), `overwrite`, metrics rows past the newest
   checkpoint dropped on resume;
 - restore from the newest checkpoint, and a checkpoint after every
-  evaluation (:mod:`jaxil.runs.checkpoint`);
+  evaluation ([`jaxil.runs.checkpoint`][jaxil.runs.checkpoint]);
 - the non-finite guard after every chunk, before anything of that chunk is
-  written (:mod:`jaxil.runs.guard`);
+  written ([`jaxil.runs.guard`][jaxil.runs.guard]);
 - the evaluation cadence, one metrics row per evaluation and run, the
-  loggers (:mod:`jaxil.runs.loggers`), the progress bar;
-- the results table (``results.json``, :mod:`jaxil.runs.summary`).
+  loggers ([`jaxil.runs.loggers`][jaxil.runs.loggers]), the progress bar;
+- the results table (`results.json`, [`jaxil.runs.summary`][jaxil.runs.summary]).
 
-Chunks are numbered from 0; after ``c`` chunks the run has reached step
-``c · step_unit`` of its step field (``update``, ``round`` or ``chunk``),
+Chunks are numbered from 0; after `c` chunks the run has reached step
+`c · step_unit` of its step field (`update`, `round` or `chunk`),
 which is what rows and checkpoints are keyed by. Every random key is carried
 in the state or derived from the chunk index, so a resumed run reproduces the
 uninterrupted one exactly.
@@ -50,7 +50,7 @@ def _same(x: Any) -> Any:
 
 def _restore_newest_intact(p: "Program", ckpt: Checkpointer, like: Any,
                            latest: int) -> tuple[Any, int]:
-    """``(state, step)`` from the newest checkpoint at or before ``latest``
+    """`(state, step)` from the newest checkpoint at or before `latest`
     that restores. A damaged newest one (a file cut or deleted by a crash or
     a full disk) is passed over with a one-line notice naming the step taken;
     when none restores, the newest one's error is raised as one line."""
@@ -82,47 +82,47 @@ def _first_line(e: Optional[BaseException]) -> str:
 
 @dataclasses.dataclass
 class Program:
-    """What an algorithm hands :func:`run`.
+    """What an algorithm hands [`run`][jaxil.runs.engine.run].
 
     Attributes:
       name: who trains, as errors and the progress bar name it
-        (e.g. ``"misodice"``, ``"GAIL on smax:3m"``).
+        (e.g. `"misodice"`, `"GAIL on smax:3m"`).
       step_key: the step field of its rows and checkpoints.
       num_chunks: chunks in the whole run.
       steps_per_chunk: updates in one chunk (the guard numbers updates).
-      run_ids: one dict per run, written into its rows: ``{"run": i,
-        "seed": s, ...}`` (``run`` indexes the stacked arrays).
+      run_ids: one dict per run, written into its rows: `{"run": i,
+        "seed": s, ...}` (`run` indexes the stacked arrays).
       run_labels: one label per run for error messages.
-      init: ``() -> state``, the stacked state of every run.
-      chunk: ``(state, c) -> (state, metrics {name: [R]}, guard.Health)``
-        for the ``c``-th chunk (from 0).
-      evaluate: ``(state, c) -> {name: [R, ...]}`` after ``c + 1`` chunks
-        (``c = -1``: the initial state); each row holds the mean of its run's
-        values (e.g. ``eval_return`` over the evaluation episodes).
-      step_unit: step-field units per chunk (``update``: K; else 1).
+      init: `() -> state`, the stacked state of every run.
+      chunk: `(state, c) -> (state, metrics {name: [R]}, guard.Health)`
+        for the `c`-th chunk (from 0).
+      evaluate: `(state, c) -> {name: [R, ...]}` after `c + 1` chunks
+        (`c = -1`: the initial state); each row holds the mean of its run's
+        values (e.g. `eval_return` over the evaluation episodes).
+      step_unit: step-field units per chunk (`update`: K; else 1).
       eval_every: chunks between evaluations and checkpoints.
       eval_at_start: also evaluate (row at step 0) before the first chunk.
       save_at_start: also checkpoint step 0.
-      initial_metrics: ``state -> {name: [R]}``, the row-0 metrics.
-      summarize: ``rows -> dict``, the summary fields (``results.json``);
-        None: the program writes no ``results.json`` (its caller does).
-      postfix: ``values -> dict``, progress-bar fields from an evaluation's
+      initial_metrics: `state -> {name: [R]}`, the row-0 metrics.
+      summarize: `rows -> dict`, the summary fields (`results.json`);
+        None: the program writes no `results.json` (its caller does).
+      postfix: `values -> dict`, progress-bar fields from an evaluation's
         host values: the evaluation's and the chunk's metrics.
       fetch: device → host for metrics, health and episodes (a sharded
         program gathers its runs here).
-      restore: ``(checkpointer, like, step) -> state``.
-      checkpoint_view: ``state -> tree``, what a checkpoint holds.
+      restore: `(checkpointer, like, step) -> state`.
+      checkpoint_view: `state -> tree`, what a checkpoint holds.
       eval_chunks: the chunk counts (from 1) after which to evaluate and
-        checkpoint, instead of every ``eval_every`` (e.g. a few evenly
-        spaced checkpoints of a long run); the last must be ``num_chunks``.
+        checkpoint, instead of every `eval_every` (e.g. a few evenly
+        spaced checkpoints of a long run); the last must be `num_chunks`.
       row_every_chunk: a metrics row after every chunk (the chunk's
         metrics), the evaluation joining the rows of evaluated chunks.
-      timed: rows carry ``chunk_time_s`` (the chunk, host sync included)
-        and ``wall_time_s`` (every chunk so far, over resumed sessions).
-      derive: ``row -> dict``, fields computed from a finished row (a
-        throughput from ``chunk_time_s``, a second step counter).
-      describe_step: ``step -> str``, a step as error messages name it
-        (default ``"<step_key> <step>"``).
+      timed: rows carry `chunk_time_s` (the chunk, host sync included)
+        and `wall_time_s` (every chunk so far, over resumed sessions).
+      derive: `row -> dict`, fields computed from a finished row (a
+        throughput from `chunk_time_s`, a second step counter).
+      describe_step: `step -> str`, a step as error messages name it
+        (default `"<step_key> <step>"`).
     """
 
     name: str
@@ -165,9 +165,9 @@ class Program:
 
 @dataclasses.dataclass
 class RunResult:
-    """What :func:`run` returns: the summary (as written to ``results.json``,
-    with ``wall_seconds`` and ``complete``), every metrics row, the final
-    stacked state and the run directory (closed; None without ``out_dir``)."""
+    """What [`run`][jaxil.runs.engine.run] returns: the summary (as written to `results.json`,
+    with `wall_seconds` and `complete`), every metrics row, the final
+    stacked state and the run directory (closed; None without `out_dir`)."""
 
     summary: dict
     rows: list[dict]
@@ -183,7 +183,7 @@ def _clean(x: Any) -> Any:
 def open_run(out_dir: str | Path, identity: dict, *, step_key: str, resume: bool = False,
              overwrite: bool = False, info: Optional[dict] = None) -> RunDir:
     """Open the run directory of a program before its expensive set-up, so a
-    refused resume costs nothing; pass the result to :func:`run`."""
+    refused resume costs nothing; pass the result to [`run`][jaxil.runs.engine.run]."""
     return open_run_dir(out_dir, identity, resume=resume, overwrite=overwrite,
                         step_key=step_key, info=info)
 
@@ -193,15 +193,15 @@ def run(program: Program, *, rundir: Optional[RunDir] = None,
         progress: bool = True, loggers: Sequence[LoggerFactory] = (),
         log_names: Optional[Sequence[str]] = None, stop_after_chunks: Optional[int] = None,
         profile_dir: Optional[str] = None) -> RunResult:
-    """Run ``program`` to its end (or ``stop_after_chunks``, as a kill would).
+    """Run `program` to its end (or `stop_after_chunks`, as a kill would).
 
-    ``rundir``: an opened run directory (:func:`open_run`), or None for a run
-    that writes nothing. ``checkpointer`` / ``resume_step``: a process that
+    `rundir`: an opened run directory ([`open_run`][jaxil.runs.engine.open_run]), or None for a run
+    that writes nothing. `checkpointer` / `resume_step`: a process that
     does not write the run directory (the others of a multi-process run)
     still takes part in the checkpoints and resumes from the same step.
-    ``loggers``: factories ``(names, step_key, resume_from) -> Logger`` that
-    receive every metrics row (one logged run per name of ``log_names``).
-    ``profile_dir``: a ``jax.profiler`` trace of the second chunk (after
+    `loggers`: factories `(names, step_key, resume_from) -> Logger` that
+    receive every metrics row (one logged run per name of `log_names`).
+    `profile_dir`: a `jax.profiler` trace of the second chunk (after
     compilation).
 
     Raises:

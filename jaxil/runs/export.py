@@ -1,15 +1,15 @@
 """Run directories in the formats other tools read.
 
-``jaxil train`` / ``jaxil sweep`` and ``jaxil interactive`` write
-``metrics.jsonl``: one row per (evaluation, run) with ``update`` (train) or
-``round`` (interactive), ``run``, ``seed``, ``grid`` (train: the grid point's
-hyper-parameters) or ``regime`` (interactive), ``eval_return``,
-``eval_win_rate`` and the learner's last training metrics. This module reads
-those rows (:func:`load_run`, :func:`group_rows`, shared with
-:mod:`jaxil.runs.plot`) and writes them for InstaDeep's ``marl-eval``
-(:func:`to_marl_eval`), the aggregation used by Mava and OG-MARL.
+`jaxil train` / `jaxil sweep` and `jaxil interactive` write
+`metrics.jsonl`: one row per (evaluation, run) with `update` (train) or
+`round` (interactive), `run`, `seed`, `grid` (train: the grid point's
+hyper-parameters) or `regime` (interactive), `eval_return`,
+`eval_win_rate` and the learner's last training metrics. This module reads
+those rows ([`load_run`][jaxil.runs.export.load_run], [`group_rows`][jaxil.runs.export.group_rows], shared with
+[`jaxil.runs.plot`][jaxil.runs.plot]) and writes them for InstaDeep's `marl-eval`
+([`to_marl_eval`][jaxil.runs.export.to_marl_eval]), the aggregation used by Mava and OG-MARL.
 
-CLI: ``jaxil export marl-eval RUN_DIR [RUN_DIR ...] --out results.json``.
+CLI: `jaxil export marl-eval RUN_DIR [RUN_DIR ...] --out results.json`.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence, Union
 
 # metrics.jsonl key -> marl-eval metric name. marl-eval picks the metrics to
-# aggregate by splitting names on "_" (``_select_metrics_for_plotting``), so
-# a normalised metric must be one word: ``return``, not ``eval_return``.
+# aggregate by splitting names on "_" (`_select_metrics_for_plotting`), so
+# a normalised metric must be one word: `return`, not `eval_return`.
 DEFAULT_METRICS = {"eval_return": "return", "eval_win_rate": "win_rate"}
 
 # Row keys that index a row rather than measure something.
@@ -34,10 +34,10 @@ class Run:
 
     Attributes:
       path: the directory.
-      kind: ``"train"`` (``jaxil train`` / ``sweep``) or ``"interactive"``.
-      x: the row key counting evaluations: ``"update"`` or ``"round"``.
-      info: ``run.json`` ({} when absent).
-      rows: the complete rows of ``metrics.jsonl``, in file order.
+      kind: `"train"` (`jaxil train` / `sweep`) or `"interactive"`.
+      x: the row key counting evaluations: `"update"` or `"round"`.
+      info: `run.json` ({} when absent).
+      rows: the complete rows of `metrics.jsonl`, in file order.
     """
 
     path: Path
@@ -47,19 +47,19 @@ class Run:
     rows: list
 
     def field(self, key: str):
-        """A ``run.json`` entry, flat or under ``identity`` (both layouts exist)."""
+        """A `run.json` entry, flat or under `identity` (both layouts exist)."""
         if key in self.info:
             return self.info[key]
         return (self.info.get("identity") or {}).get(key)
 
     @property
     def by(self) -> str:
-        """The row key that names a run's group: ``"grid"`` or ``"regime"``."""
+        """The row key that names a run's group: `"grid"` or `"regime"`."""
         return "grid" if self.kind == "train" else "regime"
 
 
 def _read_rows(path: Path) -> list[dict]:
-    """The rows of ``metrics.jsonl``; a last line cut by a kill is dropped
+    """The rows of `metrics.jsonl`; a last line cut by a kill is dropped
     (as the writers in jaxil.algorithms.offline.train and jaxil.algorithms.interactive.loop do on resume)."""
     if not path.is_file():
         hint = "" if path.parent.is_dir() else f" ({path.parent} does not exist)"
@@ -87,12 +87,12 @@ def _read_rows(path: Path) -> list[dict]:
 
 
 def load_run(path: Union[str, Path]) -> Run:
-    """Read a run directory (``metrics.jsonl`` and, when present, ``run.json``).
+    """Read a run directory (`metrics.jsonl` and, when present, `run.json`).
 
     Raises:
-      FileNotFoundError: no ``metrics.jsonl`` in ``path``.
-      ValueError: an empty or damaged ``metrics.jsonl``, or one mixing
-        ``update`` and ``round`` rows.
+      FileNotFoundError: no `metrics.jsonl` in `path`.
+      ValueError: an empty or damaged `metrics.jsonl`, or one mixing
+        `update` and `round` rows.
     """
     path = Path(path)
     rows = _read_rows(path / "metrics.jsonl")
@@ -112,21 +112,21 @@ def load_run(path: Union[str, Path]) -> Run:
 
 
 def grid_label(grid: Mapping[str, float]) -> str:
-    """``alpha=0.1;gamma=0.99`` (``;``, not ``,``: marl-eval refuses commas in
+    """`alpha=0.1;gamma=0.99` (`;`, not `,`: marl-eval refuses commas in
     algorithm names)."""
     return ";".join(f"{k}={float(v):g}" for k, v in sorted(grid.items()))
 
 
 def group_rows(run: Run, by: Optional[str] = None) -> dict[str, dict[int, list[dict]]]:
-    """``{group label: {seed: rows sorted by run.x}}``.
+    """`{group label: {seed: rows sorted by run.x}}`.
 
-    ``by``: ``"grid"`` (train: the label of the grid point, ``""`` without a
-    grid), ``"regime"`` (interactive: the regime's name), ``"dir"`` (all runs
-    of the directory in one group ``""``, keyed by run index), or None for the
+    `by`: `"grid"` (train: the label of the grid point, `""` without a
+    grid), `"regime"` (interactive: the regime's name), `"dir"` (all runs
+    of the directory in one group `""`, keyed by run index), or None for the
     directory's own (grid or regime).
 
     Raises:
-      ValueError: ``by`` does not fit the directory, or a (group, seed) holds
+      ValueError: `by` does not fit the directory, or a (group, seed) holds
         two rows at one evaluation.
     """
     by = by or run.by
@@ -154,7 +154,7 @@ def group_rows(run: Run, by: Optional[str] = None) -> dict[str, dict[int, list[d
 
 
 def metric_keys(rows: Sequence[dict]) -> list[str]:
-    """The numeric metric keys that occur in ``rows``, sorted."""
+    """The numeric metric keys that occur in `rows`, sorted."""
     keys = set()
     for r in rows:
         keys.update(k for k, v in r.items() if k not in _INDEX_KEYS
@@ -175,7 +175,7 @@ def _name(prefix: str, label: str) -> str:
 
 
 def algorithm_name(run: Run, label: str) -> str:
-    """The default name of one group: ``learner[grid]`` (train; ``learner``
+    """The default name of one group: `learner[grid]` (train; `learner`
     without a grid) or the regime's name (interactive)."""
     if run.kind == "interactive":
         return label
@@ -205,33 +205,35 @@ def to_marl_eval(
     algorithm_names: Optional[Union[Sequence[str], Mapping[str, str]]] = None,
     metrics: Optional[Union[Sequence[str], Mapping[str, str]]] = None,
 ) -> dict:
-    """The runs of ``run_dirs`` in the raw-data JSON layout of marl-eval::
+    """The runs of `run_dirs` in the raw-data JSON layout of marl-eval:
 
-        {env_name: {task_name: {algorithm: {"run_<seed>": {
-            "step_<i>": {"step_count": int, metric: [values], ...},   # i = 0, 1, ...
-            ...,
-            "absolute_metrics": {metric: [values], ...}}}}}}
+    ```text
+    {env_name: {task_name: {algorithm: {"run_<seed>": {
+        "step_<i>": {"step_count": int, metric: [values], ...},   # i = 0, 1, ...
+        ...,
+        "absolute_metrics": {metric: [values], ...}}}}}}
+    ```
 
     (marl-eval README, "Data Structure for Raw Experiment data", and
-    ``marl_eval/utils/data_processing_utils.py``, version 0.0.4.)
+    `marl_eval/utils/data_processing_utils.py`, version 0.0.4.)
 
     - algorithm: one per grid point of a train/sweep directory
-      (``misodice[alpha=0.1]``, or ``bc_union`` without a grid) or per regime
-      of an interactive one (``oec@4000``).
-    - ``run_<seed>``: the seed within the grid point / regime (the rows'
-      ``seed``, 0..S-1; the PRNG seed is ``base_seed`` + it). Seed s of every
+      (`misodice[alpha=0.1]`, or `bc_union` without a grid) or per regime
+      of an interactive one (`oec@4000`).
+    - `run_<seed>`: the seed within the grid point / regime (the rows'
+      `seed`, 0..S-1; the PRNG seed is `base_seed` + it). Seed s of every
       algorithm is the same run name, as marl-eval pairs runs by name.
-    - ``step_<i>``: the i-th evaluation in order of ``update`` (train) or
-      ``round`` (interactive; round 0 is the student before any round);
-      ``step_count`` is that update or round, not environment steps (an
+    - `step_<i>`: the i-th evaluation in order of `update` (train) or
+      `round` (interactive; round 0 is the student before any round);
+      `step_count` is that update or round, not environment steps (an
       offline learner takes none).
     - metric values: jaxil records each evaluation's MEAN over its
-      ``--eval-episodes`` episodes, not the episodes, so each list holds one
-      element (the form marl-eval's own ``JsonLogger`` writes, which its
+      `--eval-episodes` episodes, not the episodes, so each list holds one
+      element (the form marl-eval's own `JsonLogger` writes, which its
       README allows). A row value that is already a list (per-episode values)
       is exported as it is. marl-eval's min-max normalisation then spans the
       means, not single episodes.
-    - ``absolute_metrics``: the final evaluation's values. The protocol's
+    - `absolute_metrics`: the final evaluation's values. The protocol's
       absolute metric (the best policy re-evaluated on 10x the episodes) is
       not recorded by jaxil; these are the last step's values.
 
@@ -239,19 +241,19 @@ def to_marl_eval(
     have the same runs and steps; this is checked here.
 
     Args:
-      run_dirs: run directories of ``jaxil train``/``sweep``/``interactive``.
-      env_name, task_name: where the runs go; by default from ``run.json``'s
-        ``env_id`` ``"env:task"`` (``smax:3m`` -> ``smax``, ``3m``).
+      run_dirs: run directories of `jaxil train`/`sweep`/`interactive`.
+      env_name, task_name: where the runs go; by default from `run.json`'s
+        `env_id` `"env:task"` (`smax:3m` -> `smax`, `3m`).
       algorithm_names: one name per run directory, replacing the learner
-        name (``name[alpha=0.1]``; a regime becomes ``name[oec@4000]``; a
-        directory with one group gets ``name``), or a mapping from the default
+        name (`name[alpha=0.1]`; a regime becomes `name[oec@4000]`; a
+        directory with one group gets `name`), or a mapping from the default
         names to new ones.
       metrics: metrics.jsonl keys to export, or a mapping key -> exported
-        name; default ``eval_return`` -> ``return``, ``eval_win_rate`` ->
-        ``win_rate``.
+        name; default `eval_return` -> `return`, `eval_win_rate` ->
+        `win_rate`.
 
     Returns:
-      The JSON-able dict (``json.dump`` it; the key order is the step order).
+      The JSON-able dict (`json.dump` it; the key order is the step order).
 
     Raises:
       FileNotFoundError / ValueError: a directory without metrics, an unknown

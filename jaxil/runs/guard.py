@@ -6,10 +6,10 @@ a policy still "works" (argmax of NaN logits is action 0), so without a
 guard a run reports a plausible return and exits 0. The loops check after
 every fused chunk of updates:
 
-- :func:`health` (inside jit) from the chunk's stacked metrics ``[K]`` and
+- [`health`][jaxil.runs.guard.health] (inside jit) from the chunk's stacked metrics `[K]` and
   the new parameters: the index of the first update with a non-finite
   metric, the metrics at that update, and whether the parameters are finite;
-- :func:`check` (on the host, per run) raises :class:`NonFiniteError` naming
+- [`check`][jaxil.runs.guard.check] (on the host, per run) raises [`NonFiniteError`][jaxil.runs.guard.NonFiniteError] naming
   the learner, the run, the update and the quantities. The loop raises
   before it writes the chunk's metrics or checkpoint, so the last good
   checkpoint is what a run directory keeps.
@@ -29,7 +29,7 @@ class NonFiniteError(ValueError):
 
 
 class Health(NamedTuple):
-    """Per chunk (leaves gain a leading runs axis under ``vmap``)."""
+    """Per chunk (leaves gain a leading runs axis under `vmap`)."""
 
     first_bad: jax.Array  # int32: first update (0-based, in the chunk) with a non-finite metric; K if none
     at_bad: dict  # the metrics at that update (at the last one if none)
@@ -37,14 +37,14 @@ class Health(NamedTuple):
 
 
 def all_finite(tree: Any) -> jax.Array:
-    """Whether every leaf of ``tree`` is finite (a bool scalar)."""
+    """Whether every leaf of `tree` is finite (a bool scalar)."""
     leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
               if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)]
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
 
 
 def health(stacked: dict, params: Any) -> Health:
-    """``stacked``: metrics of K updates, each ``[K]``."""
+    """`stacked`: metrics of K updates, each `[K]`."""
     ok = jnp.stack([jnp.isfinite(v) for v in jax.tree.leaves(stacked)]).all(axis=0)  # [K]
     k = ok.shape[0]
     first = jnp.where(ok.all(), k, jnp.argmin(ok)).astype(jnp.int32)
@@ -54,11 +54,11 @@ def health(stacked: dict, params: Any) -> Health:
 
 def check(h: Health, *, learner: str, run_labels: Sequence[str], first_step: int,
           chunk_len: int, step_name: str = "update", kept: str = "") -> None:
-    """Raise :class:`NonFiniteError` for the first run ``h`` reports bad.
+    """Raise [`NonFiniteError`][jaxil.runs.guard.NonFiniteError] for the first run `h` reports bad.
 
-    ``h`` holds numpy arrays with a leading runs axis; ``run_labels[i]``
-    names run ``i`` (e.g. ``"run 3 (seed 1, alpha=-2)"``); ``first_step`` is
-    the number of the chunk's first update (``chunk_len`` of them); ``kept``
+    `h` holds numpy arrays with a leading runs axis; `run_labels[i]`
+    names run `i` (e.g. `"run 3 (seed 1, alpha=-2)"`); `first_step` is
+    the number of the chunk's first update (`chunk_len` of them); `kept`
     says what survives (e.g. the last good checkpoint).
     """
     first, params_ok = np.asarray(h.first_bad), np.asarray(h.params_finite)

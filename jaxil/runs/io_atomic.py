@@ -1,22 +1,22 @@
 """Atomic writes: the one way jaxil replaces a file or directory on disk.
 
-Every writer puts its bytes into a hidden sibling ``.<name>.<host>-<pid>-<token>.tmp``
-and moves it over ``<name>`` with ``os.replace`` (a directory is swapped in
-with two renames, see :func:`atomic_dir`). A reader therefore sees the old
+Every writer puts its bytes into a hidden sibling `.<name>.<host>-<pid>-<token>.tmp`
+and moves it over `<name>` with `os.replace` (a directory is swapped in
+with two renames, see [`atomic_dir`][jaxil.runs.io_atomic.atomic_dir]). A reader therefore sees the old
 version or the new one, never a half-written one, and two processes (or
 threads) writing the same path never share a temporary file.
 
 A writer that is killed leaves its temporary behind, possibly as large as the
 finished file. So before each write the temporaries of *dead* writers to the
 same path are removed: those whose process no longer exists on this host,
-those written by other hosts more than :data:`STALE_AFTER_S` ago, and those in
-the pre-``io_atomic`` formats (``.<name>.<pid>.tmp`` of a dead pid;
-``.<name>.tmp``, ``.<name>.<random>.tmp`` and ``.<name>.tmp-<hex>``, which
+those written by other hosts more than `STALE_AFTER_S` ago, and those in
+the pre-`io_atomic` formats (`.<name>.<pid>.tmp` of a dead pid;
+`.<name>.tmp`, `.<name>.<random>.tmp` and `.<name>.tmp-<hex>`, which
 carry no owner). Temporaries of live writers are left alone.
 
-:func:`check_file_writable` proves, before the work that produces a file,
+[`check_file_writable`][jaxil.runs.io_atomic.check_file_writable] proves, before the work that produces a file,
 that it can be written (the directory-level check of run directories is
-:func:`jaxil.runs.rundir.check_writable`).
+[`jaxil.runs.rundir.check_writable`][jaxil.runs.rundir.check_writable]).
 """
 
 from __future__ import annotations
@@ -42,15 +42,15 @@ STALE_AFTER_S = 24 * 3600.0
 _HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 _OWNED = re.compile(r"^(?P<host>[0-9a-f]{8})-(?P<pid>\d+)-[0-9a-f]+\.(?P<kind>tmp|old)$")
 # Temporary names that earlier jaxil versions leave behind, recognised so that
-# they are cleaned up too: ``.x.<pid>.tmp`` (owner known, host assumed this
-# one); ``.x.tmp``, mkstemp's ``.x.<8 chars>.tmp`` and the vault's
-# ``.x.tmp-<hex>`` / ``.x.old-<hex>`` (no owner: always stale).
+# they are cleaned up too: `.x.<pid>.tmp` (owner known, host assumed this
+# one); `.x.tmp`, mkstemp's `.x.<8 chars>.tmp` and the vault's
+# `.x.tmp-<hex>` / `.x.old-<hex>` (no owner: always stale).
 _LEGACY_PID = re.compile(r"^(?P<pid>\d+)\.tmp$")
 _LEGACY = re.compile(r"^(tmp|[a-z0-9_]{8}\.tmp|(tmp|old)-[0-9a-f]{8})$")
 
 
 def temp_sibling(path: PathLike, kind: str = "tmp") -> Path:
-    """A fresh hidden name beside ``path``, unique to this process and call."""
+    """A fresh hidden name beside `path`, unique to this process and call."""
     path = Path(path)
     return path.with_name(f".{path.name}.{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}.{kind}")
 
@@ -90,10 +90,10 @@ def _remove(entry: Path) -> None:
 
 
 def clear_stale(path: PathLike) -> list[Path]:
-    """Remove what killed writes to ``path`` left beside it; return what was removed.
+    """Remove what killed writes to `path` left beside it; return what was removed.
 
-    A killed directory swap (:func:`atomic_dir`) can leave the previous
-    version as ``.<name>.*.old`` with nothing at ``path``; that version is put
+    A killed directory swap ([`atomic_dir`][jaxil.runs.io_atomic.atomic_dir]) can leave the previous
+    version as `.<name>.*.old` with nothing at `path`; that version is put
     back rather than deleted.
     """
     path = Path(path)
@@ -119,8 +119,8 @@ def clear_stale(path: PathLike) -> list[Path]:
 
 
 def check_free_space(path: PathLike, need: int, what: str = "the output") -> None:
-    """Refuse, before the work that produces it, an output of up to ``need``
-    bytes at ``path`` on a disk with less free space.
+    """Refuse, before the work that produces it, an output of up to `need`
+    bytes at `path` on a disk with less free space.
 
     Raises:
       OSError: ENOSPC, one line naming the path, both sizes and the fix.
@@ -140,19 +140,19 @@ def check_free_space(path: PathLike, need: int, what: str = "the output") -> Non
 def check_file_writable(path: PathLike, what: str = "output file", *, append: bool = False,
                         fix: str = "choose a path you can write to, or fix its permissions"
                         ) -> Path:
-    """Prove that a file can be written at ``path`` before the work that
+    """Prove that a file can be written at `path` before the work that
     produces it, or raise a one-line error naming it and the fix.
 
     Creates the parent directory and writes (then removes) a probe beside
-    ``path`` under the name of this module's temporaries, which is what an
-    atomic write needs. ``append=True`` (a file grown in place, such as an
+    `path` under the name of this module's temporaries, which is what an
+    atomic write needs. `append=True` (a file grown in place, such as an
     answer cache) also opens an existing file for appending; its content is
-    untouched. ``what`` names the path in the message (e.g. ``"--out"``),
-    ``fix`` says what to do.
+    untouched. `what` names the path in the message (e.g. `"--out"`),
+    `fix` says what to do.
 
     Raises:
-      IsADirectoryError: ``path`` is a directory.
-      PermissionError: ``path`` cannot be written (read-only, a parent is a
+      IsADirectoryError: `path` is a directory.
+      PermissionError: `path` cannot be written (read-only, a parent is a
         file, ...).
     """
     path = Path(path)
@@ -175,7 +175,7 @@ def check_file_writable(path: PathLike, what: str = "output file", *, append: bo
 
 
 def fsync_dir(d: PathLike) -> None:
-    """Make a rename inside ``d`` durable (where the platform allows it)."""
+    """Make a rename inside `d` durable (where the platform allows it)."""
     with contextlib.suppress(OSError):
         fd = os.open(d, os.O_RDONLY)
         try:
@@ -194,12 +194,12 @@ def _fsync_file(p: Path) -> None:
 
 @contextlib.contextmanager
 def atomic_path(path: PathLike, *, fsync: bool = True) -> Iterator[Path]:
-    """Yield a temporary file path; when the block succeeds, it replaces ``path``.
+    """Yield a temporary file path; when the block succeeds, it replaces `path`.
 
     The caller writes (and closes) the file at the yielded path. On success it
-    is fsynced (``fsync=True``) and moved over ``path`` with ``os.replace``;
-    on any exception it is deleted and ``path`` is untouched. Leftovers of
-    killed writes to ``path`` are removed first (:func:`clear_stale`).
+    is fsynced (`fsync=True`) and moved over `path` with `os.replace`;
+    on any exception it is deleted and `path` is untouched. Leftovers of
+    killed writes to `path` are removed first ([`clear_stale`][jaxil.runs.io_atomic.clear_stale]).
     """
     path = Path(path)
     if path.is_dir():
@@ -220,26 +220,26 @@ def atomic_path(path: PathLike, *, fsync: bool = True) -> Iterator[Path]:
 
 
 def atomic_write_bytes(path: PathLike, data: bytes, *, fsync: bool = True) -> Path:
-    """Write ``data`` to ``path`` atomically (see :func:`atomic_path`); return the path."""
+    """Write `data` to `path` atomically (see [`atomic_path`][jaxil.runs.io_atomic.atomic_path]); return the path."""
     with atomic_path(path, fsync=fsync) as tmp:
         tmp.write_bytes(data)
     return Path(path)
 
 
 def atomic_write_text(path: PathLike, text: str, *, fsync: bool = True) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` atomically (see :func:`atomic_path`); return the path."""
+    """Write `text` (UTF-8) to `path` atomically (see [`atomic_path`][jaxil.runs.io_atomic.atomic_path]); return the path."""
     return atomic_write_bytes(path, text.encode("utf-8"), fsync=fsync)
 
 
 @contextlib.contextmanager
 def atomic_dir(path: PathLike) -> Iterator[Path]:
     """Yield a temporary directory path (not yet created); when the block
-    succeeds, it replaces the directory ``path``.
+    succeeds, it replaces the directory `path`.
 
     The swap is two renames (old version aside, new one in) and then the old
     version is deleted; a kill between the renames leaves the old version
-    aside, and the next write to ``path`` puts it back first. On an exception
-    the temporary is deleted and ``path`` is untouched.
+    aside, and the next write to `path` puts it back first. On an exception
+    the temporary is deleted and `path` is untouched.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

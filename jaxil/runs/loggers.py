@@ -1,47 +1,47 @@
-"""Loggers: where the run engine sends every metrics row besides ``metrics.jsonl``.
+"""Loggers: where the run engine sends every metrics row besides `metrics.jsonl`.
 
-A :class:`Logger` has ``write(rows)`` and ``close()``; the engine
-(:func:`jaxil.runs.engine.run`) builds each from a :data:`LoggerFactory`,
-``factory(run_names, step_key, resume_from) -> Logger``, once it knows the
+A [`Logger`][jaxil.runs.loggers.Logger] has `write(rows)` and `close()`; the engine
+([`jaxil.runs.engine.run`][jaxil.runs.engine.run]) builds each from a `LoggerFactory`,
+`factory(run_names, step_key, resume_from) -> Logger`, once it knows the
 step a resumed run continues from. Only the rows of the steps a session
 trains reach a logger: a resumed run sends none at or before the step it
 resumes from.
 
-TensorBoard (``--tensorboard DIR``, :func:`tensorboard`): the metrics rows that a loop appends to ``metrics.jsonl`` are also written as
+TensorBoard (`--tensorboard DIR`, [`tensorboard`][jaxil.runs.loggers.tensorboard]): the metrics rows that a loop appends to `metrics.jsonl` are also written as
 scalars, one TensorBoard run (sub-directory) per jaxil run, e.g.
-``DIR/run3-seed1-alpha=0.1``, so TensorBoard's run selector filters seeds and
-grid points. tensorboardX is the writer (extra ``jaxil[tensorboard]``); it
+`DIR/run3-seed1-alpha=0.1`, so TensorBoard's run selector filters seeds and
+grid points. tensorboardX is the writer (extra `jaxil[tensorboard]`); it
 needs neither TensorFlow nor PyTorch.
 
 A resumed run purges the events past the step it resumes from, so curves do
 not double back.
 
-Weights & Biases (``--wandb PROJECT``, :func:`wandb`; extra ``jaxil[wandb]``,
+Weights & Biases (`--wandb PROJECT`, [`wandb`][jaxil.runs.loggers.wandb]; extra `jaxil[wandb]`,
 wandb >= 0.19.10): one W&B run per jaxil run (seed, grid point, regime),
 named by its run name, all runs of one invocation in one W&B group (default:
 the run directory's name), so W&B's grouping averages seeds and its
 filters pick grid points:
 
-- config: the settings given to :func:`wandb` (the command line's, for
-  ``jaxil`` commands) and each run's ids from its rows (``seed``, ``grid``,
-  ``regime``, ``run``);
+- config: the settings given to [`wandb`][jaxil.runs.loggers.wandb] (the command line's, for
+  `jaxil` commands) and each run's ids from its rows (`seed`, `grid`,
+  `regime`, `run`);
 - history: every numeric field of a row (not the ids), logged at the row's
-  step field as the W&B step (``run.log(metrics, step=row[step_key])``), so
-  each panel's x-axis is the jaxil step (``update``, ``round``, ``chunk``,
-  ``env_steps``) without choosing a custom axis;
+  step field as the W&B step (`run.log(metrics, step=row[step_key])`), so
+  each panel's x-axis is the jaxil step (`update`, `round`, `chunk`,
+  `env_steps`) without choosing a custom axis;
 - resume: a fresh jaxil run makes new W&B run ids and keeps them in
-  ``<run_dir>/wandb.json``; a resumed run reads them back and continues the
-  same W&B runs (``resume="allow"``). Rows W&B already holds (those a killed
+  `<run_dir>/wandb.json`; a resumed run reads them back and continues the
+  same W&B runs (`resume="allow"`). Rows W&B already holds (those a killed
   session logged after its last checkpoint: the resumed run reproduces them
-  exactly) are not logged again. Without ``run_dir`` a resumed run starts new
+  exactly) are not logged again. Without `run_dir` a resumed run starts new
   W&B runs, with a warning;
-- ``mode``: ``"online"`` (W&B's default), ``"offline"`` (local files under
-  W&B's directory, uploaded later with ``wandb sync``) or ``"disabled"``;
+- `mode`: `"online"` (W&B's default), `"offline"` (local files under
+  W&B's directory, uploaded later with `wandb sync`) or `"disabled"`;
 - a run that stops on an error (the non-finite guard, a kill by Ctrl-C) is
   finished as failed.
 
 A sweep of R runs opens R W&B runs in one process (wandb's
-``reinit="create_new"``); ``close()`` finishes them all.
+`reinit="create_new"`); `close()` finishes them all.
 """
 
 from __future__ import annotations
@@ -58,21 +58,21 @@ from jaxil.runs.io_atomic import atomic_write_text
 
 
 class Logger(Protocol):
-    """Receives the engine's metrics rows (each with ``run`` and the step field)."""
+    """Receives the engine's metrics rows (each with `run` and the step field)."""
 
     def write(self, rows: Sequence[dict]) -> None: ...
 
     def close(self) -> None: ...
 
 
-#: ``(run_names, step_key, resume_from) -> Logger``; ``resume_from`` is the
+#: `(run_names, step_key, resume_from) -> Logger`; `resume_from` is the
 #: step a resumed run continues from (None for a fresh run).
 LoggerFactory = Callable[[Sequence[str], str, Optional[int]], Logger]
 
 _SKIP = {"run", "seed", "grid", "regime", "round", "update"}
 #: The fields of a row that name its run (W&B config, not history).
 _IDS = ("run", "seed", "grid", "regime")
-#: The ``mode`` values of :func:`wandb` (and ``--wandb-mode``).
+#: The `mode` values of `wandb` (and `--wandb-mode`).
 WANDB_MODES = ("online", "offline", "disabled")
 #: wandb releases before this finish the open run when another starts.
 _WANDB_MIN = (0, 19, 10)
@@ -85,8 +85,8 @@ def _safe(name: str) -> str:
 
 
 class TensorBoard:
-    """One ``SummaryWriter`` per run; ``write(rows)`` adds every numeric
-    field of each row at ``row[step_key]``."""
+    """One `SummaryWriter` per run; `write(rows)` adds every numeric
+    field of each row at `row[step_key]`."""
 
     def __init__(self, logdir: str | Path, run_names: Sequence[str], step_key: str = "update",
                  resume_from: Optional[int] = None):
@@ -113,7 +113,7 @@ class TensorBoard:
 
 
 def tensorboard(logdir: str | Path) -> LoggerFactory:
-    """A :data:`LoggerFactory` of TensorBoard scalars under ``logdir``."""
+    """A `LoggerFactory` of TensorBoard scalars under `logdir`."""
     def make(names: Sequence[str], step_key: str, resume_from: Optional[int]) -> TensorBoard:
         return TensorBoard(logdir, names, step_key=step_key, resume_from=resume_from)
 
@@ -121,7 +121,7 @@ def tensorboard(logdir: str | Path) -> LoggerFactory:
 
 
 def prefixed(factory: LoggerFactory, prefix: str) -> LoggerFactory:
-    """``factory`` with ``prefix`` before every run name: several programs of
+    """`factory` with `prefix` before every run name: several programs of
     one invocation (a π_SFT and the model trained on it) log side by side
     without two runs sharing a name."""
     def make(names: Sequence[str], step_key: str, resume_from: Optional[int]) -> Logger:
@@ -149,7 +149,7 @@ def _check_mode(mode: Optional[str]) -> None:
 
 
 def _stored(run_dir: Optional[str | Path]) -> dict:
-    """``{"group": ..., "runs": {name: id}}`` kept in ``run_dir`` (empty if none)."""
+    """`{"group": ..., "runs": {name: id}}` kept in `run_dir` (empty if none)."""
     if run_dir is None:
         return {}
     try:
@@ -160,7 +160,7 @@ def _stored(run_dir: Optional[str | Path]) -> dict:
 
 
 def _next_step(run: Any) -> int:
-    """The first step ``run`` accepts: past the history a resumed W&B run
+    """The first step `run` accepts: past the history a resumed W&B run
     already holds, 0 for a new one."""
     try:
         return max(int(getattr(run, "step", 0) or 0), 0)
@@ -169,12 +169,12 @@ def _next_step(run: Any) -> int:
 
 
 class WandB:
-    """One W&B run per jaxil run; ``write(rows)`` logs every numeric field of
-    each row (not its ids) at ``row[step_key]`` as the W&B step.
+    """One W&B run per jaxil run; `write(rows)` logs every numeric field of
+    each row (not its ids) at `row[step_key]` as the W&B step.
 
-    ``run_dir``: the jaxil run directory; its name is the default group and
-    it keeps the W&B run ids (``wandb.json``) that a resumed run continues.
-    ``config``: the settings of the invocation, in every run's W&B config
+    `run_dir`: the jaxil run directory; its name is the default group and
+    it keeps the W&B run ids (`wandb.json`) that a resumed run continues.
+    `config`: the settings of the invocation, in every run's W&B config
     beside the run's ids.
     """
 
@@ -234,7 +234,7 @@ class WandB:
             self.next[i] = step + 1
 
     def close(self) -> None:
-        # Called from the engine's ``finally``: an error on its way out (the
+        # Called from the engine's `finally`: an error on its way out (the
         # guard, Ctrl-C) marks every run failed.
         failed = sys.exc_info()[0] is not None
         for run in self.runs:
@@ -249,11 +249,11 @@ class WandB:
 def wandb(project: str, *, entity: Optional[str] = None, group: Optional[str] = None,
           mode: Optional[str] = None, run_dir: Optional[str | Path] = None,
           config: Optional[dict] = None) -> LoggerFactory:
-    """A :data:`LoggerFactory` of W&B runs in ``project`` (see the module
-    notes): one per jaxil run, in ``group`` (default: the name of
-    ``run_dir``, else a generated one shared by every program this factory
-    logs). Pass the run directory as ``run_dir`` so a resumed run continues
-    its W&B runs. Refuses at once when wandb is missing or ``mode`` unknown.
+    """A `LoggerFactory` of W&B runs in `project` (see the module
+    notes): one per jaxil run, in `group` (default: the name of
+    `run_dir`, else a generated one shared by every program this factory
+    logs). Pass the run directory as `run_dir` so a resumed run continues
+    its W&B runs. Refuses at once when wandb is missing or `mode` unknown.
     """
     _import_wandb()  # before the work that precedes the first row
     _check_mode(mode)

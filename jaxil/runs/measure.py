@@ -1,33 +1,33 @@
 """Measuring compiled JAX programs: timings, machine facts, XLA's cost and
 memory analyses, the machine's matmul rate, tables and JSON results.
 
-Timing (:func:`time_call`): compile ahead of time (:func:`compile_ahead`) so
+Timing ([`time_call`][jaxil.runs.measure.time_call]): compile ahead of time ([`compile_ahead`][jaxil.runs.measure.compile_ahead]) so
 no repeat pays for tracing, run the compiled call once as a warm-up, then
-take the median of repeats, each ended by ``jax.block_until_ready``. The
+take the median of repeats, each ended by `jax.block_until_ready`. The
 process CPU time of each repeat is kept too: on a machine shared with other
 work the wall clock includes time spent waiting for a core, the CPU time
 does not.
 
-Results: :func:`write_json` writes one JSON file per run,
-``<out_dir>/<name>-<host>-<YYYY-MM-DD>.json``, by convention holding
-:func:`machine_info`, :func:`library_versions`, the load average around the
-run (:func:`loadavg`) and its rows; :func:`format_table` prints the same rows
+Results: [`write_json`][jaxil.runs.measure.write_json] writes one JSON file per run,
+`<out_dir>/<name>-<host>-<YYYY-MM-DD>.json`, by convention holding
+[`machine_info`][jaxil.runs.measure.machine_info], [`library_versions`][jaxil.runs.measure.library_versions], the load average around the
+run ([`loadavg`][jaxil.runs.measure.loadavg]) and its rows; [`format_table`][jaxil.runs.measure.format_table] prints the same rows
 as a fixed-width table.
 
-Memory: :func:`xla_memory` (a compiled call's output and temporary buffers),
-:func:`free_memory_bytes` and :func:`memory_shortfall` decide whether a size
-fits before it runs; :func:`is_oom` recognises the out-of-memory errors of
+Memory: [`xla_memory`][jaxil.runs.measure.xla_memory] (a compiled call's output and temporary buffers),
+[`free_memory_bytes`][jaxil.runs.measure.free_memory_bytes] and [`memory_shortfall`][jaxil.runs.measure.memory_shortfall] decide whether a size
+fits before it runs; [`is_oom`][jaxil.runs.measure.is_oom] recognises the out-of-memory errors of
 one that did not.
 
-Yardsticks, to set a program's achieved GFLOP/s against: :func:`matmul_rates`
-(``jnp.dot`` per product shape, :func:`mlp_matmul_shapes` for those of an
-MLP), :class:`PeakProbe` (a 1024² product to time in between other
-measurements) and :func:`matmul_peak_children` (the rates with one thread and
-with all, each in a child process: :func:`run_json_child`).
+Yardsticks, to set a program's achieved GFLOP/s against: [`matmul_rates`][jaxil.runs.measure.matmul_rates]
+(`jnp.dot` per product shape, [`mlp_matmul_shapes`][jaxil.runs.measure.mlp_matmul_shapes] for those of an
+MLP), [`PeakProbe`][jaxil.runs.measure.PeakProbe] (a 1024² product to time in between other
+measurements) and [`matmul_peak_children`][jaxil.runs.measure.matmul_peak_children] (the rates with one thread and
+with all, each in a child process: [`run_json_child`][jaxil.runs.measure.run_json_child]).
 
-``jax`` and ``numpy`` are imported inside the functions, not at module level,
-so a process can still set ``XLA_FLAGS`` or its allocator
-(:func:`jaxil.runs.hostmem.retain`) after importing this module.
+`jax` and `numpy` are imported inside the functions, not at module level,
+so a process can still set `XLA_FLAGS` or its allocator
+([`jaxil.runs.hostmem.retain`][jaxil.runs.hostmem.retain]) after importing this module.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from jaxil.runs.rundir import installed_versions
 # XLA:CPU flags that make XLA run every op on the calling thread only.
 SINGLE_THREAD_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 
-#: The share of the free memory a call's buffers may take (:func:`memory_shortfall`).
+#: The share of the free memory a call's buffers may take (`memory_shortfall`).
 MEMORY_HEADROOM = 0.8
 
 
@@ -58,7 +58,7 @@ MEMORY_HEADROOM = 0.8
 
 
 def cpu_model() -> str:
-    """The CPU's marketing name (``/proc/cpuinfo``), or ``platform.processor()``."""
+    """The CPU's marketing name (`/proc/cpuinfo`), or `platform.processor()`."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -101,7 +101,7 @@ def machine_info() -> dict[str, Any]:
 
 
 def _git(*args: str) -> Optional[str]:
-    """``git <args>`` in the checkout jaxil runs from (None outside one)."""
+    """`git <args>` in the checkout jaxil runs from (None outside one)."""
     try:
         out = subprocess.run(
             ["git", *args], cwd=Path(__file__).resolve().parent, capture_output=True, text=True,
@@ -160,14 +160,14 @@ class Timing:
 
 
 def median(xs: Sequence[float]) -> float:
-    """The median of ``xs`` (the mean of the middle two for an even count)."""
+    """The median of `xs` (the mean of the middle two for an even count)."""
     s = sorted(xs)
     n = len(s)
     return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
 def time_once(fn: Callable, *args) -> tuple[float, float, Any]:
-    """(wall seconds, process CPU seconds, output) of one ``fn(*args)``, waited for."""
+    """(wall seconds, process CPU seconds, output) of one `fn(*args)`, waited for."""
     import jax
 
     t0, c0 = time.perf_counter(), time.process_time()
@@ -183,12 +183,12 @@ def time_call(
     min_repeats: int = 2,
     target_s: Optional[float] = None,
 ) -> Timing:
-    """Median-of-repeats timing of ``fn(*args)`` (compile ``fn`` beforehand).
+    """Median-of-repeats timing of `fn(*args)` (compile `fn` beforehand).
 
-    ``warmup`` untimed calls come first (the first one's time is kept as
-    ``warmup_s``). With ``target_s``, the number of repeats adapts to the
-    warm-up time: about ``target_s`` seconds of repeats, at least
-    ``min_repeats`` and at most ``repeats``; slow calls thus get few repeats.
+    `warmup` untimed calls come first (the first one's time is kept as
+    `warmup_s`). With `target_s`, the number of repeats adapts to the
+    warm-up time: about `target_s` seconds of repeats, at least
+    `min_repeats` and at most `repeats`; slow calls thus get few repeats.
     """
     warm = None
     for i in range(warmup):
@@ -207,7 +207,7 @@ def time_call(
 
 
 def compile_ahead(fn: Callable, *args, static_argnums: Sequence[int] = ()) -> tuple[Any, float]:
-    """``jax.jit(fn).lower(*args).compile()`` and the seconds it took
+    """`jax.jit(fn).lower(*args).compile()` and the seconds it took
     (tracing + lowering + XLA compilation)."""
     import jax
 
@@ -220,11 +220,11 @@ def compile_ahead(fn: Callable, *args, static_argnums: Sequence[int] = ()) -> tu
 
 
 def xla_cost(compiled) -> dict[str, float]:
-    """XLA's cost analysis of a compiled call (``flops``, ``bytes accessed``...).
+    """XLA's cost analysis of a compiled call (`flops`, `bytes accessed`...).
 
-    Note: XLA's HLO cost analysis counts the body of a ``while`` loop (what a
-    ``lax.scan`` becomes) once, whatever its trip count; see
-    :func:`xla_loop_flops_multiplier`.
+    Note: XLA's HLO cost analysis counts the body of a `while` loop (what a
+    `lax.scan` becomes) once, whatever its trip count; see
+    [`xla_loop_flops_multiplier`][jaxil.runs.measure.xla_loop_flops_multiplier].
     """
     ca = compiled.cost_analysis()
     if isinstance(ca, (list, tuple)):  # older jax: one dict per computation
@@ -235,7 +235,7 @@ def xla_cost(compiled) -> dict[str, float]:
 def xla_loop_flops_multiplier() -> float:
     """How many times XLA's cost analysis counts a scanned body per trip.
 
-    Compiles a ``lax.scan`` of a 64×64 matmul with 1 and 8 trips: returns
+    Compiles a `lax.scan` of a 64×64 matmul with 1 and 8 trips: returns
     ~1/8 if the body is counted once (then total flops = reported × trips),
     ~1 if the trip count is honoured.
     """
@@ -252,8 +252,8 @@ def xla_loop_flops_multiplier() -> float:
 
 
 def xla_memory(compiled) -> dict[str, Optional[int]]:
-    """XLA's memory analysis of a compiled call: ``xla_output_bytes`` and
-    ``xla_temp_bytes`` (None where the backend gives none)."""
+    """XLA's memory analysis of a compiled call: `xla_output_bytes` and
+    `xla_temp_bytes` (None where the backend gives none)."""
     try:
         m = compiled.memory_analysis()
     except Exception:  # noqa: BLE001
@@ -266,7 +266,7 @@ def xla_memory(compiled) -> dict[str, Optional[int]]:
 
 
 def free_memory_bytes() -> Optional[int]:
-    """Free memory of the default device (host ``MemAvailable`` on CPU)."""
+    """Free memory of the default device (host `MemAvailable` on CPU)."""
     import jax
 
     dev = jax.devices()[0]
@@ -287,9 +287,9 @@ def free_memory_bytes() -> Optional[int]:
 
 
 def memory_shortfall(mem: dict[str, Optional[int]], headroom: float = MEMORY_HEADROOM) -> Optional[str]:
-    """Why a call whose buffers are ``mem`` (:func:`xla_memory`) would not fit:
-    ``"needs ~X GiB (XLA output + temp), Y GiB free"`` when they exceed
-    ``headroom`` × :func:`free_memory_bytes`; None when they fit or the free
+    """Why a call whose buffers are `mem` ([`xla_memory`][jaxil.runs.measure.xla_memory]) would not fit:
+    `"needs ~X GiB (XLA output + temp), Y GiB free"` when they exceed
+    `headroom` × [`free_memory_bytes`][jaxil.runs.measure.free_memory_bytes]; None when they fit or the free
     memory is unknown."""
     need = (mem["xla_output_bytes"] or 0) + (mem["xla_temp_bytes"] or 0)
     free = free_memory_bytes()
@@ -299,7 +299,7 @@ def memory_shortfall(mem: dict[str, Optional[int]], headroom: float = MEMORY_HEA
 
 
 def is_oom(e: BaseException) -> bool:
-    """Whether ``e`` is an out-of-memory error (host or device)."""
+    """Whether `e` is an out-of-memory error (host or device)."""
     if isinstance(e, MemoryError):
         return True
     s = str(e).lower()
@@ -310,7 +310,7 @@ def is_oom(e: BaseException) -> bool:
 
 
 class ChildError(RuntimeError):
-    """A child process of :func:`run_json_child` timed out or failed (the
+    """A child process of [`run_json_child`][jaxil.runs.measure.run_json_child] timed out or failed (the
     message is the reason: the timeout, or the end of its stderr)."""
 
 
@@ -320,13 +320,13 @@ def run_json_child(
     timeout_s: float = 300.0,
     env: Optional[dict[str, str]] = None,
 ) -> Any:
-    """Run ``cmd`` in a child process and return the JSON of the last line it
-    prints; raises :class:`ChildError` when it times out or fails.
+    """Run `cmd` in a child process and return the JSON of the last line it
+    prints; raises [`ChildError`][jaxil.runs.measure.ChildError] when it times out or fails.
 
-    The child inherits this process's environment, with ``env`` set on top.
+    The child inherits this process's environment, with `env` set on top.
     A thread count is fixed when XLA starts, so measurements on one core run in
-    a child: ``one_cpu`` adds :data:`SINGLE_THREAD_XLA_FLAGS` to its
-    ``XLA_FLAGS`` and pins it to one CPU (the flags alone leave XLA's dot
+    a child: `one_cpu` adds `SINGLE_THREAD_XLA_FLAGS` to its
+    `XLA_FLAGS` and pins it to one CPU (the flags alone leave XLA's dot
     library on every core)."""
     env = dict(os.environ, **(env or {}))
     pin = None
@@ -348,9 +348,9 @@ def run_json_child(
 
 
 def mlp_matmul_shapes(m: int, obs_in: int = 129, hidden: int = 256) -> dict[str, tuple[int, int, int]]:
-    """``name -> (M, K, N)`` of ``[M, K] @ [K, N]`` products to measure: a
-    1024² square and those of a ``hidden``-``hidden`` MLP on ``m`` rows of
-    ``obs_in`` inputs (forward, input-gradient and weight-gradient layouts,
+    """`name -> (M, K, N)` of `[M, K] @ [K, N]` products to measure: a
+    1024² square and those of a `hidden`-`hidden` MLP on `m` rows of
+    `obs_in` inputs (forward, input-gradient and weight-gradient layouts,
     and the doubled batch of a gradient penalty)."""
     return {
         "square_1024": (1024, 1024, 1024),
@@ -366,10 +366,10 @@ def matmul_rates(
     repeats: int = 7,
     target_s: float = 1.0,
 ) -> list[dict[str, Any]]:
-    """Median GFLOP/s of fp32 ``jnp.dot`` per shape in this process.
+    """Median GFLOP/s of fp32 `jnp.dot` per shape in this process.
 
-    ``gflops`` uses the median wall time; ``gflops_best`` the fastest repeat;
-    ``gflops_cpu`` the median process CPU time (per core-second when the
+    `gflops` uses the median wall time; `gflops_best` the fastest repeat;
+    `gflops_cpu` the median process CPU time (per core-second when the
     process runs on one thread; under contention it is the less disturbed
     figure)."""
     import jax
@@ -399,8 +399,8 @@ def matmul_rates(
 
 
 def summarize_matmul(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """``square_1024``, the best and the median MLP shape and the best of all
-    (GFLOP/s) of :func:`matmul_rates`' rows."""
+    """`square_1024`, the best and the median MLP shape and the best of all
+    (GFLOP/s) of [`matmul_rates`][jaxil.runs.measure.matmul_rates]' rows."""
     by = {r["shape"]: r["gflops"] for r in rows}
     mlp = [v for k, v in by.items() if k.startswith("mlp")]
     return {
@@ -412,8 +412,8 @@ def summarize_matmul(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def matmul_peak(m: int) -> dict[str, Any]:
-    """:func:`matmul_rates` of :func:`mlp_matmul_shapes` at ``m`` rows in this
-    process: ``{rows, summary, xla_flags}``."""
+    """[`matmul_rates`][jaxil.runs.measure.matmul_rates] of [`mlp_matmul_shapes`][jaxil.runs.measure.mlp_matmul_shapes] at `m` rows in this
+    process: `{rows, summary, xla_flags}`."""
     rows = matmul_rates(mlp_matmul_shapes(m))
     return {"rows": rows, "summary": summarize_matmul(rows), "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
@@ -424,10 +424,10 @@ _MATMUL_PEAK_CHILD = "import json; from jaxil.runs import measure; print(json.du
 def matmul_peak_children(
     m: int, threads: Sequence[str] = ("all", "1"), timeout_s: float = 300.0
 ) -> dict[str, dict[str, Any]]:
-    """:func:`matmul_peak` in a child process per thread setting (``"all"``:
-    XLA's threads as the environment sets them; ``"1"``: one thread pinned to
-    one CPU, :func:`run_json_child`): ``{threads: {rows, summary, xla_flags}}``,
-    or ``{threads: {"error": ...}}`` for a child that failed."""
+    """[`matmul_peak`][jaxil.runs.measure.matmul_peak] in a child process per thread setting (`"all"`:
+    XLA's threads as the environment sets them; `"1"`: one thread pinned to
+    one CPU, [`run_json_child`][jaxil.runs.measure.run_json_child]): `{threads: {rows, summary, xla_flags}}`,
+    or `{threads: {"error": ...}}` for a child that failed."""
     results: dict[str, dict[str, Any]] = {}
     for th in threads:
         cmd = [sys.executable, "-c", _MATMUL_PEAK_CHILD.format(m=int(m))]
@@ -439,7 +439,7 @@ def matmul_peak_children(
 
 
 class PeakProbe:
-    """A compiled 1024² ``jnp.dot`` to time in between other measurements, so a
+    """A compiled 1024² `jnp.dot` to time in between other measurements, so a
     throughput can be set against the matmul rate of the same moment."""
 
     FLOPS = 2.0 * 1024**3
@@ -453,7 +453,7 @@ class PeakProbe:
         time_once(self.f, self.a, self.a)
 
     def __call__(self, repeats: int = 5) -> float:
-        """Median GFLOP/s over ``repeats`` calls."""
+        """Median GFLOP/s over `repeats` calls."""
         t = time_call(self.f, self.a, self.a, warmup=0, repeats=repeats)
         return self.FLOPS / t.median_s / 1e9
 
@@ -462,7 +462,7 @@ class PeakProbe:
 
 
 def results_path(name: str, out_dir: Union[str, os.PathLike]) -> Path:
-    """``<out_dir>/<name>-<host>-<YYYY-MM-DD>.json``."""
+    """`<out_dir>/<name>-<host>-<YYYY-MM-DD>.json`."""
     host = socket.gethostname() or "host"
     date = _dt.date.today().isoformat()
     return Path(out_dir) / f"{name}-{host}-{date}.json"
@@ -474,8 +474,8 @@ def write_json(
     out_dir: Optional[Union[str, os.PathLike]] = None,
     path: Optional[Union[str, os.PathLike]] = None,
 ) -> Path:
-    """Write ``{"benchmark": name, "created": <timestamp>, **payload}`` to
-    ``path``, or to :func:`results_path` under ``out_dir``; returns the path."""
+    """Write `{"benchmark": name, "created": <timestamp>, **payload}` to
+    `path`, or to [`results_path`][jaxil.runs.measure.results_path] under `out_dir`; returns the path."""
     if path is None:
         if out_dir is None:
             raise ValueError("write_json needs out_dir or path")
@@ -547,7 +547,7 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple]) -> st
 
 
 def si(x: float, unit: str = "") -> str:
-    """``12345 -> '12.3k'`` for table cells."""
+    """`12345 -> '12.3k'` for table cells."""
     for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(x) >= scale:
             return f"{x / scale:.3g}{prefix}{unit}"

@@ -1,12 +1,12 @@
 """Learning curves of run directories.
 
-One line per grid point (``jaxil train`` / ``sweep``), regime
-(``jaxil interactive``) or directory (``--by dir``): the mean over seeds of a
-``metrics.jsonl`` metric at each evaluation, with a band of ±1 standard
-deviation over seeds (population std, as ``results.json``'s
-``return_std``; none for one seed). x is the ``update`` or ``round``.
+One line per grid point (`jaxil train` / `sweep`), regime
+(`jaxil interactive`) or directory (`--by dir`): the mean over seeds of a
+`metrics.jsonl` metric at each evaluation, with a band of ±1 standard
+deviation over seeds (population std, as `results.json`'s
+`return_std`; none for one seed). x is the `update` or `round`.
 
-CLI: ``jaxil plot RUN_DIR [RUN_DIR ...] [--metric eval_return] [--out FIG.png]``.
+CLI: `jaxil plot RUN_DIR [RUN_DIR ...] [--metric eval_return] [--out FIG.png]`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from jaxil.runs.export import algorithm_name, check_metric, group_rows, load_run
 
 def curves(run_dirs: Sequence[Union[str, Path]], metric: str = "eval_return",
            by: Optional[str] = None) -> list[dict]:
-    """``[{label, x [T], mean [T], std [T], seeds}]``, one per line of
-    :func:`plot_runs`; at each x, over the seeds that recorded ``metric``."""
+    """`[{label, x [T], mean [T], std [T], seeds}]`, one per line of
+    [`plot_runs`][jaxil.runs.plot.plot_runs]; at each x, over the seeds that recorded `metric`."""
     runs = [load_run(p) for p in run_dirs]
     lines = []
     for run in runs:
@@ -54,19 +54,19 @@ def curves(run_dirs: Sequence[Union[str, Path]], metric: str = "eval_return",
 
 def plot_runs(run_dirs: Sequence[Union[str, Path]], metric: str = "eval_return",
               by: Optional[str] = None, out: Optional[Union[str, Path]] = None) -> Figure:
-    """Learning curves of ``metric``: mean over seeds ± 1 std, one line per
-    grid point / regime (``by=None``), or per directory (``by="dir"``).
+    """Learning curves of `metric`: mean over seeds ± 1 std, one line per
+    grid point / regime (`by=None`), or per directory (`by="dir"`).
 
     Args:
-      run_dirs: run directories of ``jaxil train``/``sweep``/``interactive``.
-      metric: a ``metrics.jsonl`` key (``eval_return``, ``eval_win_rate``, a
+      run_dirs: run directories of `jaxil train`/`sweep`/`interactive`.
+      metric: a `metrics.jsonl` key (`eval_return`, `eval_win_rate`, a
         training loss, ...).
-      by: None (each directory's own grouping), ``"grid"``, ``"regime"`` or
-        ``"dir"``; see :func:`jaxil.runs.export.group_rows`.
+      by: None (each directory's own grouping), `"grid"`, `"regime"` or
+        `"dir"`; see [`jaxil.runs.export.group_rows`][jaxil.runs.export.group_rows].
       out: write the figure there (PNG by suffix) when given.
 
     Returns:
-      The figure (Agg canvas; no pyplot state): ``fig.axes[0].get_lines()``
+      The figure (Agg canvas; no pyplot state): `fig.axes[0].get_lines()`
       holds one line per curve, the bands are its collections.
 
     Raises:

@@ -1,6 +1,6 @@
 """Finished pieces of a long experiment, kept on disk so a killed run resumes.
 
-``ResultCache`` is a JSON file of ``key -> result``; every ``put`` rewrites it
+`ResultCache` is a JSON file of `key -> result`; every `put` rewrites it
 atomically (temporary file + rename), so a crash never leaves it half written.
 Entries are grouped by key prefix, and each group names the settings its
 results depend on: when any of those settings differ from the ones stored in
@@ -18,8 +18,8 @@ from jaxil.runs.io_atomic import atomic_write_text
 
 class ResultCache:
     def __init__(self, path: str | Path, settings: dict, groups: dict[str, tuple[str, ...]]):
-        """``settings``: JSON-able values; ``groups``: key prefix -> the names in
-        ``settings`` its entries depend on."""
+        """`settings`: JSON-able values; `groups`: key prefix -> the names in
+        `settings` its entries depend on."""
         unknown = sorted({n for names in groups.values() for n in names} - set(settings))
         if unknown:
             raise KeyError(f"ResultCache groups name settings that were not given: {unknown}")

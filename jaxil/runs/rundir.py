@@ -1,31 +1,33 @@
-"""Run directories with an identity: the one layout of ``jaxil train``,
-``jaxil sweep`` and ``jaxil interactive``.
+"""Run directories with an identity: the one layout of `jaxil train`,
+`jaxil sweep` and `jaxil interactive`.
 
-A run directory holds::
+A run directory holds:
 
-    run.json        what determines the run (its identity) and what it was run with
-    metrics.jsonl   one row per (evaluation, run), appended as training goes
-    checkpoints/    orbax steps of the whole stacked state (jaxil.runs.checkpoint)
-    results.json    the final summary
+```text
+run.json        what determines the run (its identity) and what it was run with
+metrics.jsonl   one row per (evaluation, run), appended as training goes
+checkpoints/    orbax steps of the whole stacked state (jaxil.runs.checkpoint)
+results.json    the final summary
+```
 
-:func:`open_run_dir` decides what may happen to a directory before any work:
+[`open_run_dir`][jaxil.runs.rundir.open_run_dir] decides what may happen to a directory before any work:
 
-- a directory that holds another run is refused unless ``resume`` (continue
-  it) or ``overwrite`` (start afresh: its run files are removed);
-- ``resume`` compares the recorded identity with the new one and refuses any
+- a directory that holds another run is refused unless `resume` (continue
+  it) or `overwrite` (start afresh: its run files are removed);
+- `resume` compares the recorded identity with the new one and refuses any
   difference, listing each changed setting with its old and new value;
 - on resume, metrics rows past the newest committed checkpoint are dropped
   (a kill between a metrics append and its checkpoint, or before the first
   checkpoint, leaves such rows), so the resumed run rewrites them exactly;
 - the directory is checked writable up front, so no work is lost to a
   permission error at the end;
-- one process at a time: :func:`check_run_dir` and :func:`open_run_dir`
-  take an advisory lock (``.lock``, ``fcntl.flock``) that the process holds
-  until :meth:`RunDir.close` or its exit, so a second run on the same
+- one process at a time: [`check_run_dir`][jaxil.runs.rundir.check_run_dir] and [`open_run_dir`][jaxil.runs.rundir.open_run_dir]
+  take an advisory lock (`.lock`, `fcntl.flock`) that the process holds
+  until `RunDir.close` or its exit, so a second run on the same
   directory is refused with the holder named; the operating system drops
-  the lock of a killed process, so a stale lock never blocks ``--resume``
-  (on platforms without ``fcntl`` there is no lock);
-- ``run.json`` records the library versions that wrote the run (jaxil,
+  the lock of a killed process, so a stale lock never blocks `--resume`
+  (on platforms without `fcntl` there is no lock);
+- `run.json` records the library versions that wrote the run (jaxil,
   JAX, flax, optax, orbax). A resume under other versions goes ahead with a
   one-line warning: the run's identity, which decides what it computes, is
   checked exactly, while another JAX or XLA may change only the last bits
@@ -63,7 +65,7 @@ def note(message: str) -> None:
 
 def read_jsonl(path: Path, *, report: bool = False) -> list[dict]:
     """The complete rows of a JSONL file ([] if absent); stops at a line cut
-    by a kill (``report``: say so on standard error)."""
+    by a kill (`report`: say so on standard error)."""
     if not path.exists():
         return []
     rows = []
@@ -80,7 +82,7 @@ def read_jsonl(path: Path, *, report: bool = False) -> list[dict]:
 
 
 def installed_versions(names: Sequence[str] = VERSIONED) -> dict[str, Optional[str]]:
-    """The installed versions of the distributions ``names`` (None where
+    """The installed versions of the distributions `names` (None where
     absent); by default those a run directory records."""
     out = {}
     for name in names:
@@ -92,7 +94,7 @@ def installed_versions(names: Sequence[str] = VERSIONED) -> dict[str, Optional[s
 
 
 def check_versions(recorded: Optional[dict], where: Path) -> dict[str, Optional[str]]:
-    """The current versions; a one-line warning when ``recorded`` (a resumed
+    """The current versions; a one-line warning when `recorded` (a resumed
     run's) differs."""
     now = installed_versions()
     if recorded:
@@ -113,8 +115,8 @@ _LOCKS: dict[Path, Any] = {}
 
 
 def lock_run_dir(path: Path) -> None:
-    """Hold the advisory lock of run directory ``path`` for this process
-    (a no-op if it already does, or without ``fcntl``).
+    """Hold the advisory lock of run directory `path` for this process
+    (a no-op if it already does, or without `fcntl`).
 
     Raises:
       RunDirInUse: another process holds it (named in the message).
@@ -144,7 +146,7 @@ def lock_run_dir(path: Path) -> None:
 
 
 def unlock_run_dir(path: Path) -> None:
-    """Release this process's lock of ``path`` (if it holds one)."""
+    """Release this process's lock of `path` (if it holds one)."""
     f = _LOCKS.pop(Path(path).resolve(), None)
     if f is not None:
         import fcntl
@@ -167,7 +169,7 @@ def _short(x: Any, limit: int = 60) -> str:
 
 
 def identity_changes(old: dict, new: dict) -> list[str]:
-    """``"name (old -> new)"`` for each identity key whose value differs
+    """`"name (old -> new)"` for each identity key whose value differs
     (a key present on one side only counts as a change)."""
     out = []
     for k in sorted(set(old) | set(new)):
@@ -182,10 +184,10 @@ def identity_changes(old: dict, new: dict) -> list[str]:
 
 def metrics_rows(step: dict, ids: list[dict], returns: Any, wins: Any,
                  metrics: dict) -> list[dict]:
-    """One metrics row per run: the ``step`` fields (``{"update": u}`` or
-    ``{"round": r}``), the run's ``ids`` (``run`` is its index into the
+    """One metrics row per run: the `step` fields (`{"update": u}` or
+    `{"round": r}`), the run's `ids` (`run` is its index into the
     arrays), the mean evaluation return and win rate over its episodes
-    (``returns``/``wins`` ``[R, episodes]``) and each metric's value (``[R]``)."""
+    (`returns`/`wins` `[R, episodes]`) and each metric's value (`[R]`)."""
     rows = []
     for ident in ids:
         i = ident["run"]
@@ -197,13 +199,13 @@ def metrics_rows(step: dict, ids: list[dict], returns: Any, wins: Any,
 
 
 class RunDir:
-    """An opened run directory (see :func:`open_run_dir`).
+    """An opened run directory (see [`open_run_dir`][jaxil.runs.rundir.open_run_dir]).
 
     Attributes:
       path: the directory.
-      checkpointer: its :class:`jaxil.runs.checkpoint.Checkpointer`.
+      checkpointer: its [`jaxil.runs.checkpoint.Checkpointer`][jaxil.runs.checkpoint.Checkpointer].
       latest: the newest committed checkpoint step to resume from, or None.
-      rows: the metrics rows kept (those at steps ``<= latest``).
+      rows: the metrics rows kept (those at steps `<= latest`).
     """
 
     def __init__(self, path: Path, checkpointer: Checkpointer, latest: Optional[int],
@@ -220,8 +222,8 @@ class RunDir:
         self.checkpointer.save(step, state)
 
     def keep_rows(self, rows: list[dict], step: int) -> None:
-        """Resume from ``step`` instead of :attr:`latest` (its newer checkpoint
-        was damaged): keep only ``rows`` in ``metrics.jsonl``."""
+        """Resume from `step` instead of `latest` (its newer checkpoint
+        was damaged): keep only `rows` in `metrics.jsonl`."""
         self.rows, self.latest = rows, step
         write_jsonl_atomic(self.path / "metrics.jsonl", rows)
 
@@ -236,7 +238,7 @@ class RunDir:
 
 
 def holds_run(path: Path) -> bool:
-    """Whether ``path`` holds any of a run's files."""
+    """Whether `path` holds any of a run's files."""
     if any((path / f).exists() for f in RUN_FILES):
         return True
     ck = path / "checkpoints"
@@ -244,7 +246,7 @@ def holds_run(path: Path) -> bool:
 
 
 def check_writable(path: Path, flag: str = "--out") -> None:
-    """Create ``path`` (a directory) and prove it writable, or raise a
+    """Create `path` (a directory) and prove it writable, or raise a
     one-line error naming it and the fix."""
     if path.exists() and not path.is_dir():
         raise FileExistsError(f"{flag} {path} is a file, not a directory; choose another {flag}")
@@ -260,8 +262,8 @@ def check_writable(path: Path, flag: str = "--out") -> None:
 
 def check_run_dir(path: str | os.PathLike, *, resume: bool = False,
                   overwrite: bool = False) -> None:
-    """What :func:`open_run_dir` refuses before it reads any identity: call it
-    before the expensive work (a dataset build) so that a bad ``--out`` fails
+    """What [`open_run_dir`][jaxil.runs.rundir.open_run_dir] refuses before it reads any identity: call it
+    before the expensive work (a dataset build) so that a bad `--out` fails
     at once. Creates the directory."""
     if resume and overwrite:
         raise ValueError("--resume and --overwrite exclude each other: resume continues "
@@ -277,16 +279,16 @@ def check_run_dir(path: str | os.PathLike, *, resume: bool = False,
 def open_run_dir(path: str | os.PathLike, identity: dict, *, resume: bool = False,
                  overwrite: bool = False, step_key: str = "update",
                  info: Optional[dict] = None) -> RunDir:
-    """Open ``path`` for a run whose result is determined by ``identity``
-    (JSON-able; recorded in ``run.json`` under ``"identity"``, with ``info``
+    """Open `path` for a run whose result is determined by `identity`
+    (JSON-able; recorded in `run.json` under `"identity"`, with `info`
     beside it for what does not change the result).
 
     Raises:
-      FileExistsError: ``path`` holds another run and neither ``resume`` nor
-        ``overwrite`` is given, or ``path`` is a file.
-      ValueError: ``resume`` with an identity that differs from the recorded
-        one (each changed setting listed), or a run without ``run.json``.
-      PermissionError: ``path`` cannot be written.
+      FileExistsError: `path` holds another run and neither `resume` nor
+        `overwrite` is given, or `path` is a file.
+      ValueError: `resume` with an identity that differs from the recorded
+        one (each changed setting listed), or a run without `run.json`.
+      PermissionError: `path` cannot be written.
     """
     path = Path(path)
     check_run_dir(path, resume=resume, overwrite=overwrite)

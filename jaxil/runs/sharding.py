@@ -1,36 +1,36 @@
-"""Runs and batches on a device mesh: ``jaxil train``/``sweep`` over N × M devices.
+"""Runs and batches on a device mesh: `jaxil train`/`sweep` over N × M devices.
 
 A training run stacks R = grid points × seeds learner states on a leading
-runs axis ``[R, ...]`` (:mod:`jaxil.algorithms.offline.train`). Runs never talk to each other,
+runs axis `[R, ...]` ([`jaxil.algorithms.offline.train`][jaxil.algorithms.offline.train]). Runs never talk to each other,
 so splitting that axis over N devices needs no communication: on a
-``Mesh`` of axes ``("runs", "batch")`` (N × 1 unless batches are split
+`Mesh` of axes `("runs", "batch")` (N × 1 unless batches are split
 too), the states are placed with
-``NamedSharding(mesh, P("runs"))``, the dataset is replicated (``P()``), and
+`NamedSharding(mesh, P("runs"))`, the dataset is replicated (`P()`), and
 the chunk and evaluation are jitted with those in/out shardings, so each
 device trains and evaluates its own R/N runs.
 
 Padding. R is padded up to a multiple of N by repeating the last run's state
 (the padded runs train as copies of it and are thrown away). Only the real R
-runs ever leave the devices: :meth:`RunsLayout.gather` (metrics, health,
-evaluation) and :meth:`RunsLayout.checkpoint_view` (what is saved) both cut
+runs ever leave the devices: [`RunsLayout.gather`][jaxil.runs.sharding.RunsLayout.gather] (metrics, health,
+evaluation) and [`RunsLayout.checkpoint_view`][jaxil.runs.sharding.RunsLayout.checkpoint_view] (what is saved) both cut
 the runs axis to R, so padded runs never reach metrics rows, results.json or
 a checkpoint.
 
 Checkpoints hold exactly the R real runs, the same arrays an unsharded run
-saves, so a checkpoint does not depend on the device count: ``jaxil eval``
+saves, so a checkpoint does not depend on the device count: `jaxil eval`
 restores it on one device, and a run may be resumed on another number of
 devices. When N divides R the sharded state is saved as it is (each device
-writes its runs) and restored straight into ``P("runs")``; otherwise the R
+writes its runs) and restored straight into `P("runs")`; otherwise the R
 runs are gathered (replicated) to save, restored replicated and re-padded.
 
-N counts ``jax.devices()``: in one process its local devices, after
-:func:`jax.distributed.initialize` the devices of all processes.
+N counts `jax.devices()`: in one process its local devices, after
+`jax.distributed.initialize` the devices of all processes.
 
 Batch sharding (one large run, data-parallel). The mesh is 2-D,
-``("runs", "batch")`` of N × M devices (M = 1 unless asked for): the states
-are split over ``runs`` and copied over ``batch``, and inside each update the
-sampled batch is constrained to ``P("batch")`` on its leading axis
-(:func:`constrain_batch`). Each of the M devices then computes the losses
+`("runs", "batch")` of N × M devices (M = 1 unless asked for): the states
+are split over `runs` and copied over `batch`, and inside each update the
+sampled batch is constrained to `P("batch")` on its leading axis
+([`constrain_batch`][jaxil.runs.sharding.constrain_batch]). Each of the M devices then computes the losses
 of B/M samples, and XLA's partitioner adds the all-reduce that sums the
 gradients (and the batch means and normalisers), so the update is the
 unsharded one up to float round-off. The batch size must divide by M.
@@ -52,16 +52,16 @@ BATCH = "batch"
 
 
 def num_devices(requested: Optional[int], num_runs: int, batch_devices: int = 1) -> int:
-    """The device count the runs axis uses: ``requested`` (checked), or by
-    default all devices (divided by ``batch_devices``, which each run's batch
+    """The device count the runs axis uses: `requested` (checked), or by
+    default all devices (divided by `batch_devices`, which each run's batch
     is split over), but no more than there are runs. A multi-process run
     uses all devices of all processes (each process must hold part of the
     mesh).
 
     Raises:
-      ValueError: ``requested`` or ``batch_devices`` is < 1, or they need
-        more devices than there are; ``requested`` is more than
-        ``num_runs`` (a device would train only padding); in a
+      ValueError: `requested` or `batch_devices` is < 1, or they need
+        more devices than there are; `requested` is more than
+        `num_runs` (a device would train only padding); in a
         multi-process run, anything but all devices, or fewer runs than
         devices.
     """
@@ -101,7 +101,7 @@ def num_devices(requested: Optional[int], num_runs: int, batch_devices: int = 1)
 
 
 def make_mesh(n: int, batch: int = 1) -> Mesh:
-    """A ``("runs", "batch")`` mesh of ``n`` × ``batch`` of ``jax.devices()``."""
+    """A `("runs", "batch")` mesh of `n` × `batch` of `jax.devices()`."""
     avail = jax.devices()
     if n < 1 or batch < 1 or n * batch > len(avail):
         raise ValueError(f"a mesh of {n * batch} devices was asked for, but there are {len(avail)} "
@@ -110,7 +110,7 @@ def make_mesh(n: int, batch: int = 1) -> Mesh:
 
 
 def check_batch_split(batch_size: int, batch_devices: int) -> None:
-    """Refuse a batch that does not split evenly over ``batch_devices``."""
+    """Refuse a batch that does not split evenly over `batch_devices`."""
     if batch_size % batch_devices:
         raise ValueError(f"--batch-size {batch_size} does not split over --batch-devices "
                          f"{batch_devices}; pass a batch size that is a multiple of "
@@ -118,12 +118,12 @@ def check_batch_split(batch_size: int, batch_devices: int) -> None:
 
 
 def constrain_batch(batch: Any, mesh: Mesh, batch_size: int) -> Any:
-    """Inside a jitted update: place every array of a sampled ``batch`` whose
-    leading axis is the batch (length ``batch_size``) on ``P("batch")``.
+    """Inside a jitted update: place every array of a sampled `batch` whose
+    leading axis is the batch (length `batch_size`) on `P("batch")`.
 
-    Other arrays are left to the partitioner: a PRNG key (``uint32`` raw or a
+    Other arrays are left to the partitioner: a PRNG key (`uint32` raw or a
     typed key, which is never split) and anything of another leading size.
-    Under ``vmap(..., spmd_axis_name="runs")`` the runs axis goes on top.
+    Under `vmap(..., spmd_axis_name="runs")` the runs axis goes on top.
     """
     if mesh.shape[BATCH] == 1:
         return batch
@@ -152,7 +152,7 @@ def _place_host(x: Any, sharding: NamedSharding) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class RunsLayout:
-    """R real runs on a mesh, padded to ``padded`` (a multiple of the mesh size)."""
+    """R real runs on a mesh, padded to `padded` (a multiple of the mesh size)."""
 
     mesh: Mesh
     num_runs: int
@@ -180,28 +180,28 @@ class RunsLayout:
         return self.runs if self.padded == self.num_runs else self.replicated
 
     def place(self, states: Any) -> Any:
-        """Stacked states ``[R, ...]`` (host or one device) -> padded ``[R', ...]``
+        """Stacked states `[R, ...]` (host or one device) -> padded `[R', ...]`
         sharded over the runs axis."""
         return jax.tree.map(lambda x: _place_host(_pad_host(np.asarray(x), self.padded),
                                                   self.runs), states)
 
     def replicate(self, tree: Any) -> Any:
-        """A copy of ``tree`` (the dataset, an evaluation key) on every device."""
+        """A copy of `tree` (the dataset, an evaluation key) on every device."""
         return jax.tree.map(lambda x: _place_host(x, self.replicated), tree)
 
     def gather(self, tree: Any) -> Any:
-        """The real runs of a sharded ``[R', ...]`` tree, as numpy ``[R, ...]``."""
+        """The real runs of a sharded `[R', ...]` tree, as numpy `[R, ...]`."""
         return jax.tree.map(np.asarray, self._cut(self.replicated)(tree))
 
     def checkpoint_view(self, states: Any) -> Any:
         """What a checkpoint holds: the R real runs, laid out as
-        :attr:`checkpoint_sharding`."""
+        [`checkpoint_sharding`][jaxil.runs.sharding.RunsLayout.checkpoint_sharding]."""
         if self.padded == self.num_runs:
             return states
         return self._cut(self.replicated)(states)
 
     def from_checkpoint(self, states: Any) -> Any:
-        """Restored ``[R, ...]`` (:attr:`checkpoint_sharding`) -> padded and sharded."""
+        """Restored `[R, ...]` ([`checkpoint_sharding`][jaxil.runs.sharding.RunsLayout.checkpoint_sharding]) -> padded and sharded."""
         if self.padded == self.num_runs:
             return states
         return _pad_fn(self.padded, self.runs)(states)

@@ -1,8 +1,8 @@
 """The results table of every program: evaluation rows grouped and summarised.
 
-A program's metrics rows (``metrics.jsonl``, one per evaluation and run)
-carry a step field (``update``, ``round`` or ``chunk``), the run's ids and
-``eval_return`` / ``eval_win_rate``. :func:`summarize_step` groups the rows
+A program's metrics rows (`metrics.jsonl`, one per evaluation and run)
+carry a step field (`update`, `round` or `chunk`), the run's ids and
+`eval_return` / `eval_win_rate`. [`summarize_step`][jaxil.runs.summary.summarize_step] groups the rows
 of one step (the last by default) by a key (the grid point, the regime, or
 nothing) and gives each group's mean ± population std over its runs;
 [format_table][jaxil.runs.measure.format_table] prints such groups as a
@@ -29,11 +29,11 @@ def summarize_step(rows: Sequence[dict], step_key: str, *, group: Callable[[dict
                    group_name: str, order: Sequence[str] = (),
                    means: Sequence[str] = (), step: Optional[int] = None,
                    pick: Callable = max) -> tuple[Optional[int], list[dict]]:
-    """``(step, groups)``: the rows at ``step`` (default: ``pick`` over the
-    rows' steps, i.e. the last) grouped by ``group(row)``; each group is
-    ``{group_name: label, seeds, return_mean, return_std, win_mean, win_std,
-    <m>_mean for m in means, returns}``. Groups come in ``order`` (labels
-    not seen there follow in row order). No rows: ``(None, [])``."""
+    """`(step, groups)`: the rows at `step` (default: `pick` over the
+    rows' steps, i.e. the last) grouped by `group(row)`; each group is
+    `{group_name: label, seeds, return_mean, return_std, win_mean, win_std,
+    <m>_mean for m in means, returns}`. Groups come in `order` (labels
+    not seen there follow in row order). No rows: `(None, [])`."""
     if not rows:
         return None, []
     if step is None:
@@ -59,9 +59,9 @@ def summarize_step(rows: Sequence[dict], step_key: str, *, group: Callable[[dict
 
 
 def returns_summary(rows: Sequence[dict], step_key: str, step: Any) -> dict:
-    """One evaluation over all runs: ``{step_key: step, return_mean,
-    return_std, returns, win_rate_mean}`` (the adversarial programs'
-    ``initial`` and ``final`` entries)."""
+    """One evaluation over all runs: `{step_key: step, return_mean,
+    return_std, returns, win_rate_mean}` (the adversarial programs'
+    `initial` and `final` entries)."""
     sel = [r for r in rows if r[step_key] == step]
     ret = np.array([r["eval_return"] for r in sel], np.float64)
     return {step_key: step, "return_mean": float(ret.mean()), "return_std": float(ret.std()),

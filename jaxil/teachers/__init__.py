@@ -1,18 +1,18 @@
 """Teachers: IPPO / MAPPO policies trained to produce demonstrations.
 
-- :mod:`jaxil.algorithms.rl.config`: :class:`PPOConfig`.
-- :mod:`jaxil.algorithms.rl.ppo`: the pure training program (``make_ppo``,
-  ``make_train``); the losses live in :mod:`jaxil.losses` (``gae``,
-  ``clipped_surrogate_loss``, ``clipped_value_loss``), the networks in
-  :mod:`jaxil.nn.policy` and :mod:`jaxil.nn.nets`.
-- :mod:`jaxil.teachers.train`: the teacher program and ``train_teacher``
+- [`jaxil.algorithms.rl.config`][jaxil.algorithms.rl.config]: [`PPOConfig`][jaxil.algorithms.rl.config.PPOConfig].
+- [`jaxil.algorithms.rl.ppo`][jaxil.algorithms.rl.ppo]: the pure training program (`make_ppo`,
+  `make_train`); the losses live in [`jaxil.losses`][jaxil.losses] (`gae`,
+  `clipped_surrogate_loss`, `clipped_value_loss`), the networks in
+  [`jaxil.nn.policy`][jaxil.nn.policy] and [`jaxil.nn.nets`][jaxil.nn.nets].
+- [`jaxil.teachers.train`][jaxil.teachers.train]: the teacher program and `train_teacher`
   (chunks, checkpoints, evaluations and resume, run by
-  :func:`jaxil.runs.engine.run`).
-- :mod:`jaxil.teachers.rundir`: the teacher directory as the engine writes it.
-- :mod:`jaxil.teachers.io`: run directories, ``load_teacher`` and the
+  [`jaxil.runs.engine.run`][jaxil.runs.engine.run]).
+- [`jaxil.teachers.rundir`][jaxil.teachers.rundir]: the teacher directory as the engine writes it.
+- [`jaxil.teachers.io`][jaxil.teachers.io]: run directories, `load_teacher` and the
   teachers shipped with jaxil.
-- :mod:`jaxil.teachers.presets`: per-environment presets and the command line
-  (``jaxil teach --env smax:3m --out runs/teachers/smax_3m``).
+- [`jaxil.teachers.presets`][jaxil.teachers.presets]: per-environment presets and the command line
+  (`jaxil teach --env smax:3m --out runs/teachers/smax_3m`).
 """
 
 from jaxil.algorithms.rl.config import PPOConfig

@@ -1,24 +1,26 @@
 """Teacher run directories: layout, loading, and the teachers shipped with jaxil.
 
-Layout of a run (written by :func:`jaxil.teachers.train.train_teacher`)::
+Layout of a run (written by [`jaxil.teachers.train.train_teacher`][jaxil.teachers.train.train_teacher]):
 
-    out_dir/teacher.json         env id, algo, config, spec, random baseline,
-                                 checkpoints with their evaluations
-    out_dir/metrics.jsonl        one line per chunk (training-rollout stats)
-    out_dir/checkpoints/<env_steps>/actor/      the actor's parameters
-    out_dir/checkpoints/<env_steps>/runner/     the full RunnerState
-                                                (latest checkpoint only)
-    out_dir/checkpoints/<env_steps>/checkpoint.json   its evaluation
+```text
+out_dir/teacher.json         env id, algo, config, spec, random baseline,
+                             checkpoints with their evaluations
+out_dir/metrics.jsonl        one line per chunk (training-rollout stats)
+out_dir/checkpoints/<env_steps>/actor/      the actor's parameters
+out_dir/checkpoints/<env_steps>/runner/     the full RunnerState
+                                            (latest checkpoint only)
+out_dir/checkpoints/<env_steps>/checkpoint.json   its evaluation
+```
 
-Arrays are stored with :func:`jaxil.runs.checkpoint.save_tree`. ``teacher.json``
-records ``actor_format``: 2 is the :class:`jaxil.nn.policy.PolicyNet` layout;
-runs written before it (no ``actor_format``; the earlier flax ``Actor`` module)
+Arrays are stored with [`jaxil.runs.checkpoint.save_tree`][jaxil.runs.checkpoint.save_tree]. `teacher.json`
+records `actor_format`: 2 is the [`jaxil.nn.policy.PolicyNet`][jaxil.nn.policy.PolicyNet] layout;
+runs written before it (no `actor_format`; the earlier flax `Actor` module)
 are converted on load, so old run directories keep working.
 
-Shipped teachers. ``jaxil/teachers/shipped/<name>/`` holds the teachers the
+Shipped teachers. `jaxil/teachers/shipped/<name>/` holds the teachers the
 dataset recipes use, as policy parameters only (every evaluated checkpoint's
-actor, no runner state) with a SHA-256 of each in ``teacher.json``, verified
-on load. :func:`ship_teacher` makes one from a run directory.
+actor, no runner state) with a SHA-256 of each in `teacher.json`, verified
+on load. [`ship_teacher`][jaxil.teachers.io.ship_teacher] makes one from a run directory.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
-    """Write ``obj`` as indented JSON atomically (temporary file + rename)."""
+    """Write `obj` as indented JSON atomically (temporary file + rename)."""
     atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default))
 
 
@@ -70,7 +72,7 @@ def jsonable_metrics(m: dict) -> dict:
 
 
 def list_checkpoints(out_dir: str | os.PathLike) -> list[int]:
-    """Steps of the complete checkpoints (those with a ``checkpoint.json``)."""
+    """Steps of the complete checkpoints (those with a `checkpoint.json`)."""
     d = os.path.join(out_dir, CKPT_DIR)
     if not os.path.isdir(d):
         return []
@@ -82,7 +84,7 @@ def list_checkpoints(out_dir: str | os.PathLike) -> list[int]:
 
 
 def read_teacher(out_dir: str | os.PathLike) -> dict:
-    """The ``teacher.json`` of a run; FileNotFoundError / ValueError that say what
+    """The `teacher.json` of a run; FileNotFoundError / ValueError that say what
     is wrong otherwise."""
     path = os.path.join(out_dir, TEACHER_FILE)
     if not os.path.exists(path):
@@ -95,9 +97,9 @@ def read_teacher(out_dir: str | os.PathLike) -> dict:
 
 
 def _legacy_actor_like(spec: EnvSpec, config: PPOConfig) -> dict:
-    """Shapes of an ``actor_format`` 1 actor (the flax ``Actor`` of earlier
-    jaxil versions: ``_Torso_0/Dense_<i>`` hidden layers, ``Dense_0`` output,
-    ``log_std`` for box actions)."""
+    """Shapes of an `actor_format` 1 actor (the flax `Actor` of earlier
+    jaxil versions: `_Torso_0/Dense_<i>` hidden layers, `Dense_0` output,
+    `log_std` for box actions)."""
     f32 = jnp.float32
     width = spec.obs_dim + spec.num_agents
     torso = {}
@@ -114,9 +116,9 @@ def _legacy_actor_like(spec: EnvSpec, config: PPOConfig) -> dict:
 
 
 def legacy_mlp_variables(old: dict) -> dict:
-    """The variables of an ``actor_format`` 1 network (actor or critic:
-    ``_Torso_0/Dense_<i>`` hidden layers, ``Dense_0`` output) as those of the
-    shared :class:`jaxil.nn.nets.LocalMLP` that replaces it (same weights, same
+    """The variables of an `actor_format` 1 network (actor or critic:
+    `_Torso_0/Dense_<i>` hidden layers, `Dense_0` output) as those of the
+    shared [`jaxil.nn.nets.LocalMLP`][jaxil.nn.nets.LocalMLP] that replaces it (same weights, same
     function)."""
     p = old["params"]
     mlp = {f"hidden_{i}": layer for i, layer in
@@ -126,7 +128,7 @@ def legacy_mlp_variables(old: dict) -> dict:
 
 
 def _from_legacy(old: dict, spec: EnvSpec) -> Any:
-    """An ``actor_format`` 1 actor as :class:`jaxil.nn.policy.PolicyNet` parameters."""
+    """An `actor_format` 1 actor as [`jaxil.nn.policy.PolicyNet`][jaxil.nn.policy.PolicyNet] parameters."""
     variables = legacy_mlp_variables(old)
     if spec.discrete:
         return variables
@@ -134,9 +136,9 @@ def _from_legacy(old: dict, spec: EnvSpec) -> Any:
 
 
 def _restore_actor(out_dir: str | os.PathLike, step: int, doc: dict) -> tuple[Any, str]:
-    """``(params, stored digest)``: the actor of checkpoint ``step`` as
-    :class:`jaxil.nn.policy.PolicyNet` parameters, and the SHA-256 of the tree as
-    it is stored (an ``actor_format`` 1 run keeps its own layout's digest, so
+    """`(params, stored digest)`: the actor of checkpoint `step` as
+    [`jaxil.nn.policy.PolicyNet`][jaxil.nn.policy.PolicyNet] parameters, and the SHA-256 of the tree as
+    it is stored (an `actor_format` 1 run keeps its own layout's digest, so
     datasets built from it record the same digest as before)."""
     config = PPOConfig.from_dict(doc["config"])
     spec = EnvSpec.from_dict(doc["spec"])
@@ -155,8 +157,8 @@ def _restore_actor(out_dir: str | os.PathLike, step: int, doc: dict) -> tuple[An
 
 def load_actor_params(out_dir: str | os.PathLike, step: int,
                       doc: Optional[dict] = None) -> tuple[Any, str]:
-    """``(params, digest)`` of checkpoint ``step`` (any ``actor_format``; the
-    digest is that of the stored tree, see :func:`_restore_actor`), checked
+    """`(params, digest)` of checkpoint `step` (any `actor_format`; the
+    digest is that of the stored tree, see `_restore_actor`), checked
     against the digest a shipped teacher records."""
     doc = read_teacher(out_dir) if doc is None else doc
     params, digest = _restore_actor(out_dir, step, doc)
@@ -176,15 +178,15 @@ def load_teacher(
     """Load a teacher run (or a shipped teacher).
 
     Args:
-      out_dir: the run directory (holds ``teacher.json``).
-      step: environment-step count of the checkpoint; ``None`` = the latest.
+      out_dir: the run directory (holds `teacher.json`).
+      step: environment-step count of the checkpoint; `None` = the latest.
       deterministic: the greedy / mean-action policy instead of the stochastic
         one.
 
     Returns:
-      ``(policy, params, spec)``: an :class:`envs.policies.Policy` for one
-      environment (``act``, ``log_prob``, ``entropy``), usable with
-      :func:`envs.run_episodes`; the actor parameters; the :class:`EnvSpec`.
+      `(policy, params, spec)`: an [`envs.policies.Policy`][jaxil.envs.policies.Policy] for one
+      environment (`act`, `log_prob`, `entropy`), usable with
+      [`envs.run_episodes`][jaxil.envs.rollout.run_episodes]; the actor parameters; the [`EnvSpec`][jaxil.envs.core.EnvSpec].
     """
     policy, params, spec, _ = load_checkpoint(out_dir, step, deterministic)
     return policy, params, spec
@@ -193,7 +195,7 @@ def load_teacher(
 def load_checkpoint(
     out_dir: str | os.PathLike, step: Optional[int] = None, deterministic: bool = False
 ) -> tuple[Callable, Any, EnvSpec, str]:
-    """:func:`load_teacher` plus the SHA-256 of the checkpoint's weights as
+    """[`load_teacher`][jaxil.teachers.io.load_teacher] plus the SHA-256 of the checkpoint's weights as
     stored (what datasets record), from one read."""
     doc = read_teacher(out_dir)
     steps = list_checkpoints(out_dir)
@@ -210,7 +212,7 @@ def load_checkpoint(
 
 
 def list_teacher_checkpoints(out_dir: str | os.PathLike) -> list[dict]:
-    """The checkpoint entries of ``teacher.json`` (step, evaluations, ...)."""
+    """The checkpoint entries of `teacher.json` (step, evaluations, ...)."""
     return read_teacher(out_dir)["checkpoints"]
 
 
@@ -218,7 +220,7 @@ def list_teacher_checkpoints(out_dir: str | os.PathLike) -> list[dict]:
 # Shipped teachers
 # --------------------------------------------------------------------------
 def shipped_teachers() -> dict[str, Path]:
-    """``{env_id: directory}`` of the teachers shipped inside the package."""
+    """`{env_id: directory}` of the teachers shipped inside the package."""
     out = {}
     if SHIPPED_DIR.is_dir():
         for d in sorted(SHIPPED_DIR.iterdir()):
@@ -231,9 +233,9 @@ def shipped_teachers() -> dict[str, Path]:
 
 def ship_teacher(run_dir: str | os.PathLike, dest: Optional[str | os.PathLike] = None) -> Path:
     """Copy a complete teacher run into the shipped format: every evaluated
-    checkpoint's actor parameters (current ``actor_format``, converted if the
-    run is older) with their SHA-256, and ``teacher.json`` (no runner state,
-    no metrics). ``dest`` defaults to ``jaxil/teachers/shipped/<run name>``.
+    checkpoint's actor parameters (current `actor_format`, converted if the
+    run is older) with their SHA-256, and `teacher.json` (no runner state,
+    no metrics). `dest` defaults to `jaxil/teachers/shipped/<run name>`.
     Returns the directory written."""
     run_dir = Path(run_dir)
     doc = read_teacher(run_dir)

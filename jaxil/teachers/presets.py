@@ -6,14 +6,16 @@ they start from JaxMARL's SMAX MAPPO sweep (lr 2e-3, 64 envs x 128 steps,
 network instead of a GRU and an entropy bonus of 0.01 (JaxMARL's IPPO SMAX
 value; without it the policy collapses to near-determinism early on 3m and
 plateaus at ~0.85 win rate).
-``teachers_report.md`` at the repository root records what they reach and how
+`teachers_report.md` at the repository root records what they reach and how
 long they take.
 
-Command line::
+Command line:
 
-    jaxil teach --env smax:3m --out runs/teachers/smax_3m
-    jaxil teach --env smax:3m --out runs/teachers/smax_3m --resume
-    jaxil teach --env smax:2s3z --set total_timesteps=8000000 lr=0.001
+```bash
+jaxil teach --env smax:3m --out runs/teachers/smax_3m
+jaxil teach --env smax:3m --out runs/teachers/smax_3m --resume
+jaxil teach --env smax:2s3z --set total_timesteps=8000000 lr=0.001
+```
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ PRESETS: dict[str, PPOConfig] = {
 
 
 def preset(env_id: str, **overrides: Any) -> PPOConfig:
-    """The preset config of ``env_id`` (SMAX maps without a preset get the SMAX
+    """The preset config of `env_id` (SMAX maps without a preset get the SMAX
     one), with keyword overrides."""
     if env_id in PRESETS:
         cfg = PRESETS[env_id]
@@ -105,7 +107,7 @@ def preset(env_id: str, **overrides: Any) -> PPOConfig:
 
 
 def _parse_sets(items: list[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` overrides (JSON values); PPOConfig range-checks them."""
+    """`KEY=VALUE` overrides (JSON values); PPOConfig range-checks them."""
     fields = {f.name: f for f in dataclasses.fields(PPOConfig)}
     out = {}
     for item in items:

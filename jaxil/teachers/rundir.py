@@ -1,19 +1,19 @@
 """A teacher's run directory as the run engine writes it.
 
-A teacher keeps the layout of :mod:`jaxil.teachers.io` (``teacher.json``,
-``metrics.jsonl``, ``checkpoints/<env_steps>/{actor,runner,checkpoint.json}``)
-because shipped teachers, dataset recipes and :func:`jaxil.teachers.load_teacher`
-read it. :class:`TeacherRunDir` gives that layout the interface of
-:class:`jaxil.runs.rundir.RunDir`, so :func:`jaxil.runs.engine.run` drives a
+A teacher keeps the layout of [`jaxil.teachers.io`][jaxil.teachers.io] (`teacher.json`,
+`metrics.jsonl`, `checkpoints/<env_steps>/{actor,runner,checkpoint.json}`)
+because shipped teachers, dataset recipes and [`jaxil.teachers.load_teacher`][jaxil.teachers.io.load_teacher]
+read it. [`TeacherRunDir`][jaxil.teachers.rundir.TeacherRunDir] gives that layout the interface of
+[`jaxil.runs.rundir.RunDir`][jaxil.runs.rundir.RunDir], so [`jaxil.runs.engine.run`][jaxil.runs.engine.run] drives a
 teacher as it drives every other program: the engine appends the rows and
 asks for checkpoints; this module decides where they go.
 
-- :func:`open_teacher_dir` checks the directory before any compilation:
-  writable, holding no other kind of run, and on ``resume`` the same
+- [`open_teacher_dir`][jaxil.teachers.rundir.open_teacher_dir] checks the directory before any compilation:
+  writable, holding no other kind of run, and on `resume` the same
   settings as the recorded run (one line naming the first that differs).
 - A checkpoint writes the actor, the full runner state (kept for the newest
-  checkpoint only), ``checkpoint.json`` with the evaluation of the row the
-  engine has just appended, and refreshes ``teacher.json``.
+  checkpoint only), `checkpoint.json` with the evaluation of the row the
+  engine has just appended, and refreshes `teacher.json`.
 - On resume, checkpoints past the newest runner state and metrics rows past
   its chunk are dropped (a line cut by a kill included), so the resumed run
   rewrites them exactly.
@@ -47,13 +47,13 @@ RESUME_KEYS = ("env_id", "env_kwargs", "seed", "config", "checkpoint_chunks")
 
 
 def evaluation_fields(evaluation: dict[str, dict]) -> dict[str, Any]:
-    """``{"eval_stochastic": {...}, ...}`` as flat row fields
-    (``"eval_stochastic/return_mean"``)."""
+    """`{"eval_stochastic": {...}, ...}` as flat row fields
+    (`"eval_stochastic/return_mean"`)."""
     return {f"{mode}/{k}": v for mode, stats in evaluation.items() for k, v in stats.items()}
 
 
 def _nested_evaluation(row: dict) -> dict[str, dict]:
-    """Undo :func:`evaluation_fields` for one row (episode counts as ints)."""
+    """Undo [`evaluation_fields`][jaxil.teachers.rundir.evaluation_fields] for one row (episode counts as ints)."""
     out: dict[str, dict] = {}
     for key, v in row.items():
         mode, _, k = key.partition("/")
@@ -63,7 +63,7 @@ def _nested_evaluation(row: dict) -> dict[str, dict]:
 
 
 class _Checkpoints:
-    """The engine's checkpointer for a teacher: ``checkpoints/<env_steps>/``."""
+    """The engine's checkpointer for a teacher: `checkpoints/<env_steps>/`."""
 
     def __init__(self, rundir: "TeacherRunDir"):
         self.rundir = rundir
@@ -93,12 +93,12 @@ class _Checkpoints:
 
 
 class TeacherRunDir(RunDir):
-    """An opened teacher directory (see :func:`open_teacher_dir`).
+    """An opened teacher directory (see [`open_teacher_dir`][jaxil.teachers.rundir.open_teacher_dir]).
 
-    Attributes (beyond :class:`jaxil.runs.rundir.RunDir`'s):
-      header: the settings ``teacher.json`` records (``spec`` and
-        ``random_baseline`` are added by :meth:`begin`).
-      doc: the ``teacher.json`` last written.
+    Attributes (beyond [`jaxil.runs.rundir.RunDir`][jaxil.runs.rundir.RunDir]'s):
+      header: the settings `teacher.json` records (`spec` and
+        `random_baseline` are added by [`begin`][jaxil.teachers.rundir.TeacherRunDir.begin]).
+      doc: the `teacher.json` last written.
       last_row: the newest metrics row (a checkpoint records its evaluation).
     """
 
@@ -112,7 +112,7 @@ class TeacherRunDir(RunDir):
 
     def begin(self, spec: dict, random_baseline: Optional[dict]) -> None:
         """Record the environment's spec, and on a fresh run the random
-        baseline, and write the first ``teacher.json``."""
+        baseline, and write the first `teacher.json`."""
         self.header["spec"] = spec
         if self.latest is None:
             self.header["random_baseline"] = random_baseline
@@ -125,7 +125,7 @@ class TeacherRunDir(RunDir):
         self.last_row = rows[-1]
 
     def write_teacher(self, complete: bool, session_elapsed_s: Optional[float]) -> dict:
-        """``teacher.json``: the header, every checkpoint with its evaluation,
+        """`teacher.json`: the header, every checkpoint with its evaluation,
         and the wall time of the training chunks (all sessions)."""
         ckpts = [json.loads((self.path / CKPT_DIR / str(s) / "checkpoint.json").read_text())
                  for s in list_checkpoints(self.path)]
@@ -146,7 +146,7 @@ class TeacherRunDir(RunDir):
 
 def _refuse_foreign_run(path: Path) -> None:
     """Refuse a directory that holds a run other than a teacher's: a teacher
-    would remove its ``metrics.jsonl`` and mix its files with ours."""
+    would remove its `metrics.jsonl` and mix its files with ours."""
     foreign = [f for f in ("run.json", "results.json") if (path / f).exists()]
     if not (path / TEACHER_FILE).exists():
         foreign += [f for f in (METRICS_FILE,) if (path / f).exists()]
@@ -160,8 +160,8 @@ def _refuse_foreign_run(path: Path) -> None:
 
 
 def _check_resumable(path: Path, header: dict, existing: list[int]) -> dict:
-    """The recorded ``teacher.json`` of a run that may be resumed with
-    ``header``; a one-line error otherwise."""
+    """The recorded `teacher.json` of a run that may be resumed with
+    `header`; a one-line error otherwise."""
     teacher_path = path / TEACHER_FILE
     if not teacher_path.exists():
         raise FileNotFoundError(
@@ -189,19 +189,19 @@ def _check_resumable(path: Path, header: dict, existing: list[int]) -> dict:
 
 def open_teacher_dir(out_dir: str | os.PathLike, header: dict, *, resume: bool,
                      env_steps_per_chunk: int) -> TeacherRunDir:
-    """Open ``out_dir`` for a teacher run with the settings ``header``.
+    """Open `out_dir` for a teacher run with the settings `header`.
 
-    Without ``resume`` a directory that already holds checkpoints is refused;
+    Without `resume` a directory that already holds checkpoints is refused;
     with it, the newest checkpoint holding a runner state is the one to
-    continue from (``latest``, in env steps), later checkpoints and metrics
-    rows are removed, and the recorded ``random_baseline`` is kept.
+    continue from (`latest`, in env steps), later checkpoints and metrics
+    rows are removed, and the recorded `random_baseline` is kept.
 
     Raises:
-      FileExistsError: ``out_dir`` holds checkpoints (without ``resume``) or
+      FileExistsError: `out_dir` holds checkpoints (without `resume`) or
         another kind of run.
       FileNotFoundError / ValueError: a run that cannot be resumed, or whose
         settings differ (the first difference named).
-      PermissionError: ``out_dir`` cannot be written.
+      PermissionError: `out_dir` cannot be written.
     """
     path = Path(out_dir)
     check_writable(path, "out_dir")

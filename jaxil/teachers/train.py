@@ -1,18 +1,18 @@
-"""The teacher program: PPO in chunks, run by the run engine (:func:`train_teacher`).
+"""The teacher program: PPO in chunks, run by the run engine ([`train_teacher`][jaxil.teachers.train.train_teacher]).
 
-``train_teacher(env_id, config, seed, out_dir)`` builds a
-:class:`jaxil.runs.engine.Program` from the compiled
-:func:`jaxil.algorithms.rl.ppo.make_ppo` chunk and hands it to
-:func:`jaxil.runs.engine.run`, which owns the loop: the guard, one metrics row
+`train_teacher(env_id, config, seed, out_dir)` builds a
+[`jaxil.runs.engine.Program`][jaxil.runs.engine.Program] from the compiled
+[`jaxil.algorithms.rl.ppo.make_ppo`][jaxil.algorithms.rl.ppo.make_ppo] chunk and hands it to
+[`jaxil.runs.engine.run`][jaxil.runs.engine.run], which owns the loop: the guard, one metrics row
 per chunk, a few evenly spaced checkpoints, each evaluated with
-:func:`jaxil.envs.run_episodes`, the progress bar and exact resume. The
-directory keeps the teacher layout of :mod:`jaxil.teachers.io`
-(:mod:`jaxil.teachers.rundir` maps it onto the engine).
+[`jaxil.envs.run_episodes`][jaxil.envs.rollout.run_episodes], the progress bar and exact resume. The
+directory keeps the teacher layout of [`jaxil.teachers.io`][jaxil.teachers.io]
+([`jaxil.teachers.rundir`][jaxil.teachers.rundir] maps it onto the engine).
 
 A run that cannot lie: the output directory is checked writable and free of
-other runs before any compilation; ``resume`` refuses any setting that differs
+other runs before any compilation; `resume` refuses any setting that differs
 from the recorded run; a loss or parameter turning NaN/inf stops the run with
-:class:`jaxil.runs.guard.NonFiniteError` before that chunk's metrics or checkpoint
+[`jaxil.runs.guard.NonFiniteError`][jaxil.runs.guard.NonFiniteError] before that chunk's metrics or checkpoint
 are written, so the directory keeps its last good checkpoint.
 """
 
@@ -44,8 +44,8 @@ def evaluate(
     env: MultiAgentEnv, policy: Any, params: Any, key: jax.Array, num_episodes: int = 128
 ) -> dict[str, float]:
     """Mean episodic return (± std), win rate (if the env has one) and length
-    over ``num_episodes`` complete episodes of :func:`envs.run_episodes`
-    (jitted; the compiled program is cached per ``(env, policy)`` object)."""
+    over `num_episodes` complete episodes of [`envs.run_episodes`][jaxil.envs.rollout.run_episodes]
+    (jitted; the compiled program is cached per `(env, policy)` object)."""
     eps = _jit_run_episodes(env, policy, num_episodes)(params, key)
     return envs.episode_summary(eps, env.spec.has_win)
 
@@ -69,7 +69,7 @@ def checkpoint_chunks(num_chunks: int, num_checkpoints: int) -> list[int]:
 
 class _Program:
     """The compiled pieces of one (env, config) pair. Cached per process (see
-    :func:`_program`) so that a resume, or a second run with the same config,
+    `_program`) so that a resume, or a second run with the same config,
     does not compile again."""
 
     def __init__(self, env_id: str, env_kwargs_items: tuple, config: PPOConfig,
@@ -92,16 +92,16 @@ class _Program:
         return self._init(key)
 
     def chunk(self, runner: RunnerState):
-        """Ahead-of-time compiled ``update_chunk`` (first chunk timings stay
-        honest); returns ``(executable, compile_seconds)``."""
+        """Ahead-of-time compiled `update_chunk` (first chunk timings stay
+        honest); returns `(executable, compile_seconds)`."""
         if self._chunk is None:
             t0 = time.time()
             self._chunk = (self._compile(self.ppo.update_chunk, runner), time.time() - t0)
         return self._chunk
 
     def checked_chunk(self, runner: RunnerState):
-        """Like :meth:`chunk` for ``update_chunk_checked``: the executable
-        returns ``(runner, metrics, health)`` (:mod:`jaxil.runs.guard`)."""
+        """Like `chunk` for `update_chunk_checked`: the executable
+        returns `(runner, metrics, health)` ([`jaxil.runs.guard`][jaxil.runs.guard])."""
         if self._checked is None:
             t0 = time.time()
             self._checked = (self._compile(self.ppo.update_chunk_checked, runner),
@@ -149,9 +149,9 @@ def _program(
 
 def teacher_program(prog: _Program, config: PPOConfig, seed: int, *, eval_episodes: int,
                     checkpoint_at: list[int], env_id: str, label: str) -> engine.Program:
-    """The :class:`jaxil.runs.engine.Program` of one teacher: one run, one
+    """The [`jaxil.runs.engine.Program`][jaxil.runs.engine.Program] of one teacher: one run, one
     metrics row per chunk (the training rollouts' statistics, timed), a
-    checkpoint and evaluation after each chunk of ``checkpoint_at``. Rows and
+    checkpoint and evaluation after each chunk of `checkpoint_at`. Rows and
     checkpoints are keyed by env steps; the guard numbers updates."""
     k_init, k_eval = jax.random.split(jax.random.PRNGKey(seed))
     env_steps_per_chunk = config.updates_per_chunk * config.batch_size
@@ -212,46 +212,48 @@ def train_teacher(
     compiler_options: Optional[dict] = None,
     loggers: Sequence[LoggerFactory] = (),
 ) -> dict:
-    """Train an IPPO/MAPPO teacher chunk by chunk and write it to ``out_dir``.
+    """Train an IPPO/MAPPO teacher chunk by chunk and write it to `out_dir`.
 
-    Layout::
+    Layout:
 
-        out_dir/teacher.json         env id, algo, config, spec, random baseline,
-                                     checkpoints with their evaluations
-        out_dir/metrics.jsonl        one row per chunk (training-rollout stats;
-                                     the evaluation too at checkpoints)
-        out_dir/checkpoints/<env_steps>/actor/      orbax: actor params
-        out_dir/checkpoints/<env_steps>/runner/     orbax: full RunnerState
-                                                    (latest checkpoint only)
-        out_dir/checkpoints/<env_steps>/checkpoint.json   its evaluation
+    ```text
+    out_dir/teacher.json         env id, algo, config, spec, random baseline,
+                                 checkpoints with their evaluations
+    out_dir/metrics.jsonl        one row per chunk (training-rollout stats;
+                                 the evaluation too at checkpoints)
+    out_dir/checkpoints/<env_steps>/actor/      orbax: actor params
+    out_dir/checkpoints/<env_steps>/runner/     orbax: full RunnerState
+                                                (latest checkpoint only)
+    out_dir/checkpoints/<env_steps>/checkpoint.json   its evaluation
+    ```
 
-    Checkpoints are evenly spaced over the run (``num_checkpoints``, the last
-    at the end). Each is evaluated with :func:`envs.run_episodes` on
-    ``eval_episodes`` episodes (same reset keys for every checkpoint), with
+    Checkpoints are evenly spaced over the run (`num_checkpoints`, the last
+    at the end). Each is evaluated with [`envs.run_episodes`][jaxil.envs.rollout.run_episodes] on
+    `eval_episodes` episodes (same reset keys for every checkpoint), with
     the stochastic policy (the one used to generate data) and
     deterministically (greedy action / squashed Gaussian mean).
 
-    ``resume=True`` continues from the latest checkpoint's runner state; the
-    result is bit-identical to an uninterrupted run. Without it, an ``out_dir``
+    `resume=True` continues from the latest checkpoint's runner state; the
+    result is bit-identical to an uninterrupted run. Without it, an `out_dir`
     that already holds checkpoints is an error; with it, any difference in
-    the env, seed, config, checkpoint schedule or ``eval_episodes`` is. An
-    ``out_dir`` holding another kind of run (a ``jaxil train`` run directory)
-    is refused either way. ``stop_after_chunks`` (>= 1) stops after that chunk
+    the env, seed, config, checkpoint schedule or `eval_episodes` is. An
+    `out_dir` holding another kind of run (a `jaxil train` run directory)
+    is refused either way. `stop_after_chunks` (>= 1) stops after that chunk
     (as a kill would), for tests and time-boxed runs.
-    ``compiler_options`` go to XLA (``jax.stages.Lowered.compile``), e.g.
-    ``{"xla_backend_optimization_level": 0}`` halves CPU compile time for smoke
-    runs (and slows the run down). ``loggers``: where the metrics rows go
-    besides ``metrics.jsonl`` (:mod:`jaxil.runs.loggers`; the run is named
-    ``<env_id>-seed<seed>``).
+    `compiler_options` go to XLA (`jax.stages.Lowered.compile`), e.g.
+    `{"xla_backend_optimization_level": 0}` halves CPU compile time for smoke
+    runs (and slows the run down). `loggers`: where the metrics rows go
+    besides `metrics.jsonl` ([`jaxil.runs.loggers`][jaxil.runs.loggers]; the run is named
+    `<env_id>-seed<seed>`).
 
-    Returns the ``teacher.json`` content.
+    Returns the `teacher.json` content.
 
     Raises:
       jaxil.runs.guard.NonFiniteError: a loss or the parameters became NaN/inf;
         the message names the env, seed, update and quantity, and the
         directory keeps the checkpoints written before.
-      FileExistsError: ``out_dir`` holds another run (see above).
-      PermissionError: ``out_dir`` cannot be written.
+      FileExistsError: `out_dir` holds another run (see above).
+      PermissionError: `out_dir` cannot be written.
     """
     if not isinstance(config, PPOConfig):
         raise TypeError(f"config must be a PPOConfig, got {type(config).__name__}")

@@ -1,9 +1,9 @@
 """A fixed-capacity ring buffer of labelled agent-steps, on device.
 
-Every round's kept steps are appended in order; once ``capacity`` steps are
+Every round's kept steps are appended in order; once `capacity` steps are
 stored, the oldest are overwritten (a ring, not a reservoir: DAgger's
 aggregate is "all rounds" only while it fits, so size the capacity to the
-label budget — :func:`jaxil.algorithms.interactive.loop.run` does). Insertion is one
+label budget — [`jaxil.algorithms.interactive.loop.run`][jaxil.algorithms.interactive.loop.run] does). Insertion is one
 scatter with a static shape, so it runs inside the round's compiled program.
 """
 
@@ -19,8 +19,8 @@ from jaxil.envs.core import EnvSpec
 
 @struct.dataclass
 class StepBuffer:
-    """``obs [C, N, O]``, ``avail [C, N, A]``, ``actions [C, N(, d)]`` (the
-    training targets), ``ptr`` (next write position) and ``size`` (≤ C)."""
+    """`obs [C, N, O]`, `avail [C, N, A]`, `actions [C, N(, d)]` (the
+    training targets), `ptr` (next write position) and `size` (≤ C)."""
 
     obs: jax.Array
     avail: jax.Array
@@ -49,9 +49,9 @@ def empty_buffer(spec: EnvSpec, capacity: int) -> StepBuffer:
 
 def insert(buf: StepBuffer, obs: jax.Array, avail: jax.Array, actions: jax.Array,
            keep: jax.Array) -> StepBuffer:
-    """Append the rows ``keep`` selects (``[M]`` bool) of ``obs [M, N, O]``,
-    ``avail [M, N, A]``, ``actions [M, N(, d)]``, in order. If more than
-    ``capacity`` rows are kept, only the last ``capacity`` are written."""
+    """Append the rows `keep` selects (`[M]` bool) of `obs [M, N, O]`,
+    `avail [M, N, A]`, `actions [M, N(, d)]`, in order. If more than
+    `capacity` rows are kept, only the last `capacity` are written."""
     chex.assert_rank(keep, 1)
     chex.assert_equal_shape_prefix([obs, avail, actions, keep], 1)
     C = buf.capacity
@@ -68,11 +68,11 @@ def insert(buf: StepBuffer, obs: jax.Array, avail: jax.Array, actions: jax.Array
 
 def mixed_draw(key: jax.Array, n_demo: jax.Array, n_buffer: jax.Array, ratio: jax.Array,
                size: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Where each of ``size`` training samples comes from: ``(i_demo,
-    i_buffer, from_demo)``, each ``[size]``. A sample is the demonstration
-    ``i_demo`` with probability ρ (``ratio``, or ``n_demo / (n_demo +
-    n_buffer)`` when it is −1, i.e. uniform over the union), else the buffer
-    entry ``i_buffer``; all from the demonstrations while the buffer is
+    """Where each of `size` training samples comes from: `(i_demo,
+    i_buffer, from_demo)`, each `[size]`. A sample is the demonstration
+    `i_demo` with probability ρ (`ratio`, or `n_demo / (n_demo +
+    n_buffer)` when it is −1, i.e. uniform over the union), else the buffer
+    entry `i_buffer`; all from the demonstrations while the buffer is
     empty, all from the buffer when there are no demonstrations."""
     kd, kb, kc = jax.random.split(key, 3)
     i_d = jax.random.randint(kd, (size,), 0, jnp.maximum(n_demo, 1))

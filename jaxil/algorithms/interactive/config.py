@@ -1,28 +1,24 @@
 """Settings of an interactive-imitation run: static shapes and traced regimes.
 
-:class:`InteractiveConfig` fixes what the compiled program's shapes depend
+[`InteractiveConfig`][jaxil.algorithms.interactive.config.InteractiveConfig] fixes what the compiled program's shapes depend
 on (rounds, environments per round, updates, networks). A *regime* is one
-:class:`RegimeHParams` — arrays only, so many regimes (methods, budgets,
-ablations) × seeds run as one ``vmap`` axis of ONE compiled program.
+[`RegimeHParams`][jaxil.algorithms.interactive.config.RegimeHParams] — arrays only, so many regimes (methods, budgets,
+ablations) × seeds run as one `vmap` axis of ONE compiled program.
 
-The methods are presets of the same knobs (:func:`regime`):
+The methods are presets of the same knobs ([`regime`][jaxil.algorithms.interactive.config.regime]):
 
-==========  ======================  ==================  =========  ==========
-method      who acts                trained on          verifier   demos
-==========  ======================  ==================  =========  ==========
-bc          (student; no rollout    the demonstrations  —          the whole
-            is kept: allowance 0)   only                           budget
-dagger      expert w.p. β_r/step    expert label, all   off        SFT set
-oec         student t<k, expert ≥k  expert steps (mask) on         SFT set
-oec_mix     as oec                  as oec              on         a share ρ
-onpolicy    student                 own accepted steps  on         the whole
-                                                                   budget
-==========  ======================  ==================  =========  ==========
+| method   | who acts                                   | trained on              | verifier | demos            |
+|----------|--------------------------------------------|-------------------------|----------|------------------|
+| bc       | (student; no rollout is kept: allowance 0) | the demonstrations only | —        | the whole budget |
+| dagger   | expert w.p. β_r/step                       | expert label, all       | off      | SFT set          |
+| oec      | student t<k, expert ≥k                     | expert steps (mask)     | on       | SFT set          |
+| oec_mix  | as oec                                     | as oec                  | on       | a share ρ        |
+| onpolicy | student                                    | own accepted steps      | on       | the whole budget |
 
-Budget accounting: ``budget`` is the total number of expert labels
+Budget accounting: `budget` is the total number of expert labels
 (agent-steps an expert annotated) a regime may use, INCLUDING the
-demonstrations (the SFT set and any extra demos). ``demo_labels`` of it are
-spent on demonstrations; the rest, ``budget − demo_labels``, on interactive
+demonstrations (the SFT set and any extra demos). `demo_labels` of it are
+spent on demonstrations; the rest, `budget − demo_labels`, on interactive
 queries, spread evenly over the rounds. On-policy rejection sampling asks
 the expert nothing interactively, so it spends its budget on demonstrations,
 like BC, and adds its own verified rollouts.
@@ -50,7 +46,7 @@ class InteractiveConfig:
 
     Attributes:
       hidden, shared, batch_size, max_grad_norm: the student (a BC learner's
-        :class:`jaxil.nn.policy.PolicyNet`) and its updates.
+        [`jaxil.nn.policy.PolicyNet`][jaxil.nn.policy.PolicyNet]) and its updates.
       rounds: interactive rounds after the SFT start.
       envs_per_round: episodes rolled out per round and run.
       updates_per_round: K fused student updates per round.
@@ -94,7 +90,7 @@ class InteractiveConfig:
 @struct.dataclass
 class RegimeHParams:
     """One regime's traced numbers (see the module docstring and
-    :mod:`jaxil.algorithms.interactive.schedule` / :mod:`jaxil.algorithms.interactive.labels`)."""
+    [`jaxil.algorithms.interactive.schedule`][jaxil.algorithms.interactive.schedule] / [`jaxil.algorithms.interactive.labels`][jaxil.algorithms.interactive.labels])."""
 
     beta0: jax.Array  # DAgger expert probability at round 0
     beta_kind: jax.Array  # index into BETA_SCHEDULES
@@ -126,13 +122,13 @@ AUTO = "auto"
 
 def regime(method: str, budget: int, *, sft_labels: int, has_win: bool,
            switch_hi: Any = AUTO, return_threshold: Any = AUTO, **overrides: Any) -> dict[str, Any]:
-    """The knobs of ``method`` at a total ``budget`` of expert labels, with
-    ``overrides`` (names of :class:`RegimeHParams`; ``beta_kind``,
-    ``switch_kind`` and ``verifier`` also by name). Checked by
-    :func:`check_regime`.
+    """The knobs of `method` at a total `budget` of expert labels, with
+    `overrides` (names of [`RegimeHParams`][jaxil.algorithms.interactive.config.RegimeHParams]; `beta_kind`,
+    `switch_kind` and `verifier` also by name). Checked by
+    [`check_regime`][jaxil.algorithms.interactive.config.check_regime].
 
-    ``switch_hi`` and ``return_threshold`` may stay ``"auto"``: the driver
-    then sets them from the demonstrations (:func:`resolve_auto`)."""
+    `switch_hi` and `return_threshold` may stay `"auto"`: the driver
+    then sets them from the demonstrations ([`resolve_auto`][jaxil.algorithms.interactive.config.resolve_auto])."""
     if method not in METHODS:
         raise ValueError(f"unknown interactive method {method!r}; choose one of {', '.join(METHODS)}")
     h = dict(beta0=0.0, beta_kind="constant", beta_rate=1.0, switch_kind="none", switch_lo=0,
@@ -168,9 +164,9 @@ def regime(method: str, budget: int, *, sft_labels: int, has_win: bool,
 
 def resolve_auto(h: Mapping[str, Any], expert_length_mean: float, expert_return_q25: float
                  ) -> dict[str, Any]:
-    """``switch_hi = "auto"``: half the expert's mean episode length (so the
+    """`switch_hi = "auto"`: half the expert's mean episode length (so the
     expert takes over in the first half of a typical episode, and the switch
-    range is as wide as the episodes are long); ``return_threshold = "auto"``:
+    range is as wide as the episodes are long); `return_threshold = "auto"`:
     the 25th percentile of the demonstrations' returns."""
     h = dict(h)
     if h["switch_hi"] == AUTO:
@@ -181,7 +177,7 @@ def resolve_auto(h: Mapping[str, Any], expert_length_mean: float, expert_return_
 
 
 def check_regime(h: Mapping[str, Any], sft_labels: int) -> None:
-    """One-line errors for values outside their range (``"auto"`` values
+    """One-line errors for values outside their range (`"auto"` values
     are checked once resolved)."""
     unknown = sorted(set(h) - {f.name for f in dataclasses.fields(RegimeHParams)})
     if unknown:
@@ -225,7 +221,7 @@ def check_regime(h: Mapping[str, Any], sft_labels: int) -> None:
 
 
 def stack_regimes(hs: list[Mapping[str, Any]]) -> RegimeHParams:
-    """``[R]``-stacked arrays of several regimes."""
+    """`[R]`-stacked arrays of several regimes."""
     def col(name):
         dtype = jnp.int32 if name in _INT_FIELDS else (jnp.bool_ if name in _BOOL_FIELDS
                                                        else jnp.float32)

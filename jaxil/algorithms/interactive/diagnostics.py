@@ -2,21 +2,21 @@
 
 A student trained on expert states drifts away from them as an episode goes
 on (Ross et al. 2011); interactive imitation exists to close that gap. Two
-measures of the drift, as a function of the time step ``t``, from batch-major
-episode arrays (``E`` episodes, ``T`` steps, ``N`` agents):
+measures of the drift, as a function of the time step `t`, from batch-major
+episode arrays (`E` episodes, `T` steps, `N` agents):
 
-* ``disagreement_by_t``: how often (discrete) or how far (continuous) the
+* `disagreement_by_t`: how often (discrete) or how far (continuous) the
   student's action differs from the expert's label on the student's own
   states;
-* ``mmd2_by_t``: the unbiased squared Maximum Mean Discrepancy (Gretton et
+* `mmd2_by_t`: the unbiased squared Maximum Mean Discrepancy (Gretton et
   al. 2012) between the global states the student visits and those the
-  expert visits, per bin of time steps (``mmd2_unbiased``: the same
+  expert visits, per bin of time steps (`mmd2_unbiased`: the same
   estimate between two masked sets of samples, for bins of another kind,
-  e.g. the turns of :mod:`jaxil.algorithms.lm.diagnostics`).
+  e.g. the turns of [`jaxil.algorithms.lm.diagnostics`][jaxil.algorithms.lm.diagnostics]).
 
 A stochastic expert (a sampling teacher, a scripted expert that breaks ties
-at random) disagrees with ITSELF: :func:`twin_policy` draws a second,
-independent expert action at every step, and ``disagreement_by_t`` between
+at random) disagrees with ITSELF: [`twin_policy`][jaxil.algorithms.interactive.diagnostics.twin_policy] draws a second,
+independent expert action at every step, and `disagreement_by_t` between
 the two is the floor below which no student's disagreement can fall.
 
 Both are masked (padding after an episode's end is ignored), jittable with
@@ -37,7 +37,7 @@ from jaxil.algorithms.interactive.rollout import action_dtype
 
 
 class Twin(NamedTuple):
-    """The carry of :func:`twin_policy`: the expert's own carry and the
+    """The carry of [`twin_policy`][jaxil.algorithms.interactive.diagnostics.twin_policy]: the expert's own carry and the
     second draw of this step's action."""
 
     inner: Any
@@ -46,8 +46,8 @@ class Twin(NamedTuple):
 
 def twin_policy(expert: Any, action_shape: tuple, legalize: Optional[Callable] = None) -> Policy:
     """The expert, also drawing a second action from the same state and
-    carry with an independent key (recorded in ``carry.second``, mapped onto
-    a legal action by ``legalize(actions, avail)`` as the first draw is when
+    carry with an independent key (recorded in `carry.second`, mapped onto
+    a legal action by `legalize(actions, avail)` as the first draw is when
     played; the first draw moves the carry on).
 
     For a deterministic expert the two draws are equal; otherwise their
@@ -84,26 +84,26 @@ def disagreement_by_t(
         rate_t  = Σ_e m_et · d_et / count_t,   NaN where count_t = 0.
 
     The expert actions are the expert's labels on the student's states (the
-    DAgger query), so ``rate_t`` is the student's error on its own state
-    distribution at step ``t``.
+    DAgger query), so `rate_t` is the student's error on its own state
+    distribution at step `t`.
 
-    With ``agent_mask`` ``[E, T, N]`` (e.g. the agents that have more than one
+    With `agent_mask` `[E, T, N]` (e.g. the agents that have more than one
     available action: a dead SMAX unit can only no-op, and would count as
     agreeing), the agent mean runs over the masked agents only:
-    ``rate_t = Σ_e Σ_i m_et g_eti 1[a^s ≠ a^e] / Σ_e Σ_i m_et g_eti``.
+    `rate_t = Σ_e Σ_i m_et g_eti 1[a^s ≠ a^e] / Σ_e Σ_i m_et g_eti`.
 
     Args:
-      student_actions: ``[E, T, N]`` int (discrete) or ``[E, T, N, d]`` float
+      student_actions: `[E, T, N]` int (discrete) or `[E, T, N, d]` float
         (continuous) actions the student took.
       expert_actions: the expert's actions at the same states, same shape and
-        kind as ``student_actions``.
-      mask: ``[E, T]`` validity of each step (bool or 0/1).
+        kind as `student_actions`.
+      mask: `[E, T]` validity of each step (bool or 0/1).
       discrete: whether the actions are discrete indices (static).
-      agent_mask: optional ``[E, T, N]`` agents to count (bool or 0/1).
+      agent_mask: optional `[E, T, N]` agents to count (bool or 0/1).
 
     Returns:
-      ``(rate [T], count [T])``: ``rate`` float (the actions' dtype when
-      continuous, the default float when discrete), ``count`` int32, the
+      `(rate [T], count [T])`: `rate` float (the actions' dtype when
+      continuous, the default float when discrete), `count` int32, the
       number of valid episodes at each step.
     """
     a_s, a_e, mask = jnp.asarray(student_actions), jnp.asarray(expert_actions), jnp.asarray(mask)
@@ -142,9 +142,9 @@ def _check_bin_edges(bin_edges: Sequence[int], num_steps: int) -> tuple[int, ...
 
 
 def _sq_dists(z: jax.Array, w: jax.Array) -> jax.Array:
-    """``[M, M]`` squared Euclidean distances, exact 0 on the diagonal.
+    """`[M, M]` squared Euclidean distances, exact 0 on the diagonal.
 
-    Uses ‖a‖² + ‖b‖² − 2a·b (no ``[M, M, S]`` intermediate) after centring on
+    Uses ‖a‖² + ‖b‖² − 2a·b (no `[M, M, S]` intermediate) after centring on
     the mean of the valid samples: the distances do not change, and the
     cancellation in float32 is relative to the spread of the data instead of
     its offset from the origin.
@@ -173,7 +173,7 @@ def _mmd2_unbiased(
     y_mask: jax.Array,
     bandwidth: Optional[Union[float, jax.Array]],
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Unbiased MMD² between the valid rows of ``x [Mx, S]`` and ``y [My, S]``."""
+    """Unbiased MMD² between the valid rows of `x [Mx, S]` and `y [My, S]`."""
     mx, my = x.shape[0], y.shape[0]
     z = jnp.concatenate([x, y], axis=0)
     dtype = z.dtype
@@ -205,25 +205,25 @@ def mmd2_unbiased(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Unbiased squared MMD between the valid rows of two sample sets.
 
-    The estimate of :func:`mmd2_by_t` for one bin, over samples gathered in
+    The estimate of [`mmd2_by_t`][jaxil.algorithms.interactive.diagnostics.mmd2_by_t] for one bin, over samples gathered in
     any way (padding rows masked out): the same RBF kernel, the same median
-    heuristic over the pooled valid samples when ``bandwidth`` is ``None``.
+    heuristic over the pooled valid samples when `bandwidth` is `None`.
 
-    Memory: a square kernel of side ``Mx + My``, masked rows included.
+    Memory: a square kernel of side `Mx + My`, masked rows included.
 
     Args:
-      x: ``[Mx, S]`` float samples of one distribution.
-      x_mask: ``[Mx]`` validity of each row of ``x`` (bool or 0/1).
-      y: ``[My, S]`` float samples of the other.
-      y_mask: ``[My]`` validity of each row of ``y``.
-      bandwidth: kernel width σ > 0, or ``None`` for the median heuristic.
+      x: `[Mx, S]` float samples of one distribution.
+      x_mask: `[Mx]` validity of each row of `x` (bool or 0/1).
+      y: `[My, S]` float samples of the other.
+      y_mask: `[My]` validity of each row of `y`.
+      bandwidth: kernel width σ > 0, or `None` for the median heuristic.
 
     Returns:
-      ``(mmd2, n_x, n_y)``: the scalar estimate (NaN where either side has
+      `(mmd2, n_x, n_y)`: the scalar estimate (NaN where either side has
       fewer than 2 valid rows) and the numbers of valid rows (int32).
 
     Raises:
-      ValueError: if a Python ``bandwidth`` <= 0.
+      ValueError: if a Python `bandwidth` <= 0.
     """
     x, y = jnp.asarray(x), jnp.asarray(y)
     x_mask, y_mask = jnp.asarray(x_mask), jnp.asarray(y_mask)
@@ -249,9 +249,9 @@ def mmd2_by_t(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Unbiased squared MMD between two policies' visited states, per time bin.
 
-    Bin ``b`` holds the steps ``edge_b <= t < edge_{b+1}``; its samples are
-    the valid ``(episode, step)`` states of that bin, ``{x_i}`` (m of them)
-    and ``{y_j}`` (n of them). Per bin (Gretton et al. 2012, JMLR, eq. 3):
+    Bin `b` holds the steps `edge_b <= t < edge_{b+1}`; its samples are
+    the valid `(episode, step)` states of that bin, `{x_i}` (m of them)
+    and `{y_j}` (n of them). Per bin (Gretton et al. 2012, JMLR, eq. 3):
 
         MMD²_u = 1/(m(m−1)) Σ_{i≠j} k(x_i, x_j)
                + 1/(n(n−1)) Σ_{i≠j} k(y_i, y_j)
@@ -260,35 +260,35 @@ def mmd2_by_t(
         k(a, b) = exp(−‖a − b‖² / (2σ²)).
 
     The estimate is unbiased, so it can be slightly negative when the two
-    distributions are equal. σ is ``bandwidth`` when given, else the median
-    heuristic: the median of ‖z_i − z_j‖_2 over pairs ``i < j`` of distinct
-    valid samples of the pooled set ``{x} ∪ {y}`` of that bin, recomputed per
+    distributions are equal. σ is `bandwidth` when given, else the median
+    heuristic: the median of ‖z_i − z_j‖_2 over pairs `i < j` of distinct
+    valid samples of the pooled set `{x} ∪ {y}` of that bin, recomputed per
     bin (σ = 1 where that median is 0, i.e. more than half the pairs
     coincide). Steps within one episode are correlated, so treat the value as
     a diagnostic, not as a test statistic with i.i.d. guarantees.
 
     Memory: each bin builds a square kernel of side
-    ``(E1 + E2) · T_bin`` (``T_bin`` its number of steps), padding included;
+    `(E1 + E2) · T_bin` (`T_bin` its number of steps), padding included;
     the median heuristic also sorts its upper triangle. Bins are processed in
-    a Python loop over the static ``bin_edges``.
+    a Python loop over the static `bin_edges`.
 
     Args:
-      x: ``[E1, T, S]`` float global states visited by one policy (student).
-      x_mask: ``[E1, T]`` validity of each step of ``x``.
-      y: ``[E2, T, S]`` float global states visited by the other (expert).
-      y_mask: ``[E2, T]`` validity of each step of ``y``.
-      bin_edges: static tuple of ``B + 1`` strictly increasing ints in
-        ``[0, T]``.
-      bandwidth: kernel width σ > 0, or ``None`` for the median heuristic.
+      x: `[E1, T, S]` float global states visited by one policy (student).
+      x_mask: `[E1, T]` validity of each step of `x`.
+      y: `[E2, T, S]` float global states visited by the other (expert).
+      y_mask: `[E2, T]` validity of each step of `y`.
+      bin_edges: static tuple of `B + 1` strictly increasing ints in
+        `[0, T]`.
+      bandwidth: kernel width σ > 0, or `None` for the median heuristic.
 
     Returns:
-      ``(mmd2 [B], n_x [B], n_y [B])``: the estimate (NaN where either side
+      `(mmd2 [B], n_x [B], n_y [B])`: the estimate (NaN where either side
       has fewer than 2 valid samples) and the number of valid samples of each
       side per bin (int32).
 
     Raises:
-      ValueError: if ``bin_edges`` is not strictly increasing, has fewer than
-        two edges, or leaves ``[0, T]``; or if a Python ``bandwidth`` <= 0.
+      ValueError: if `bin_edges` is not strictly increasing, has fewer than
+        two edges, or leaves `[0, T]`; or if a Python `bandwidth` <= 0.
     """
     x, y = jnp.asarray(x), jnp.asarray(y)
     x_mask, y_mask = jnp.asarray(x_mask), jnp.asarray(y_mask)

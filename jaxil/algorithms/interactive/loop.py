@@ -1,20 +1,22 @@
 """One interactive round as a pure function, and the program that runs many.
 
-A round, for every run (regime × seed) at once (``vmap``), in ONE compiled
-program::
+A round, for every run (regime × seed) at once (`vmap`), in ONE compiled
+program:
 
-    shared-control rollouts (envs_per_round episodes)        rollout.mixed_episodes
-      → targets, loss mask, labels spent                     labels.*
-      → verifier, repetition filter, budget allowance        labels.*
-      → append kept steps to the on-device ring buffer       buffer.insert
-      → K fused student updates on demos ∪ buffer            the BC learner's update
+```text
+shared-control rollouts (envs_per_round episodes)        rollout.mixed_episodes
+  → targets, loss mask, labels spent                     labels.*
+  → verifier, repetition filter, budget allowance        labels.*
+  → append kept steps to the on-device ring buffer       buffer.insert
+  → K fused student updates on demos ∪ buffer            the BC learner's update
+```
 
-The student is a BC learner (:func:`jaxil.algorithms.offline.make_bc`), first trained
+The student is a BC learner ([`jaxil.algorithms.offline.make_bc`][jaxil.algorithms.offline.bc.make_bc]), first trained
 on the SFT demonstration set; every run of a seed starts from the same SFT
-weights. :func:`run` hands the rounds to the run engine
-(:mod:`jaxil.runs.engine`), which evaluates every ``eval_every`` rounds on
-fixed start states, writes ``metrics.jsonl`` and an orbax checkpoint, and
-``resume=True`` continues a killed run and reproduces the uninterrupted one
+weights. [`run`][jaxil.algorithms.interactive.loop.run] hands the rounds to the run engine
+([`jaxil.runs.engine`][jaxil.runs.engine]), which evaluates every `eval_every` rounds on
+fixed start states, writes `metrics.jsonl` and an orbax checkpoint, and
+`resume=True` continues a killed run and reproduces the uninterrupted one
 (all randomness is in the state or derived from the round index).
 """
 
@@ -52,7 +54,7 @@ from jaxil.algorithms.interactive.diagnostics import disagreement_by_t, mmd2_by_
 
 @struct.dataclass
 class Batch:
-    """What the BC update reads: ``obs [B, N, O]``, ``avail [B, N, A]``, ``actions``."""
+    """What the BC update reads: `obs [B, N, O]`, `avail [B, N, A]`, `actions`."""
 
     obs: jax.Array
     avail: jax.Array
@@ -62,7 +64,7 @@ class Batch:
 @struct.dataclass
 class Demos:
     """Expert demonstration steps in episode order (shared by all runs);
-    a run uses the first ``demo_steps`` of them."""
+    a run uses the first `demo_steps` of them."""
 
     obs: jax.Array
     avail: jax.Array
@@ -91,13 +93,13 @@ def make_student(env: MultiAgentEnv, config: InteractiveConfig) -> Learner:
 
 
 def _flat(x: jax.Array) -> jax.Array:
-    """``[E, T, ...] -> [E·T, ...]`` (explicit: box actions have ``avail [.., 0]``)."""
+    """`[E, T, ...] -> [E·T, ...]` (explicit: box actions have `avail [.., 0]`)."""
     return x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
 
 
 def sample_batch(key: jax.Array, state: InteractiveState, demos: Demos, batch_size: int) -> Batch:
-    """``batch_size`` steps: each from the demos with probability ρ
-    (``hp.demo_ratio``, or ``demo_steps / (demo_steps + buffer.size)`` when
+    """`batch_size` steps: each from the demos with probability ρ
+    (`hp.demo_ratio`, or `demo_steps / (demo_steps + buffer.size)` when
     it is −1, i.e. uniform over the union), else from the buffer; all from
     the demos while the buffer is empty."""
     i_d, i_b, take_d = mixed_draw(key, state.demo_steps, state.buffer.size, state.hp.demo_ratio,
@@ -111,7 +113,7 @@ def sample_batch(key: jax.Array, state: InteractiveState, demos: Demos, batch_si
 def train_student(student: Learner, state: InteractiveState, demos: Demos, k: int,
                   batch_size: int) -> tuple[InteractiveState, jax.Array, guard.Health]:
     """K fused BC updates on demos ∪ buffer; returns the last loss and the
-    chunk's :class:`jaxil.runs.guard.Health`."""
+    chunk's [`jaxil.runs.guard.Health`][jaxil.runs.guard.Health]."""
 
     def one(s: InteractiveState, key: jax.Array):
         ls, m = student.update(s.student, BCBatch(sample_batch(key, s, demos, batch_size)))
@@ -122,7 +124,7 @@ def train_student(student: Learner, state: InteractiveState, demos: Demos, k: in
 
 
 def make_round(env: MultiAgentEnv, student: Learner, expert: Any, config: InteractiveConfig):
-    """``round(state, demos, expert_params) -> (state, metrics, health)`` for ONE run."""
+    """`round(state, demos, expert_params) -> (state, metrics, health)` for ONE run."""
     spec = env.spec
     n = spec.num_agents
     spolicy = student.policy(False)
@@ -181,7 +183,7 @@ def make_round(env: MultiAgentEnv, student: Learner, expert: Any, config: Intera
 
 def collect_demos(env: MultiAgentEnv, expert: Any, expert_params: Any, key: jax.Array,
                   num_episodes: int) -> tuple[Demos, np.ndarray, dict]:
-    """Expert episodes from ``key``, flattened to steps in episode order;
+    """Expert episodes from `key`, flattened to steps in episode order;
     also the cumulative expert labels after each episode and a summary."""
     ep = jax.device_get(_expert_episodes(env, expert, num_episodes)(expert_params, key))
     T = ep.mask.shape[1]
@@ -202,7 +204,7 @@ def _expert_episodes(env: MultiAgentEnv, expert: Any, num_episodes: int):
 
 
 def demo_steps_for(labels: int, cum_labels: np.ndarray, lengths_cum: np.ndarray) -> int:
-    """Steps of the longest prefix of whole demo episodes costing ≤ ``labels``."""
+    """Steps of the longest prefix of whole demo episodes costing ≤ `labels`."""
     k = int(np.searchsorted(cum_labels, labels, side="right"))
     return int(lengths_cum[k - 1]) if k else 0
 
@@ -236,7 +238,7 @@ def init_states(env, student: Learner, config: InteractiveConfig, hps: list[dict
                 seeds: Sequence[int], base_seed: int, demo_steps: Sequence[int],
                 sft_steps: int, demos: Demos, sft_fn) -> InteractiveState:
     """Stacked states of all runs: each seed's SFT student (trained once per
-    seed), its own buffer, keys from ``base_seed + seed``."""
+    seed), its own buffer, keys from `base_seed + seed`."""
     hp = stack_regimes(hps)
     uniq = sorted(set(seeds))
     keys = jnp.stack([jax.random.PRNGKey(base_seed + s) for s in uniq])
@@ -288,17 +290,17 @@ def run(
     tensorboard: Optional[str | Path] = None,
     loggers: Sequence[run_loggers.LoggerFactory] = (),
 ) -> dict:
-    """Run every regime × ``seeds`` seeds together; returns the summary
-    (also ``results.json`` in ``out_dir``) and the final ``states``.
+    """Run every regime × `seeds` seeds together; returns the summary
+    (also `results.json` in `out_dir`) and the final `states`.
 
-    ``regimes``: ``(name, knobs)`` pairs, knobs from
-    :func:`jaxil.algorithms.interactive.config.regime`. Every run is evaluated on the
-    same ``config.eval_episodes`` start states (one fixed reset key).
-    The run directory (``out_dir``) has the identity, resume and overwrite
-    rules of :mod:`jaxil.runs.rundir`; a non-finite loss or parameter stops the
-    run before its round is recorded (:mod:`jaxil.runs.guard`). ``loggers``:
-    where the metrics rows go besides ``metrics.jsonl``
-    (:mod:`jaxil.runs.loggers`); ``tensorboard``: also write them as
+    `regimes`: `(name, knobs)` pairs, knobs from
+    [`jaxil.algorithms.interactive.config.regime`][jaxil.algorithms.interactive.config.regime]. Every run is evaluated on the
+    same `config.eval_episodes` start states (one fixed reset key).
+    The run directory (`out_dir`) has the identity, resume and overwrite
+    rules of [`jaxil.runs.rundir`][jaxil.runs.rundir]; a non-finite loss or parameter stops the
+    run before its round is recorded ([`jaxil.runs.guard`][jaxil.runs.guard]). `loggers`:
+    where the metrics rows go besides `metrics.jsonl`
+    ([`jaxil.runs.loggers`][jaxil.runs.loggers]); `tensorboard`: also write them as
     TensorBoard scalars there.
     """
     if out_dir:  # refuse a bad --out before the demonstrations and the SFT
@@ -406,7 +408,7 @@ def summarize(rows: list[dict], runs: list[Run]) -> dict:
 
 
 def format_table(summary: dict) -> str:
-    """The results table of :func:`run`: one line per regime."""
+    """The results table of [`run`][jaxil.algorithms.interactive.loop.run]: one line per regime."""
     return fmt_table(summary["regimes"], [("regime", "regime", "{}", "<"),
                                           ("seeds", "seeds", "{}"),
                                           ("labels_mean", "labels", "{:.0f}"),
@@ -420,23 +422,23 @@ def shift_diagnostic(env, student: Learner, expert: Any, expert_params: Any,
     """Covariate shift of each run's student on the fixed start states, as a
     function of t:
 
-    - ``disagreement[t]``: how often the student's action differs from the
+    - `disagreement[t]`: how often the student's action differs from the
       expert's label on the states the STUDENT visits (discrete: the share
       of agents with a choice — more than one available action — that
       disagree; box actions: the mean Euclidean distance);
-    - ``mmd2[b]``: the squared maximum mean discrepancy (unbiased, Gaussian
+    - `mmd2[b]`: the squared maximum mean discrepancy (unbiased, Gaussian
       kernel, median-heuristic bandwidth) between the global states the
-      student and the expert visit in time bin ``b``, both from the same
-      start states. The bins split ``[0, 1.5 × the expert's mean length)``
-      into ``num_bins`` (later steps are rare and would make the kernel
+      student and the expert visit in time bin `b`, both from the same
+      start states. The bins split `[0, 1.5 × the expert's mean length)`
+      into `num_bins` (later steps are rare and would make the kernel
       matrices large);
-    - ``expert_self[t]``: the disagreement of two independent draws of the
-      expert on the same states (:func:`twin_policy`), on that student's
-      states; and ``expert_self_on_expert[t]`` (top level) on the expert's
+    - `expert_self[t]`: the disagreement of two independent draws of the
+      expert on the same states ([`twin_policy`][jaxil.algorithms.interactive.diagnostics.twin_policy]), on that student's
+      states; and `expert_self_on_expert[t]` (top level) on the expert's
       own states. A student cannot be expected to disagree less than this
       floor: a sampling teacher or random tie-breaks make labels noisy.
 
-    The runs are measured one after another (``lax.map``), so memory does not
+    The runs are measured one after another (`lax.map`), so memory does not
     grow with their number.
     """
 

@@ -1,45 +1,47 @@
 """PPO against a learned reward, and multi-agent GAIL and AIRL, on the teacher trainer.
 
 One trainer: every method here is the PPO program of
-:func:`jaxil.algorithms.rl.ppo.make_ppo` with a :class:`jaxil.algorithms.rl.ppo.RewardHook`
-(:func:`make_hook`), so that one compiled program per chunk runs, for every
-seed at once (``vmap``), ``updates_per_chunk`` iterations of::
+[`jaxil.algorithms.rl.ppo.make_ppo`][jaxil.algorithms.rl.ppo.make_ppo] with a [`jaxil.algorithms.rl.ppo.RewardHook`][jaxil.algorithms.rl.ppo.RewardHook]
+(`make_hook`), so that one compiled program per chunk runs, for every
+seed at once (`vmap`), `updates_per_chunk` iterations of:
 
-    roll out the policy (num_envs × num_steps)
-      → discriminator steps: demonstrations vs this rollout  (GAIL, AIRL; disc_steps of them)
-      → score the rollout with the learned reward            (minus β·KL to π_SFT, optionally)
-      → GAE and the PPO epochs
+```text
+roll out the policy (num_envs × num_steps)
+  → discriminator steps: demonstrations vs this rollout  (GAIL, AIRL; disc_steps of them)
+  → score the rollout with the learned reward            (minus β·KL to π_SFT, optionally)
+  → GAE and the PPO epochs
+```
 
-Methods (:data:`METHODS`):
+Methods (`METHODS`):
 
-- ``"ppo"``: a fixed reward model (e.g. one of :mod:`jaxil.algorithms.irl.reward_model`)
+- `"ppo"`: a fixed reward model (e.g. one of [`jaxil.algorithms.irl.reward_model`][jaxil.algorithms.irl.reward_model])
   r(s, a) = its logit (AfD's reward); nothing is learned but the policy.
-- ``"gail"``: the discriminator is the reward model's network
-  (:class:`jaxil.algorithms.irl.reward_model.RewardModel`: local logits ℓ_i(o_i, a_i)
+- `"gail"`: the discriminator is the reward model's network
+  ([`jaxil.algorithms.irl.reward_model.RewardModel`][jaxil.algorithms.irl.reward_model.RewardModel]: local logits ℓ_i(o_i, a_i)
   mixed by the hypernetwork of the global state into a team logit, or one
-  logit per agent with ``mixing="none"``), trained with the logistic loss
+  logit per agent with `mixing="none"`), trained with the logistic loss
   (demonstrations = 1, policy = 0; optional gradient penalty) by that
-  model's own update. The policy's reward is :func:`jaxil.losses.adversarial.gail_reward`
-  of the logit (``reward_form``; default ``"softplus"`` = −log(1 − D)).
-- ``"airl"``: ℓ = f − log π with f = g(s, a) + γ(1 − last)·h(s') − h(s)
-  (:func:`jaxil.losses.adversarial.airl_logits`): g is the reward model's
+  model's own update. The policy's reward is [`jaxil.losses.adversarial.gail_reward`][jaxil.losses.adversarial.gail_reward]
+  of the logit (`reward_form`; default `"softplus"` = −log(1 − D)).
+- `"airl"`: ℓ = f − log π with f = g(s, a) + γ(1 − last)·h(s') − h(s)
+  ([`jaxil.losses.adversarial.airl_logits`][jaxil.losses.adversarial.airl_logits]): g is the reward model's
   mixed logit, h a potential of the same form on observations (local h_i(o_i)
   mixed by a hypernetwork of s, or per agent); log π is the joint Σ_i log π_i
   under the current policy (per agent: each agent's own). The policy's reward
   is log D − log(1 − D) = f − log π.
 
-Options (the literature's stabilisers): ``gp_coef`` (gradient penalty on the
-discriminator, DemoDICE's two-sided form), PPO's ``ent_coef`` (entropy bonus),
-``disc_steps`` (discriminator updates per PPO iteration), ``kl_coef`` (KL
-penalty towards π_SFT), and ``sft_updates`` (the policy starts as π_SFT, BC on
+Options (the literature's stabilisers): `gp_coef` (gradient penalty on the
+discriminator, DemoDICE's two-sided form), PPO's `ent_coef` (entropy bonus),
+`disc_steps` (discriminator updates per PPO iteration), `kl_coef` (KL
+penalty towards π_SFT), and `sft_updates` (the policy starts as π_SFT, BC on
 the demonstrations, and π_SFT is the KL reference).
 
-:func:`train_adversarial` hands the chunks to the run engine
-(:mod:`jaxil.runs.engine`), which shows a progress bar, writes
-a run directory (:mod:`jaxil.runs.rundir`: ``run.json``, ``metrics.jsonl`` with
+[`train_adversarial`][jaxil.algorithms.irl.adversarial.train_adversarial] hands the chunks to the run engine
+([`jaxil.runs.engine`][jaxil.runs.engine]), which shows a progress bar, writes
+a run directory ([`jaxil.runs.rundir`][jaxil.runs.rundir]: `run.json`, `metrics.jsonl` with
 one row per evaluation and seed, orbax checkpoints of the whole stacked
-state, ``results.json``), stops on a non-finite loss (:mod:`jaxil.runs.guard`) and
-resumes bit-for-bit (``resume=True``). Row 0 (chunk 0) evaluates the initial
+state, `results.json`), stops on a non-finite loss ([`jaxil.runs.guard`][jaxil.runs.guard]) and
+resumes bit-for-bit (`resume=True`). Row 0 (chunk 0) evaluates the initial
 policy: π_SFT, i.e. BC on the same demonstrations.
 """
 
@@ -93,17 +95,17 @@ class AdversarialConfig:
     """The static structure and numbers of an adversarial (or learned-reward) run.
 
     Attributes:
-      method: ``"gail"``, ``"airl"`` or ``"ppo"`` (a fixed learned reward).
-      mixing: ``"hyper"`` (team discriminator, local logits + hypernetwork
-        mixer), ``"sum"`` or ``"none"`` (one discriminator per agent, per-agent
+      method: `"gail"`, `"airl"` or `"ppo"` (a fixed learned reward).
+      mixing: `"hyper"` (team discriminator, local logits + hypernetwork
+        mixer), `"sum"` or `"none"` (one discriminator per agent, per-agent
         rewards).
       hidden, mixer_hidden: discriminator (and AIRL potential) widths.
       disc_steps: discriminator updates per PPO iteration (the update ratio).
       disc_batch: samples per source in each discriminator update.
       disc_lr: discriminator learning rate.
       gp_coef: gradient-penalty weight (0: none).
-      reward_form: GAIL's reward of the logit (``softplus``: −log(1 − D),
-        ``logit``: log D − log(1 − D), ``log_d``: log D); ``"ppo"`` uses it on
+      reward_form: GAIL's reward of the logit (`softplus`: −log(1 − D),
+        `logit`: log D − log(1 − D), `log_d`: log D); `"ppo"` uses it on
         the fixed model's logit (default there: the logit itself).
       kl_coef: β of the KL penalty towards π_SFT (0: none; needs sft_updates).
       sft_updates: BC updates on the demonstrations before PPO (0: start from
@@ -177,9 +179,9 @@ class AdversarialConfig:
 # --------------------------------------------------------------------------
 @struct.dataclass
 class Demos:
-    """Demonstration steps on device, with a ``[K]`` sampling weight (0 on
+    """Demonstration steps on device, with a `[K]` sampling weight (0 on
     padding, so that demonstration sets of different sizes — one per seed —
-    stack on a leading axis). ``last``: the step ended its trajectory (done or
+    stack on a leading axis). `last`: the step ended its trajectory (done or
     truncated: as in the PPO rollouts, where the next observation after an
     episode's end belongs to the next episode)."""
 
@@ -196,8 +198,8 @@ class Demos:
 
 def demos_from_dataset(dataset: Any, trajectories: Optional[Sequence[int]] = None,
                        size: Optional[int] = None) -> Demos:
-    """The steps of ``dataset``'s trajectories (all, or the indices
-    ``trajectories``) as :class:`Demos`, padded to ``size`` steps (weight 0)."""
+    """The steps of `dataset`'s trajectories (all, or the indices
+    `trajectories`) as [`Demos`][jaxil.algorithms.irl.adversarial.Demos], padded to `size` steps (weight 0)."""
     mask = np.asarray(dataset.mask, bool)
     length = np.asarray(dataset.length)
     idx = np.arange(len(length)) if trajectories is None else np.asarray(trajectories)
@@ -225,7 +227,7 @@ def demos_from_dataset(dataset: Any, trajectories: Optional[Sequence[int]] = Non
 
 
 def stack_demos(demos: Sequence[Demos]) -> Demos:
-    """One :class:`Demos` per run stacked on a leading runs axis (padded to
+    """One [`Demos`][jaxil.algorithms.irl.adversarial.Demos] per run stacked on a leading runs axis (padded to
     the longest with weight-0 steps)."""
     size = max(int(d.weight.shape[0]) for d in demos)
 
@@ -254,9 +256,9 @@ def demos_digest(demos: Demos) -> str:
 # --------------------------------------------------------------------------
 @struct.dataclass
 class AdversarialState:
-    """``RunnerState.reward`` of these methods: the discriminator (GAIL: the
-    reward model's state; AIRL: params ``{"g", "h"}`` in the same state type;
-    ``"ppo"``: the fixed model, never updated), the run's demonstrations, and
+    """`RunnerState.reward` of these methods: the discriminator (GAIL: the
+    reward model's state; AIRL: params `{"g", "h"}` in the same state type;
+    `"ppo"`: the fixed model, never updated), the run's demonstrations, and
     π_SFT's parameters when there is a KL penalty (else None)."""
 
     disc: RewardModelState
@@ -302,7 +304,7 @@ class Adversarial:
 
     # -- AIRL ----------------------------------------------------------------------
     def joint_log_pi(self, actor_params, obs, avail, actions) -> jax.Array:
-        """``[B]`` Σ_i log π_i (team) or ``[B, N]`` (per agent)."""
+        """`[B]` Σ_i log π_i (team) or `[B, N]` (per agent)."""
         lp = self.actor.log_prob(actor_params, obs, avail, actions)
         return lp if self.per_agent else jnp.sum(lp, axis=-1)
 
@@ -317,7 +319,7 @@ class Adversarial:
         return airl_logits(g, h, h_next, last, log_pi, self.gamma)
 
     def airl_loss(self, params, actor_params, expert: Demos, policy: Demos, key, gp_coef):
-        """AIRL's logistic loss (demonstrations = 1) plus ``gp_coef`` × the
+        """AIRL's logistic loss (demonstrations = 1) plus `gp_coef` × the
         gradient penalty of g (the learned reward term)."""
         args = lambda b: (b.obs, b.global_state, b.avail, b.actions, b.next_obs,  # noqa: E731
                           b.next_global_state, b.last)
@@ -339,7 +341,7 @@ class Adversarial:
 
     # -- the hook ------------------------------------------------------------------
     def policy_samples(self, batch: RewardBatch, key: jax.Array) -> Demos:
-        """``disc_batch`` steps of the rollout, uniformly."""
+        """`disc_batch` steps of the rollout, uniformly."""
         # The explicit length keeps zero-size leaves (a box-action
         # environment's [T, E, N, 0] legal-action mask) reshapable.
         flat = jax.tree.map(lambda x: x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:]),
@@ -352,7 +354,7 @@ class Adversarial:
                      weight=jnp.ones(idx.shape, jnp.float32))
 
     def disc_update(self, rs: AdversarialState, actor_params, batch: RewardBatch, key):
-        """``disc_steps`` discriminator updates: demonstrations vs this rollout."""
+        """`disc_steps` discriminator updates: demonstrations vs this rollout."""
         cfg = self.config
 
         def step(disc: RewardModelState, k):
@@ -380,7 +382,7 @@ class Adversarial:
         return rs.replace(disc=disc), jax.tree.map(lambda x: x[-1], ms)
 
     def reward(self, rs: AdversarialState, actor_params, batch: RewardBatch) -> jax.Array:
-        """The policy's reward on a rollout: ``[T, E]`` (team) or ``[T, E, N]``."""
+        """The policy's reward on a rollout: `[T, E]` (team) or `[T, E, N]`."""
         if self.config.method == "airl":
             return self.airl_step_logits(rs.disc.params, actor_params, batch.obs,
                                          batch.global_state, batch.avail, batch.action,
@@ -399,8 +401,8 @@ class Adversarial:
 
     # -- π_SFT ---------------------------------------------------------------------
     def pretrain(self, params: Any, demos: Demos, key: jax.Array) -> tuple[Any, jax.Array]:
-        """``sft_updates`` BC steps of the PPO actor on the demonstrations
-        (Adam, ``sft_lr``; :func:`jaxil.losses.weighted_bc_loss`); returns the
+        """`sft_updates` BC steps of the PPO actor on the demonstrations
+        (Adam, `sft_lr`; [`jaxil.losses.weighted_bc_loss`][jaxil.losses.bc.weighted_bc_loss]); returns the
         parameters and the per-step losses."""
         import optax
 
@@ -435,9 +437,9 @@ class Program:
         self.ppo: PPO = make_ppo(env, ppo_config, self.adv.hook())
 
     def init(self, key: jax.Array, demos: Optional[Demos], reward_params: Any = None):
-        """One run's :class:`RunnerState` (the actor as π_SFT when
-        ``sft_updates > 0``), its SFT losses ``[sft_updates]`` and their
-        :class:`jaxil.runs.guard.Health`."""
+        """One run's `RunnerState` (the actor as π_SFT when
+        `sft_updates > 0`), its SFT losses `[sft_updates]` and their
+        [`jaxil.runs.guard.Health`][jaxil.runs.guard.Health]."""
         cfg = self.config
         k_ppo, k_disc, k_sft = jax.random.split(key, 3)
         disc = self.adv.init_disc(k_disc, reward_params)
@@ -493,25 +495,25 @@ def train_adversarial(
     compiler_options: Optional[dict] = None,
     loggers: Sequence[LoggerFactory] = (),
 ) -> dict:
-    """Train ``seeds`` runs of ``config.method`` together and return the
-    summary (``results.json`` in ``out_dir``) with the final ``states``.
+    """Train `seeds` runs of `config.method` together and return the
+    summary (`results.json` in `out_dir`) with the final `states`.
 
-    ``demos``: the demonstrations (:class:`Demos`), shared by every run, or
-    stacked per run (:func:`stack_demos`, leading axis ``seeds``): GAIL's and
-    AIRL's positives and π_SFT's training set. ``reward_params``: the fixed
-    reward model of method ``"ppo"`` (one, shared by the runs).
+    `demos`: the demonstrations ([`Demos`][jaxil.algorithms.irl.adversarial.Demos]), shared by every run, or
+    stacked per run ([`stack_demos`][jaxil.algorithms.irl.adversarial.stack_demos], leading axis `seeds`): GAIL's and
+    AIRL's positives and π_SFT's training set. `reward_params`: the fixed
+    reward model of method `"ppo"` (one, shared by the runs).
 
-    Evaluations (``config.eval_episodes`` episodes on fixed start states)
-    run at chunk 0 (the initial policy, π_SFT: BC) and every ``eval_every``
+    Evaluations (`config.eval_episodes` episodes on fixed start states)
+    run at chunk 0 (the initial policy, π_SFT: BC) and every `eval_every`
     chunks; each writes one metrics row per run and a checkpoint.
-    ``stop_after_chunks`` stops early (as a kill would) for tests.
-    ``loggers``: where the metrics rows go besides ``metrics.jsonl``
-    (:mod:`jaxil.runs.loggers`; runs named ``run<i>-seed<s>``).
+    `stop_after_chunks` stops early (as a kill would) for tests.
+    `loggers`: where the metrics rows go besides `metrics.jsonl`
+    ([`jaxil.runs.loggers`][jaxil.runs.loggers]; runs named `run<i>-seed<s>`).
 
     Raises:
       jaxil.runs.guard.NonFiniteError: a loss or parameter became NaN/inf (the
         directory keeps its last good checkpoint).
-      FileExistsError / ValueError: the run directory's rules (:mod:`jaxil.runs.rundir`).
+      FileExistsError / ValueError: the run directory's rules ([`jaxil.runs.rundir`][jaxil.runs.rundir]).
     """
 
     if out_dir:

@@ -2,7 +2,7 @@
 
 For M start states, K rollouts of π_SFT start from the SAME state (one reset
 key per start state; the environment's later randomness and the policy's
-draws differ per rollout): :func:`same_start_episodes` runs all M × K of them
+draws differ per rollout): [`same_start_episodes`][jaxil.algorithms.irl.best_of_n.same_start_episodes] runs all M × K of them
 in one vmapped program. A reward scores every rollout; best-of-N picks,
 among N of the K rollouts of a start state, the one with the highest score.
 
@@ -14,12 +14,12 @@ is the pick of a uniformly random N-subset with probability
     P_j(N) = C(K−1−j, N−1) / C(K, N)
 
 (it is in the subset and none of the j better-scored ones is), so
-``E[true return of the pick] = Σ_j P_j(N)·R_j`` (:func:`best_of_n_curve`).
+`E[true return of the pick] = Σ_j P_j(N)·R_j` ([`best_of_n_curve`][jaxil.algorithms.irl.best_of_n.best_of_n_curve]).
 Ties in the score are broken by rollout index (the rollouts are exchangeable,
 so this is a random tie-break). The oracle best-of-N is the same curve with
 the true return as the score. At N = K every rollout is in the subset.
 
-:func:`spearman_per_state` is the learned-vs-true rank correlation within
+[`spearman_per_state`][jaxil.algorithms.irl.best_of_n.spearman_per_state] is the learned-vs-true rank correlation within
 each start state (the quantity that decides best-of-N), averaged over the
 states where the true return varies.
 """
@@ -38,12 +38,12 @@ from jaxil.envs.core import MultiAgentEnv
 
 
 class SameStart:
-    """``env`` whose every reset returns the start state of ``reset_key``.
+    """`env` whose every reset returns the start state of `reset_key`.
 
-    ``reset(key)`` builds the state from ``reset_key`` (the same for every
-    call) and then carries ``key`` as the state's PRNG key, so the start state
+    `reset(key)` builds the state from `reset_key` (the same for every
+    call) and then carries `key` as the state's PRNG key, so the start state
     is identical while the environment's stochastic steps differ per
-    rollout. Everything else is ``env``'s.
+    rollout. Everything else is `env`'s.
     """
 
     def __init__(self, env: MultiAgentEnv, reset_key: jax.Array):
@@ -62,9 +62,9 @@ class SameStart:
 
 def same_start_episodes(env: MultiAgentEnv, policy: Any, params: Any, reset_keys: jax.Array,
                         key: jax.Array, num_rollouts: int) -> Any:
-    """``Episodes [M, K, ...]``: ``num_rollouts`` = K episodes of ``policy``
-    from each of the M start states of ``reset_keys [M, 2]``. Jit-able (one
-    program: a vmap over start states of :func:`envs.run_episodes` over K)."""
+    """`Episodes [M, K, ...]`: `num_rollouts` = K episodes of `policy`
+    from each of the M start states of `reset_keys [M, 2]`. Jit-able (one
+    program: a vmap over start states of [`envs.run_episodes`][jaxil.envs.rollout.run_episodes] over K)."""
 
     def one(reset_key, k):
         return envs.run_episodes(SameStart(env, reset_key), policy, params, k, num_rollouts)
@@ -74,7 +74,7 @@ def same_start_episodes(env: MultiAgentEnv, policy: Any, params: Any, reset_keys
 
 
 def subset_pick_probs(k: int, n: int) -> np.ndarray:
-    """``[K]``: P_j(N) = C(K−1−j, N−1)/C(K, N), the probability that the j-th
+    """`[K]`: P_j(N) = C(K−1−j, N−1)/C(K, N), the probability that the j-th
     best-scored of K items is the best of a uniformly random N-subset."""
     if not 1 <= n <= k:
         raise ValueError(f"best-of-N needs 1 <= N <= K={k}, got N={n}")
@@ -88,9 +88,9 @@ def subset_pick_probs(k: int, n: int) -> np.ndarray:
 
 
 def best_of_n_curve(scores: np.ndarray, true: np.ndarray, ns: Sequence[int]) -> np.ndarray:
-    """``[len(ns), M]``: per start state, the expected true return of the
-    rollout picked by ``scores`` among a random N of its K rollouts
-    (``scores``/``true`` ``[M, K]``; see the module docstring)."""
+    """`[len(ns), M]`: per start state, the expected true return of the
+    rollout picked by `scores` among a random N of its K rollouts
+    (`scores`/`true` `[M, K]`; see the module docstring)."""
     scores, true = np.asarray(scores, np.float64), np.asarray(true, np.float64)
     if scores.shape != true.shape or scores.ndim != 2:
         raise ValueError(f"scores and true returns must both be [M, K], got {scores.shape} "
@@ -104,8 +104,8 @@ def best_of_n_curve(scores: np.ndarray, true: np.ndarray, ns: Sequence[int]) -> 
 
 
 def spearman_per_state(scores: np.ndarray, true: np.ndarray) -> tuple[float, int]:
-    """``(mean Spearman ρ over start states, states used)``: ρ between
-    ``scores`` and ``true`` ``[M, K]`` within each start state, over the
+    """`(mean Spearman ρ over start states, states used)`: ρ between
+    `scores` and `true` `[M, K]` within each start state, over the
     states whose true returns are not all equal (NaN if none)."""
     rhos = []
     for s, t in zip(np.asarray(scores), np.asarray(true)):
@@ -127,7 +127,7 @@ def powers_of_two(k: int) -> list[int]:
 
 def report(scores: dict[str, np.ndarray], true: np.ndarray, ns: Sequence[int]) -> dict:
     """Best-of-N curves (mean over start states) of every reward in
-    ``scores`` (name -> ``[M, K]``), the oracle's, π_SFT's mean return, and
+    `scores` (name -> `[M, K]`), the oracle's, π_SFT's mean return, and
     each reward's Spearman ρ (per start state, and pooled over all M × K)."""
     true = np.asarray(true, np.float64)
     out = dict(ns=[int(n) for n in ns], sft_mean=float(true.mean()),

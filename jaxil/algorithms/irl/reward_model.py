@@ -3,49 +3,51 @@
 A reward model is a discriminator between *negative* and *positive* samples
 of state-action steps; its logit is the reward (Sun & van der Schaar, "Inverse
 RL from demonstrations", arXiv 2405.15624). The
-sources (:data:`SOURCES`, negatives → positives):
+sources (`SOURCES`, negatives → positives):
 
-- ``"init-sft"``: rollouts of the initial policy π_0 → rollouts of π_SFT
+- `"init-sft"`: rollouts of the initial policy π_0 → rollouts of π_SFT
   (BC on the demonstrations; the least heterogeneous pair, AfD's proposal);
-- ``"init-demo"``: rollouts of π_0 → the demonstrations;
-- ``"sft-demo"``: rollouts of π_SFT → the demonstrations (the most prone to
+- `"init-demo"`: rollouts of π_0 → the demonstrations;
+- `"sft-demo"`: rollouts of π_SFT → the demonstrations (the most prone to
   reward hacking).
 
-Network (the MisoDICE discriminator's, :class:`jaxil.nn.mixed_net.MixedNet`):
+Network (the MisoDICE discriminator's, [`jaxil.nn.mixed_net.MixedNet`][jaxil.nn.mixed_net.MixedNet]):
 local logits ℓ_i(o_i, a_i) of each agent's observation and one-hot (or box)
 action, mixed by the hypernetwork of the global state into the team reward
 
     r(s, a) = Σ_i w_i(s)·ℓ_i(o_i, a_i) + b(s),   w_i(s) ≥ 0
 
-(``mixing="hyper"``; ``"sum"``: Σ_i ℓ_i; ``"none"``: one reward per agent,
+(`mixing="hyper"`; `"sum"`: Σ_i ℓ_i; `"none"`: one reward per agent,
 each agent its own discriminator). Loss: the logistic discriminator loss
-(:func:`jaxil.losses.discriminator_loss`, positives labelled 1, negatives 0;
-summed over agents with ``"none"``) plus ``gp_coef`` × DemoDICE's gradient
-penalty (:func:`jaxil.losses.gradient_penalty`, per agent
-:func:`jaxil.losses.agent_gradient_penalty`). At the optimum
-``r = log d_pos(s, a) / d_neg(s, a)``. A trajectory's score is the
+([`jaxil.losses.discriminator_loss`][jaxil.losses.discriminator.discriminator_loss], positives labelled 1, negatives 0;
+summed over agents with `"none"`) plus `gp_coef` × DemoDICE's gradient
+penalty ([`jaxil.losses.gradient_penalty`][jaxil.losses.discriminator.gradient_penalty], per agent
+[`jaxil.losses.agent_gradient_penalty`][jaxil.losses.discriminator.agent_gradient_penalty]). At the optimum
+`r = log d_pos(s, a) / d_neg(s, a)`. A trajectory's score is the
 discounted sum of its step rewards over its valid steps
-(:func:`jaxil.losses.discounted_score`).
+([`jaxil.losses.discounted_score`][jaxil.losses.trajectory.discounted_score]).
 
-The analytic reward ``r_c(τ) = log π_SFT(τ) − log π_0(τ)``
-(:func:`analytic_reward`) is computed exactly from the two policies' per-step
-log-probabilities (:func:`jaxil.losses.log_ratio_score`).
+The analytic reward `r_c(τ) = log π_SFT(τ) − log π_0(τ)`
+([`analytic_reward`][jaxil.algorithms.irl.reward_model.analytic_reward]) is computed exactly from the two policies' per-step
+log-probabilities ([`jaxil.losses.log_ratio_score`][jaxil.losses.trajectory.log_ratio_score]).
 
-API (pure functions over pytrees; seeds vmap)::
+API (pure functions over pytrees; seeds vmap):
 
-    rm = RewardModel(spec, RewardModelConfig(mixing="hyper"))
-    params = rm.init(key)                                   # or init_params(key, spec, config)
-    r = rm.step_reward(params, obs, actions, global_state)  # [...] team / [..., N] per agent
-    loss, metrics = rm.loss(params, positive, negative, key, gp_coef)
-    state = rm.init_state(key)                              # params + optax state + hparams
-    state, metrics = rm.update(state, positive, negative)   # one jit-able Adam step
-    data = RewardData.build(positive_transitions, negative_transitions)
-    state, metrics, health = rm.update_n(state, data, k)    # k fused steps, batches on device
-    scores = rm.trajectory_scores(params, episodes, gamma)  # [E] / [E, N]
+```python
+rm = RewardModel(spec, RewardModelConfig(mixing="hyper"))
+params = rm.init(key)                                   # or init_params(key, spec, config)
+r = rm.step_reward(params, obs, actions, global_state)  # [...] team / [..., N] per agent
+loss, metrics = rm.loss(params, positive, negative, key, gp_coef)
+state = rm.init_state(key)                              # params + optax state + hparams
+state, metrics = rm.update(state, positive, negative)   # one jit-able Adam step
+data = RewardData.build(positive_transitions, negative_transitions)
+state, metrics, health = rm.update_n(state, data, k)    # k fused steps, batches on device
+scores = rm.trajectory_scores(params, episodes, gamma)  # [E] / [E, N]
+```
 
-``positive``/``negative`` are batches with ``obs [B, N, O]``, ``actions
-[B, N(, d)]`` and ``global_state [B, S]`` (a :class:`StepBatch`, or the
-:class:`jaxil.data.sampling.Transitions` of a dataset or rollouts).
+`positive`/`negative` are batches with `obs [B, N, O]`, `actions
+[B, N(, d)]` and `global_state [B, S]` (a [`StepBatch`][jaxil.algorithms.irl.reward_model.StepBatch], or the
+[`jaxil.data.sampling.Transitions`][jaxil.data.sampling.Transitions] of a dataset or rollouts).
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ SOURCES: dict[str, tuple[str, str]] = {
 
 
 def source_roles(source: str) -> tuple[str, str]:
-    """``(negatives, positives)`` of a source name, e.g. ``("init", "sft")``."""
+    """`(negatives, positives)` of a source name, e.g. `("init", "sft")`."""
     if source not in SOURCES:
         raise ValueError(f"unknown reward source {source!r}; choose one of {', '.join(SOURCES)}")
     return SOURCES[source]
@@ -94,16 +96,16 @@ class RewardModelConfig:
     """Static structure of a reward model.
 
     Attributes:
-      mixing: ``"hyper"`` (team reward through the hypernetwork mixer),
-        ``"sum"`` (Σ_i ℓ_i) or ``"none"`` (one reward per agent).
+      mixing: `"hyper"` (team reward through the hypernetwork mixer),
+        `"sum"` (Σ_i ℓ_i) or `"none"` (one reward per agent).
       hidden: hidden widths of the local logit network.
       mixer_hidden: hidden width of the mixer.
       shared: one local network with a one-hot agent id (True) or
         independent per-agent networks (False); None: shared unless
-        ``mixing="none"`` (the DICE learner's convention).
+        `mixing="none"` (the DICE learner's convention).
       batch_size: steps per source in each update.
       max_grad_norm: global-norm gradient clipping.
-      grad_penalty: add DemoDICE's gradient penalty (weight ``gp_coef``).
+      grad_penalty: add DemoDICE's gradient penalty (weight `gp_coef`).
     """
 
     mixing: str = "hyper"
@@ -148,8 +150,8 @@ RewardModelState = LearnerState
 
 @struct.dataclass
 class StepBatch:
-    """B steps: ``obs [B, N, O]``, ``actions [B, N]`` int (or ``[B, N, d]``
-    float), ``global_state [B, S]``."""
+    """B steps: `obs [B, N, O]`, `actions [B, N]` int (or `[B, N, d]`
+    float), `global_state [B, S]`."""
 
     obs: jax.Array
     actions: jax.Array
@@ -158,7 +160,7 @@ class StepBatch:
 
 @struct.dataclass
 class RewardData:
-    """Both sources on device: all their steps and a ``[K]`` sampling weight
+    """Both sources on device: all their steps and a `[K]` sampling weight
     each (0 on padding, so that sources of different sizes — e.g. one per
     seed, stacked — share one shape)."""
 
@@ -175,7 +177,7 @@ class RewardData:
 
 
 def pad_transitions(trans: Transitions, size: int) -> tuple[Transitions, np.ndarray]:
-    """``trans`` padded to ``size`` steps by repeating step 0, and the ``[size]``
+    """`trans` padded to `size` steps by repeating step 0, and the `[size]`
     weights (1 on real steps, 0 on padding): stacks sources of different
     sizes on a seeds axis."""
     k = int(trans.reward.shape[0])
@@ -187,7 +189,7 @@ def pad_transitions(trans: Transitions, size: int) -> tuple[Transitions, np.ndar
 
 
 class RewardModel:
-    """The reward model of ``spec`` and ``config`` (see the module docstring)."""
+    """The reward model of `spec` and `config` (see the module docstring)."""
 
     def __init__(self, spec: EnvSpec, config: RewardModelConfig = RewardModelConfig()):
         self.spec, self.config = spec, config
@@ -211,7 +213,7 @@ class RewardModel:
 
     def init_state(self, key: jax.Array, hparams: Optional[RewardModelHParams] = None
                    ) -> RewardModelState:
-        """Parameters, a fresh Adam state (learning rate ``hparams.lr``), step 0."""
+        """Parameters, a fresh Adam state (learning rate `hparams.lr`), step 0."""
         hparams = self.default_hparams() if hparams is None else hparams
         k_net, k_state = jax.random.split(key)
         params = self.init(k_net)
@@ -225,8 +227,8 @@ class RewardModel:
 
     def step_reward(self, params: Any, obs: jax.Array, actions: jax.Array,
                     global_state: jax.Array) -> jax.Array:
-        """``r(s, a)``: ``obs [..., N, O]``, ``actions [..., N(, d)]``,
-        ``global_state [..., S]`` → ``[...]`` (team) or ``[..., N]`` (``mixing="none"``)."""
+        """`r(s, a)`: `obs [..., N, O]`, `actions [..., N(, d)]`,
+        `global_state [..., S]` → `[...]` (team) or `[..., N]` (`mixing="none"`)."""
         obs, actions, global_state = map(jnp.asarray, (obs, actions, global_state))
         spec = self.spec
         lead = obs.shape[:-2]
@@ -236,11 +238,11 @@ class RewardModel:
         return self.net(params, self._input(obs, actions), global_state)
 
     def trajectory_scores(self, params: Any, episodes: Any, gamma) -> jax.Array:
-        """Discounted learned return ``Σ_t γ^t r(s_t, a_t)`` over the valid
-        steps of padded episodes (``obs [E, T(+1), N, O]``, ``actions
-        [E, T, ...]``, ``global_state [E, T(+1), S]``, ``mask [E, T]``, e.g.
-        :class:`envs.rollout.Episodes` or a :class:`jaxil.data.Dataset`):
-        ``[E]`` or ``[E, N]``."""
+        """Discounted learned return `Σ_t γ^t r(s_t, a_t)` over the valid
+        steps of padded episodes (`obs [E, T(+1), N, O]`, `actions
+        [E, T, ...]`, `global_state [E, T(+1), S]`, `mask [E, T]`, e.g.
+        [`envs.rollout.Episodes`][jaxil.envs.rollout.Episodes] or a [`jaxil.data.Dataset`][jaxil.data.format.Dataset]):
+        `[E]` or `[E, N]`."""
         t = episodes.actions.shape[1]
         r = self.step_reward(params, episodes.obs[:, :t], episodes.actions,
                              episodes.global_state[:, :t])
@@ -249,8 +251,8 @@ class RewardModel:
     # -- training ---------------------------------------------------------------------
     def loss(self, params: Any, positive: Any, negative: Any, key: jax.Array,
              gp_coef: Any = 0.1) -> tuple[jax.Array, dict]:
-        """``L = discriminator_loss(r(pos), r(neg)) + gp_coef·GP`` (per agent:
-        summed over agents), and its metrics. Pure; differentiable in ``params``."""
+        """`L = discriminator_loss(r(pos), r(neg)) + gp_coef·GP` (per agent:
+        summed over agents), and its metrics. Pure; differentiable in `params`."""
         x_p = self._input(positive.obs, positive.actions)
         x_n = self._input(negative.obs, negative.actions)
         l_p = self.net(params, x_p, positive.global_state)
@@ -278,8 +280,8 @@ class RewardModel:
 
     def update(self, state: RewardModelState, positive: Any, negative: Any
                ) -> tuple[RewardModelState, dict]:
-        """One clipped-Adam step on :meth:`loss` (the penalty's key is split
-        off ``state.key``). Jit-able; vmap it over seeds."""
+        """One clipped-Adam step on [`loss`][jaxil.algorithms.irl.reward_model.RewardModel.loss] (the penalty's key is split
+        off `state.key`). Jit-able; vmap it over seeds."""
         key, gp_key = jax.random.split(state.key)
         grads, metrics = jax.grad(self.loss, has_aux=True)(
             state.params, positive, negative, gp_key, state.hparams.gp_coef)
@@ -288,7 +290,7 @@ class RewardModel:
         return state.replace(params=params, opt_state=opt, step=state.step + 1, key=key), metrics
 
     def sample(self, key: jax.Array, data: RewardData) -> tuple[Transitions, Transitions]:
-        """A positive and an independent negative batch (``batch_size`` steps
+        """A positive and an independent negative batch (`batch_size` steps
         each, with replacement, by the sources' weights)."""
         kp, kn = jax.random.split(key)
         b = self.config.batch_size
@@ -296,8 +298,8 @@ class RewardModel:
                 sample_where(kn, data.negative, b, data.negative_weight))
 
     def update_n(self, state: RewardModelState, data: RewardData, k: int):
-        """``k`` updates fused in one ``lax.scan`` with on-device batches:
-        ``(state, last update's metrics, jaxil.runs.guard.Health)``."""
+        """`k` updates fused in one `lax.scan` with on-device batches:
+        `(state, last update's metrics, jaxil.runs.guard.Health)`."""
 
         def one(state: RewardModelState, key: jax.Array):
             return self.update(state, *self.sample(key, data))
@@ -311,14 +313,14 @@ class RewardModel:
 
 def init_params(key: jax.Array, spec: EnvSpec, config: RewardModelConfig = RewardModelConfig()
                 ) -> Any:
-    """``RewardModel(spec, config).init(key)``."""
+    """`RewardModel(spec, config).init(key)`."""
     return RewardModel(spec, config).init(key)
 
 
 def episode_log_probs(policy: Any, params: Any, episodes: Any) -> jax.Array:
-    """``[E, T, N]`` per-agent log-probabilities of the episodes' actions under
-    ``policy`` (an :class:`envs.policies.Policy` with ``log_prob``; e.g.
-    :meth:`jaxil.nn.policy.PolicyNet.policy`), on the observations they acted on."""
+    """`[E, T, N]` per-agent log-probabilities of the episodes' actions under
+    `policy` (an [`envs.policies.Policy`][jaxil.envs.policies.Policy] with `log_prob`; e.g.
+    [`jaxil.nn.policy.PolicyNet.policy`][jaxil.nn.policy.PolicyNet.policy]), on the observations they acted on."""
     if getattr(policy, "log_prob", None) is None:
         raise ValueError("the analytic reward needs policies with log_prob (neural policies, "
                          "jaxil.nn.policy.PolicyNet.policy()); scripted experts have none")
@@ -330,9 +332,9 @@ def episode_log_probs(policy: Any, params: Any, episodes: Any) -> jax.Array:
 
 def analytic_reward(sft_policy: Any, sft_params: Any, init_policy: Any, init_params_: Any,
                     episodes: Any) -> jax.Array:
-    """``r_c(τ) = log π_SFT(τ) − log π_0(τ)`` per episode ``[E]``: the per-step
+    """`r_c(τ) = log π_SFT(τ) − log π_0(τ)` per episode `[E]`: the per-step
     per-agent action log-probabilities of both policies summed over valid
-    steps and agents (:func:`jaxil.losses.log_ratio_score`)."""
+    steps and agents ([`jaxil.losses.log_ratio_score`][jaxil.losses.trajectory.log_ratio_score])."""
     num = episode_log_probs(sft_policy, sft_params, episodes)
     den = episode_log_probs(init_policy, init_params_, episodes)
     return log_ratio_score(num, den, episodes.mask)

@@ -1,13 +1,13 @@
 """The sample sources of a reward model: π_0, π_SFT and the demonstrations.
 
-- π_SFT is BC on the demonstrations (the ``bc_union`` learner trained by
-  :func:`jaxil.algorithms.offline.train.train`, seeds vmapped, with its run directory,
-  checkpoints and ``--resume``); π_0 is the same network at its
-  initialisation (seed s's initial state, :func:`jaxil.algorithms.offline.train.init_runs`).
-- :func:`rollouts` plays complete episodes of a policy for every seed in one
-  vmapped program (:func:`envs.run_episodes`).
-- :func:`source_data` turns per-seed episodes or the demonstrations into the
-  stacked :class:`jaxil.algorithms.irl.reward_model.RewardData` of a source pair (each
+- π_SFT is BC on the demonstrations (the `bc_union` learner trained by
+  [`jaxil.algorithms.offline.train.train`][jaxil.algorithms.offline.train.train], seeds vmapped, with its run directory,
+  checkpoints and `--resume`); π_0 is the same network at its
+  initialisation (seed s's initial state, [`jaxil.algorithms.offline.train.init_runs`][jaxil.algorithms.offline.train.init_runs]).
+- [`rollouts`][jaxil.algorithms.irl.sources.rollouts] plays complete episodes of a policy for every seed in one
+  vmapped program ([`envs.run_episodes`][jaxil.envs.rollout.run_episodes]).
+- [`source_data`][jaxil.algorithms.irl.sources.source_data] turns per-seed episodes or the demonstrations into the
+  stacked [`jaxil.algorithms.irl.reward_model.RewardData`][jaxil.algorithms.irl.reward_model.RewardData] of a source pair (each
   seed's steps padded to one size with zero sampling weight).
 """
 
@@ -35,8 +35,8 @@ from jaxil.runs.loggers import LoggerFactory
 
 @dataclasses.dataclass(frozen=True)
 class SFT:
-    """π_SFT and π_0 for R seeds: ``learner`` (bc_union), stacked parameters
-    ``[R, ...]`` of each, and the seeds."""
+    """π_SFT and π_0 for R seeds: `learner` (bc_union), stacked parameters
+    `[R, ...]` of each, and the seeds."""
 
     learner: Learner
     sft_params: Any
@@ -54,9 +54,9 @@ def fit_sft(dataset: Dataset, *, seeds: int, base_seed: int = 0, hidden: Sequenc
             eval_episodes: int = 32, out_dir: Optional[str | Path] = None, resume: bool = False,
             overwrite: bool = False, progress: bool = True, data_identity: Optional[dict] = None,
             loggers: Sequence[LoggerFactory] = ()) -> SFT:
-    """BC on every trajectory of ``dataset`` for ``seeds`` seeds (one program);
-    ``lr``: Adam's learning rate (None: the BC learner's default); ``loggers``:
-    where the metrics rows go besides ``metrics.jsonl`` (:mod:`jaxil.runs.loggers`)."""
+    """BC on every trajectory of `dataset` for `seeds` seeds (one program);
+    `lr`: Adam's learning rate (None: the BC learner's default); `loggers`:
+    where the metrics rows go besides `metrics.jsonl` ([`jaxil.runs.loggers`][jaxil.runs.loggers])."""
 
     spec = dataset.spec
     env = envs.make(spec.env_id)
@@ -76,8 +76,8 @@ def fit_sft(dataset: Dataset, *, seeds: int, base_seed: int = 0, hidden: Sequenc
 
 def rollouts(env: envs.MultiAgentEnv, policy: Any, params: Any, key: jax.Array,
              num_episodes: int) -> Any:
-    """``num_episodes`` complete episodes per seed: ``Episodes [R, E, ...]`` for
-    stacked ``params [R, ...]`` (seed r uses ``fold_in(key, r)``)."""
+    """`num_episodes` complete episodes per seed: `Episodes [R, E, ...]` for
+    stacked `params [R, ...]` (seed r uses `fold_in(key, r)`)."""
     r = jax.tree.leaves(params)[0].shape[0]
     keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(r))
     fn = jax.jit(jax.vmap(lambda p, k: envs.run_episodes(env, policy, p, k, num_episodes)))
@@ -91,9 +91,9 @@ def _episodes_transitions(episodes: Any, spec) -> Any:
 
 
 def source_data(source: str, spec, demos: Dataset, samples: dict[str, Any]) -> RewardData:
-    """Stacked ``RewardData [R, ...]`` of ``source`` (e.g. ``"init-sft"``):
-    ``samples`` maps ``"init"``/``"sft"`` to ``Episodes [R, E, ...]``
-    (:func:`rollouts`); ``"demo"`` is ``demos``, the same for every seed."""
+    """Stacked `RewardData [R, ...]` of `source` (e.g. `"init-sft"`):
+    `samples` maps `"init"`/`"sft"` to `Episodes [R, E, ...]`
+    ([`rollouts`][jaxil.algorithms.irl.sources.rollouts]); `"demo"` is `demos`, the same for every seed."""
     neg_role, pos_role = source_roles(source)
     r = None
     per_role = {}
@@ -124,8 +124,8 @@ def source_data(source: str, spec, demos: Dataset, samples: dict[str, Any]) -> R
 
 
 def init_reward_states(rm, seeds: Sequence[int], base_seed: int = 0, hparams: Any = None):
-    """Stacked :class:`RewardModelState` ``[R]``; seed s starts from
-    ``fold_in(PRNGKey(base_seed + s), 0x726D)`` (another stream than π_SFT's)."""
+    """Stacked `RewardModelState` `[R]`; seed s starts from
+    `fold_in(PRNGKey(base_seed + s), 0x726D)` (another stream than π_SFT's)."""
     hp = rm.default_hparams() if hparams is None else hparams
     rm.check_hparams(hp)
     keys = jnp.stack([jax.random.fold_in(jax.random.PRNGKey(base_seed + s), 0x726D) for s in seeds])
@@ -139,20 +139,20 @@ def fit_reward_model(rm, data: RewardData, *, seeds: Sequence[int], base_seed: i
                      identity: Optional[dict] = None, info: Optional[dict] = None,
                      evaluate: Any = None, label: str = "reward model",
                      loggers: Sequence[LoggerFactory] = ()):
-    """Train one reward model per seed on stacked ``data [R]`` in one program.
+    """Train one reward model per seed on stacked `data [R]` in one program.
 
-    Each chunk is ``eval_every`` fused updates (:meth:`RewardModel.update_n`,
-    vmapped over seeds), then the NaN guard (:mod:`jaxil.runs.guard`; the chunk
+    Each chunk is `eval_every` fused updates (`RewardModel.update_n`,
+    vmapped over seeds), then the NaN guard ([`jaxil.runs.guard`][jaxil.runs.guard]; the chunk
     is dropped and the last good checkpoint kept), one metrics row per seed
-    (the chunk's last update's metrics, plus ``evaluate(params [R]) -> {name:
-    [R]}`` if given), an orbax checkpoint of the stacked state. With
-    ``out_dir`` the run directory of :mod:`jaxil.runs.rundir` (identity = ``identity``
-    plus the model config, seeds, ``eval_every``; ``resume`` continues from
-    the newest checkpoint and reproduces the uninterrupted run). ``loggers``:
-    where the metrics rows go besides ``metrics.jsonl``
-    (:mod:`jaxil.runs.loggers`; runs named ``run<i>-seed<s>``).
+    (the chunk's last update's metrics, plus `evaluate(params [R]) -> {name:
+    [R]}` if given), an orbax checkpoint of the stacked state. With
+    `out_dir` the run directory of [`jaxil.runs.rundir`][jaxil.runs.rundir] (identity = `identity`
+    plus the model config, seeds, `eval_every`; `resume` continues from
+    the newest checkpoint and reproduces the uninterrupted run). `loggers`:
+    where the metrics rows go besides `metrics.jsonl`
+    ([`jaxil.runs.loggers`][jaxil.runs.loggers]; runs named `run<i>-seed<s>`).
 
-    Returns ``(states [R], rows)``.
+    Returns `(states [R], rows)`.
     """
 
     if updates < 1 or eval_every < 1 or updates % eval_every:

@@ -9,7 +9,7 @@
 
 Every trajectory is scored by its learned return Σ_t r_t (O-MAPL's implicit
 reward); the top K (or top fraction) become D_E for Phase 2. Several seeds
-train in one program (``vmap``); their scores are averaged after
+train in one program (`vmap`); their scores are averaged after
 standardisation for the ensemble labels, and each seed's labels are also
 reported on their own.
 """
@@ -37,7 +37,7 @@ from jaxil.algorithms.offline.train import chunk_fn, expand_grid, init_runs
 
 @dataclasses.dataclass
 class PreferenceFit:
-    """O-MAPL trained on answered queries: ``states`` stacked over seeds."""
+    """O-MAPL trained on answered queries: `states` stacked over seeds."""
 
     learner: Any
     states: Any
@@ -62,16 +62,16 @@ def fit_preferences(
     loggers: Sequence[LoggerFactory] = (),
     **config,
 ) -> PreferenceFit:
-    """Train O-MAPL on the answered queries (NaN answers dropped), ``seeds``
-    runs vmapped in one program, and score every trajectory of ``dataset``.
+    """Train O-MAPL on the answered queries (NaN answers dropped), `seeds`
+    runs vmapped in one program, and score every trajectory of `dataset`.
 
-    ``config`` goes to :class:`OMAPLConfig` (``hidden``, ``batch_size``, ...);
-    ``hparams`` overrides :class:`OMAPLHParams` fields (``beta``, ``lr_q`` ...).
-    ``batch_devices``: split each update's batch of pairs over this many
-    devices (data-parallel, :mod:`jaxil.runs.sharding`; ``batch_size`` must
+    `config` goes to `OMAPLConfig` (`hidden`, `batch_size`, ...);
+    `hparams` overrides `OMAPLHParams` fields (`beta`, `lr_q` ...).
+    `batch_devices`: split each update's batch of pairs over this many
+    devices (data-parallel, [`jaxil.runs.sharding`][jaxil.runs.sharding]; `batch_size` must
     divide by it); the fit agrees with one device's to float32 round-off.
-    ``loggers``: where the metrics rows go (:mod:`jaxil.runs.loggers`; runs
-    named ``run<i>-seed<s>``; the fit writes no run directory).
+    `loggers`: where the metrics rows go ([`jaxil.runs.loggers`][jaxil.runs.loggers]; runs
+    named `run<i>-seed<s>`; the fit writes no run directory).
     """
 
     if updates <= 0 or chunk <= 0:
@@ -121,8 +121,8 @@ def fit_preferences(
 
 def score_trajectories(config: OMAPLConfig, spec, params, gamma, dataset: Dataset,
                        batch: int = 256) -> np.ndarray:
-    """``[S, M]`` learned returns of every whole trajectory, for S stacked
-    parameter sets (``params``/``gamma`` with a leading seed axis)."""
+    """`[S, M]` learned returns of every whole trajectory, for S stacked
+    parameter sets (`params`/`gamma` with a leading seed axis)."""
     M = dataset.num_trajectories
     fn = _score_fn(config, spec)
     out = []
@@ -145,7 +145,7 @@ def _score_fn(config, spec):
 
 
 def ensemble_scores(scores: np.ndarray) -> np.ndarray:
-    """Mean over seeds of each seed's standardised scores ``[S, M] -> [M]``
+    """Mean over seeds of each seed's standardised scores `[S, M] -> [M]`
     (learned rewards are identified only up to scale and shift per seed)."""
     s = np.asarray(scores, np.float64)
     if s.ndim == 1:
@@ -156,7 +156,7 @@ def ensemble_scores(scores: np.ndarray) -> np.ndarray:
 
 def top_labels(scores: np.ndarray, top_k: Optional[int] = None,
                top_frac: Optional[float] = None) -> np.ndarray:
-    """``[M]`` bool: the ``top_k`` highest scores (or the top ``top_frac``)."""
+    """`[M]` bool: the `top_k` highest scores (or the top `top_frac`)."""
     scores = np.asarray(scores)
     if scores.ndim != 1:
         raise ValueError(f"top_labels takes one score per trajectory [M], got shape {scores.shape}")
@@ -177,8 +177,8 @@ def top_labels(scores: np.ndarray, top_k: Optional[int] = None,
 def label_metrics(labels: np.ndarray, truth: np.ndarray, scores: np.ndarray,
                   true_returns: np.ndarray) -> dict[str, float]:
     """Labelling quality against ground truth: accuracy, precision, recall,
-    F1 of ``labels`` vs ``truth``; Spearman rank correlation of learned
-    ``scores`` vs ``true_returns``; AUC of the scores for the true experts."""
+    F1 of `labels` vs `truth`; Spearman rank correlation of learned
+    `scores` vs `true_returns`; AUC of the scores for the true experts."""
     from scipy.stats import rankdata, spearmanr
 
     labels, truth = np.asarray(labels, bool), np.asarray(truth, bool)
@@ -202,10 +202,10 @@ def label_metrics(labels: np.ndarray, truth: np.ndarray, scores: np.ndarray,
 
 
 def labelled_copy(dataset: Dataset, labels: np.ndarray, provenance: dict) -> Dataset:
-    """A new dataset whose ``expert`` flags are the Phase-1 ``labels``.
+    """A new dataset whose `expert` flags are the Phase-1 `labels`.
 
     The input is not modified. The ground truth stays recoverable from the
-    tiers (``tier_names``) and is kept in ``creation_args["phase1"]`` along
+    tiers (`tier_names`) and is kept in `creation_args["phase1"]` along
     with how the labels were made."""
     labels = np.asarray(labels, bool)
     if labels.shape != (dataset.num_trajectories,):

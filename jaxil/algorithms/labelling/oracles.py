@@ -1,30 +1,32 @@
 """Preference oracles: who answers "is segment x better than segment y?".
 
-An oracle is any callable ``oracle(dataset, pairs) -> labels`` with
-``labels`` a float32 ``[Q]`` array over the queries of a
-:class:`~jaxil.data.preferences.QueryPairs`: the probability that side x is
+An oracle is any callable `oracle(dataset, pairs) -> labels` with
+`labels` a float32 `[Q]` array over the queries of a
+[`QueryPairs`][jaxil.data.preferences.QueryPairs]: the probability that side x is
 preferred (1.0 = x better, 0.0 = y better, 0.5 = tie / indifferent) and NaN
 where the oracle gave no usable answer (the preference learner drops those
-queries). Oracles run once, on the host, in numpy::
+queries). Oracles run once, on the host, in numpy:
 
-    pairs = sample_query_pairs(dataset, num_queries=1000, seed=0)
-    labels = GroundTruthOracle(flip_rate=0.1)(dataset, pairs)
+```python
+pairs = sample_query_pairs(dataset, num_queries=1000, seed=0)
+labels = GroundTruthOracle(flip_rate=0.1)(dataset, pairs)
+```
 
 Three oracles are provided:
 
-* :class:`GroundTruthOracle` — compares the recorded returns, optionally
+* [`GroundTruthOracle`][jaxil.algorithms.labelling.oracles.GroundTruthOracle] — compares the recorded returns, optionally
   flipping labels at random (a noisy human).
-* :class:`SMAXSemanticOracle` — judges SMAX battles from the recorded world
+* [`SMAXSemanticOracle`][jaxil.algorithms.labelling.oracles.SMAXSemanticOracle] — judges SMAX battles from the recorded world
   states with the criteria of the MisoDICE LLM prompt (ally health kept,
   enemy health removed, fast wins), never looking at the reward.
-* :class:`ExternalOracle` — asks a user-supplied ``str -> str`` callable
+* [`ExternalOracle`][jaxil.algorithms.labelling.oracles.ExternalOracle] — asks a user-supplied `str -> str` callable
   (e.g. an LLM client) about a text rendering of each query, with retries,
   an optional time limit per call and an on-disk answer cache so that an
   interrupted or timed-out labelling job resumes.
 
-The SMAX world-state parser (:func:`~jaxil.algorithms.labelling.smax_state.smax_layout`,
-:func:`~jaxil.algorithms.labelling.smax_state.smax_health`) lives in
-:mod:`jaxil.algorithms.labelling.smax_state`, shared with :mod:`jaxil.algorithms.labelling.render`.
+The SMAX world-state parser ([`smax_layout`][jaxil.algorithms.labelling.smax_state.smax_layout],
+[`smax_health`][jaxil.algorithms.labelling.smax_state.smax_health]) lives in
+[`jaxil.algorithms.labelling.smax_state`][jaxil.algorithms.labelling.smax_state], shared with [`jaxil.algorithms.labelling.render`][jaxil.algorithms.labelling.render].
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ def label_agreement(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def _compare(score_x: np.ndarray, score_y: np.ndarray, tie_tol: float) -> np.ndarray:
-    """1 where x scores higher, 0 where y does, 0.5 within ``tie_tol``; NaN stays NaN."""
+    """1 where x scores higher, 0 where y does, 0.5 within `tie_tol`; NaN stays NaN."""
     diff = np.asarray(score_x, np.float64) - np.asarray(score_y, np.float64)
     label = np.where(diff > 0, 1.0, 0.0)
     label = np.where(np.abs(diff) <= tie_tol, 0.5, label)
@@ -87,7 +89,7 @@ def _mix64(x: np.ndarray) -> np.ndarray:
 
 
 def query_uniforms(pairs: QueryPairs, seed: int) -> np.ndarray:
-    """One uniform number in [0, 1) per query, a hash of ``seed`` and the
+    """One uniform number in [0, 1) per query, a hash of `seed` and the
     query's indices (both trajectories, both starts, the segment length).
 
     A query gets the same number whatever else is in the query set and in
@@ -109,12 +111,12 @@ class GroundTruthOracle:
     """Labels from the true segment returns, with optional random flips.
 
     A segment's return is the sum of its recorded rewards over its valid
-    steps (:func:`true_returns`). The label is 1 if
+    steps ([`true_returns`][jaxil.data.preferences.segment_returns]). The label is 1 if
     x's return is larger, 0 if y's is, and 0.5 if they are within
-    ``tie_tol``. Each hard (0/1) label is then flipped independently with
-    probability ``flip_rate``, a model of a noisy annotator; ties are never
-    flipped. The flips are a function of ``seed`` and each query's indices
-    (:func:`query_uniforms`), so the same query gets the same label on every
+    `tie_tol`. Each hard (0/1) label is then flipped independently with
+    probability `flip_rate`, a model of a noisy annotator; ties are never
+    flipped. The flips are a function of `seed` and each query's indices
+    ([`query_uniforms`][jaxil.algorithms.labelling.oracles.query_uniforms]), so the same query gets the same label on every
     call, in any query set, in any order.
 
     Args:
@@ -152,8 +154,8 @@ class GroundTruthOracle:
 
 def segment_endpoints(dataset: Dataset, traj: np.ndarray, start: np.ndarray,
                       n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(first_state [Q, S], last_state [Q, S], num_valid [Q])`` of segments
-    of at most ``n`` steps: the global state before the first step and the
+    """`(first_state [Q, S], last_state [Q, S], num_valid [Q])` of segments
+    of at most `n` steps: the global state before the first step and the
     state after the last valid step (never the zero padding past an
     episode's end)."""
     gs = np.asarray(dataset.global_state)
@@ -166,27 +168,29 @@ class SMAXSemanticOracle:
     """Judges SMAX segments from their world states, not from the reward.
 
     The criteria are those of the MisoDICE LLM prompt: keep the allies'
-    health, remove the enemies' health, and win in fewer steps. With ``h``
-    the unit health fractions (:func:`smax_health`) of the state before the
-    segment (``0``) and after its last valid step (``1``), ``A`` allies,
-    ``E`` enemies, ``n`` valid steps and ``T`` = ``spec.max_steps``, a
-    segment scores::
+    health, remove the enemies' health, and win in fewer steps. With `h`
+    the unit health fractions ([`smax_health`][jaxil.algorithms.labelling.smax_state.smax_health]) of the state before the
+    segment (`0`) and after its last valid step (`1`), `A` allies,
+    `E` enemies, `n` valid steps and `T` = `spec.max_steps`, a
+    segment scores:
 
-        damage    = Σ_enemies (h0 − h1) / E          enemy health removed, in [0, 1]
-        ally_loss = Σ_allies  (h0 − h1) / A          ally health lost, in [0, 1]
-        won       = all enemies dead and an ally alive in the last state
-        score     = enemy_weight·damage − ally_weight·ally_loss
-                    + won·(win_bonus + speed_weight·(1 − n/T))
+    ```text
+    damage    = Σ_enemies (h0 − h1) / E          enemy health removed, in [0, 1]
+    ally_loss = Σ_allies  (h0 − h1) / A          ally health lost, in [0, 1]
+    won       = all enemies dead and an ally alive in the last state
+    score     = enemy_weight·damage − ally_weight·ally_loss
+                + won·(win_bonus + speed_weight·(1 − n/T))
+    ```
 
     and the segment with the higher score is preferred (0.5 within
-    ``tie_tol``). On whole trajectories ``−ally_loss`` is the ally health
+    `tie_tol`). On whole trajectories `−ally_loss` is the ally health
     kept minus one, and with the defaults a win always outscores a non-win.
     A segment without valid steps cannot be judged: its queries get NaN.
 
     Args:
       enemy_weight, ally_weight: weights of damage dealt and health lost.
       win_bonus: bonus for a win inside the segment.
-      speed_weight: extra bonus for a fast win, times ``1 − n/T``.
+      speed_weight: extra bonus for a fast win, times `1 − n/T`.
       tie_tol: scores closer than this are a tie.
     """
 
@@ -209,7 +213,7 @@ class SMAXSemanticOracle:
         return "smax_semantic"
 
     def scores(self, dataset: Dataset, pairs: QueryPairs) -> tuple[np.ndarray, np.ndarray]:
-        """The score (see the class docstring) of both sides, ``[Q]`` each."""
+        """The score (see the class docstring) of both sides, `[Q]` each."""
         if not dataset.info.env_id.startswith("smax:"):
             raise ValueError(
                 f"SMAXSemanticOracle judges SMAX battles from their world states, but the "
@@ -251,11 +255,11 @@ _BARE_CHOICE = re.compile(r"(?<![\w.#])([12])(?!\w|\.\d)")
 def parse_choice(answer: Optional[str]) -> Optional[int]:
     """1 or 2 from an answer naming one trajectory, else None.
 
-    Accepts ``#1``, ``# 2``, ``Trajectory #1``, ``1``, ``trajectory 2.``
-    (case and whitespace tolerant). Choices written with ``#`` take
-    precedence over bare digits (so ``"#1 (2 allies left)"`` is 1); an answer
+    Accepts `#1`, `# 2`, `Trajectory #1`, `1`, `trajectory 2.`
+    (case and whitespace tolerant). Choices written with `#` take
+    precedence over bare digits (so `"#1 (2 allies left)"` is 1); an answer
     naming both trajectories, or neither, is unparseable (None). Digits inside
-    larger numbers or decimals (``12``, ``0.2``) do not count.
+    larger numbers or decimals (`12`, `0.2`) do not count.
     """
     if not isinstance(answer, str):
         return None
@@ -273,7 +277,7 @@ _MAX_FAILED_EXAMPLES = 5
 
 
 def _end_last_line(f) -> None:
-    """Make a cache file opened in ``a+b`` mode end with a complete line.
+    """Make a cache file opened in `a+b` mode end with a complete line.
 
     A job killed mid-write leaves a last line without its newline. If that
     fragment is not a valid JSON object it is cut off (it was never a usable
@@ -315,8 +319,8 @@ def _refuse_directory(cache: Path) -> None:
 
 
 def check_cache_writable(path: Union[str, os.PathLike]) -> Path:
-    """Prove that the answer cache at ``path`` can be appended to (its
-    directory is created), or raise a one-line :class:`PermissionError`
+    """Prove that the answer cache at `path` can be appended to (its
+    directory is created), or raise a one-line `PermissionError`
     naming it and the fix. An external labeller's answers cost money or
     time: a cache found unwritable only after the first batch loses them."""
     path = Path(path)
@@ -330,7 +334,7 @@ def check_cache_writable(path: Union[str, os.PathLike]) -> Path:
 class LabellerTimeout(TimeoutError):
     """The external labeller gave no reply to one query within the time limit.
 
-    Raised by :class:`ExternalOracle` after the answers obtained before the
+    Raised by [`ExternalOracle`][jaxil.algorithms.labelling.oracles.ExternalOracle] after the answers obtained before the
     silent query were appended to its cache, so a new oracle with the same
     cache starts from them.
 
@@ -339,7 +343,7 @@ class LabellerTimeout(TimeoutError):
       num_queries: the size of the query set.
       timeout: the limit, in seconds.
       answered: answers obtained from the labeller by this call (all cached
-        when ``cache_path`` is set).
+        when `cache_path` is set).
       cache_path: the answer cache, or None.
     """
 
@@ -361,30 +365,30 @@ class _NoReply(Exception):
 class ExternalOracle:
     """Preferences from an external judge, e.g. a language model.
 
-    Each query is rendered to text by ``render(dataset, pairs, i)``
-    (:func:`~jaxil.algorithms.labelling.render.render_pair`; trajectory #1 is side x,
-    #2 side y), passed to ``fn`` and the reply parsed by
-    :func:`parse_choice`: #1 → 1.0, #2 → 0.0. jaxil never calls a network
-    itself; ``fn`` is the hook for whatever client the user has.
+    Each query is rendered to text by `render(dataset, pairs, i)`
+    ([`render_pair`][jaxil.algorithms.labelling.render.render_pair]; trajectory #1 is
+    side x, #2 side y), passed to `fn` and the reply parsed by
+    [`parse_choice`][jaxil.algorithms.labelling.oracles.parse_choice]: #1 → 1.0, #2 → 0.0. jaxil never calls a network
+    itself; `fn` is the hook for whatever client the user has.
 
-    An unparseable reply or an exception raised by ``fn`` is retried up to
-    ``max_retries`` times; a query still unanswered gets NaN. Queries are
-    worked through in batches of ``batch_size`` (``fn`` is still called once
+    An unparseable reply or an exception raised by `fn` is retried up to
+    `max_retries` times; a query still unanswered gets NaN. Queries are
+    worked through in batches of `batch_size` (`fn` is still called once
     per query). The cache is checked writable before the first query
-    (:func:`check_cache_writable`); after each batch the new answers are
-    appended to the JSONL ``cache_path`` and flushed to disk, so a killed
+    ([`check_cache_writable`][jaxil.algorithms.labelling.oracles.check_cache_writable]); after each batch the new answers are
+    appended to the JSONL `cache_path` and flushed to disk, so a killed
     labelling job loses at most one batch, and a new oracle with the same
     cache answers the already-answered queries from the cache without
-    calling ``fn``. Each
-    cache line is ``{"key", "label", "answer"}`` with the key from
-    :meth:`QueryPairs.keys` (the dataset id, both trajectories and starts,
+    calling `fn`. Each
+    cache line is `{"key", "label", "answer"}` with the key from
+    [`QueryPairs.keys`][jaxil.data.preferences.QueryPairs.keys] (the dataset id, both trajectories and starts,
     the segment length); a corrupt line (e.g. a truncated last line) is
     skipped with a warning. Unanswered queries are not cached, so they are
     asked again next time.
 
-    With a ``timeout``, each call of ``fn`` runs on a daemon worker thread
+    With a `timeout`, each call of `fn` runs on a daemon worker thread
     and is given that many seconds; a call still running then stops the
-    oracle with :class:`LabellerTimeout` (after the answers obtained so far
+    oracle with [`LabellerTimeout`][jaxil.algorithms.labelling.oracles.LabellerTimeout] (after the answers obtained so far
     are cached) instead of waiting forever. The silent call is not retried:
     a labeller that hung once (a dead connection, a stuck service) usually
     hangs again, and the cache makes a later run cheap. Python cannot stop
@@ -392,27 +396,27 @@ class ExternalOracle:
     (its reply, if any, is discarded) until it returns or the process
     exits; being a daemon thread it does not keep the process alive. While
     the oracle waits, Ctrl-C (KeyboardInterrupt) stops it at once, with the
-    answers so far cached. ``fn`` must therefore tolerate being called from
+    answers so far cached. `fn` must therefore tolerate being called from
     a thread other than the main one.
 
-    After a call, :attr:`report` holds: ``queries``; ``asked`` (calls of
-    ``fn`` this run, retries included); ``cached`` (queries answered from
-    the cache or from an identical query of this run); ``parsed`` (queries
-    answered by ``fn`` this run); ``unparseable`` (replies that could not be
-    parsed); ``errors`` (calls that raised); ``num_failed`` (queries left
-    NaN) and ``failed`` (the first few, each with its key and raw replies).
+    After a call, `report` holds: `queries`; `asked` (calls of
+    `fn` this run, retries included); `cached` (queries answered from
+    the cache or from an identical query of this run); `parsed` (queries
+    answered by `fn` this run); `unparseable` (replies that could not be
+    parsed); `errors` (calls that raised); `num_failed` (queries left
+    NaN) and `failed` (the first few, each with its key and raw replies).
 
     Args:
-      fn: ``prompt -> reply`` callable.
+      fn: `prompt -> reply` callable.
       cache_path: JSONL answer cache (created if missing); None = no cache.
       batch_size: queries per cache checkpoint.
       max_retries: extra attempts per query after an unusable reply.
-      render: ``(dataset, pairs, i) -> prompt``.
+      render: `(dataset, pairs, i) -> prompt`.
       dataset_key: the dataset part of the cache keys; default
-        :func:`~jaxil.data.preferences.dataset_id` (a content hash).
+        [`dataset_id`][jaxil.data.preferences.dataset_id] (a content hash).
       progress: show a tqdm progress bar.
-      timeout: seconds each call of ``fn`` may take; None or ``inf`` = no
-        limit (``fn`` then runs on the calling thread).
+      timeout: seconds each call of `fn` may take; None or `inf` = no
+        limit (`fn` then runs on the calling thread).
     """
 
     def __init__(
@@ -492,7 +496,7 @@ class ExternalOracle:
 
     # -- asking --------------------------------------------------------------------
     def _call(self, prompt: str):
-        """``fn(prompt)``, or :class:`_NoReply` after ``timeout`` seconds."""
+        """`fn(prompt)`, or `_NoReply` after `timeout` seconds."""
         if self.timeout is None:
             return self.fn(prompt)
         done = threading.Event()

@@ -1,13 +1,13 @@
-"""``jaxil label`` and ``jaxil pipeline``: unlabeled data → labels → MisoDICE.
+"""`jaxil label` and `jaxil pipeline`: unlabeled data → labels → MisoDICE.
 
     jaxil label runs/data/smax-3m-misodice-200e-1000p.npz --oracle ground_truth --queries 1000 --top-k 200
     jaxil label smax-3m/misodice-200e-1000p --oracle external --external mymod:ask_llm --cache answers.jsonl
     jaxil pipeline smax:3m --seeds 4          # Phase 1, Phase 2, and the two comparisons
 
-``label`` never modifies its input: it writes a labelled copy (``expert`` =
-the Phase-1 labels) and ``<out>.labels.json`` (labels, scores, metrics
-against the hidden ground truth, the oracle's report), which ``jaxil train
---labels`` also accepts.
+`label` never modifies its input: it writes a labelled copy (`expert` =
+the Phase-1 labels) and `<out>.labels.json` (labels, scores, metrics
+against the hidden ground truth, the oracle's report), which `jaxil train
+--labels` also accepts.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ def make_oracle(name: str, *, flip_rate: float = 0.0, seed: int = 0,
                 external: Optional[Callable[[str], str]] = None,
                 cache: Optional[str] = None, timeout: Optional[float] = None,
                 progress: bool = True):
-    """Build an oracle by name (see :mod:`jaxil.algorithms.labelling.oracles`);
-    ``timeout`` is the external oracle's limit per call, in seconds, and
-    ``progress`` its progress bar."""
+    """Build an oracle by name (see [`jaxil.algorithms.labelling.oracles`][jaxil.algorithms.labelling.oracles]);
+    `timeout` is the external oracle's limit per call, in seconds, and
+    `progress` its progress bar."""
 
     if name == "ground_truth":
         return oracles.GroundTruthOracle(flip_rate=flip_rate, seed=seed)
@@ -59,7 +59,7 @@ def make_oracle(name: str, *, flip_rate: float = 0.0, seed: int = 0,
 
 
 def load_callable(spec: str) -> Callable[[str], str]:
-    """``"package.module:function"`` -> the function."""
+    """`"package.module:function"` -> the function."""
     mod, sep, fn = spec.partition(":")
     if not sep or not mod or not fn:
         raise ValueError(f"--external takes MODULE:FUNCTION, got {spec!r}")
@@ -87,11 +87,11 @@ def phase1(dataset: Dataset, oracle, *, queries: int = 1000, segment_len: Option
            top_k: Optional[int] = None, top_frac: Optional[float] = None, seeds: int = 3,
            updates: int = 1000, seed: int = 0, progress: bool = True, hparams=None,
            **config) -> LabelOutcome:
-    """Ask ``oracle`` about ``queries`` distinct random pairs
-    (:func:`distinct_query_pairs`: every pair once if the dataset has fewer),
-    fit O-MAPL (``seeds`` vmapped), label the top trajectories by learned
-    return. ``outcome.oracle`` records the pairs asked (``queries``), the
-    budget (``requested``) and the pairs answered (``answered``)."""
+    """Ask `oracle` about `queries` distinct random pairs
+    ([`distinct_query_pairs`][jaxil.data.preferences.distinct_query_pairs]: every pair once if the dataset has fewer),
+    fit O-MAPL (`seeds` vmapped), label the top trajectories by learned
+    return. `outcome.oracle` records the pairs asked (`queries`), the
+    budget (`requested`) and the pairs answered (`answered`)."""
     pairs = distinct_query_pairs(dataset, queries, segment_len, seed=seed)
     prefs = np.asarray(oracle(dataset, pairs), np.float32)
     answered = int(np.isfinite(prefs).sum())
@@ -116,7 +116,7 @@ def phase1(dataset: Dataset, oracle, *, queries: int = 1000, segment_len: Option
 
 
 def write_labels(dataset: Dataset, outcome: LabelOutcome, out: Path, provenance: dict) -> Path:
-    """The labelled copy at ``out`` and its ``.labels.json`` sidecar (both atomic)."""
+    """The labelled copy at `out` and its `.labels.json` sidecar (both atomic)."""
     save(labelled_copy(dataset, outcome.labels, provenance), out)
     side = out.with_suffix(".labels.json")
     atomic_write_text(side, to_json(dict(

@@ -1,6 +1,6 @@
 """Text renderings of preference queries, for a language-model judge.
 
-:func:`render_pair` turns query ``i`` of a :class:`~jaxil.data.preferences.QueryPairs`
+[`render_pair`][jaxil.algorithms.labelling.render.render_pair] turns query `i` of a [`QueryPairs`][jaxil.data.preferences.QueryPairs]
 into a short prompt: what the task is and how to answer ("#1" or "#2"),
 then a per-phase summary of each of the two trajectory segments (team reward
 so far; for SMAX also allies and enemies alive and their total health) and
@@ -34,7 +34,7 @@ def _pct(x: float) -> str:
 
 
 def render_pair(dataset: Dataset, pairs: QueryPairs, i: int, max_lines: int = 10) -> str:
-    """Query ``i`` as a prompt for a judge that answers "#1" or "#2".
+    """Query `i` as a prompt for a judge that answers "#1" or "#2".
 
     Args:
       dataset: the dataset the queries index into.

@@ -1,8 +1,8 @@
 """The SMAX world state, parsed on the host: layout, unit health, teams.
 
 One parser for every reader of SMAX datasets: the semantic oracle
-(:mod:`jaxil.algorithms.labelling.oracles`) and the prompt renderer
-(:mod:`jaxil.algorithms.labelling.render`) both import it from here.
+([`jaxil.algorithms.labelling.oracles`][jaxil.algorithms.labelling.oracles]) and the prompt renderer
+([`jaxil.algorithms.labelling.render`][jaxil.algorithms.labelling.render]) both import it from here.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from jaxil.envs._jaxmarl import import_jaxmarl
 
 @dataclasses.dataclass(frozen=True)
 class SMAXLayout:
-    """Where things are in a SMAX world state (``smax_env.SMAX.get_world_state``).
+    """Where things are in a SMAX world state (`smax_env.SMAX.get_world_state`).
 
-    The state is ``[U·F unit features | U unit teams | U unit types]`` with
-    ``U = num_allies + num_enemies`` units, allies first, and per unit
-    ``F = 4 + #unit types`` features: health (divided by the unit type's
+    The state is `[U·F unit features | U unit teams | U unit types]` with
+    `U = num_allies + num_enemies` units, allies first, and per unit
+    `F = 4 + #unit types` features: health (divided by the unit type's
     maximum health, so in [0, 1]), x, y, weapon cooldown, one-hot unit type.
     A dead unit's features are all zero. The allies are team 0, the learners.
     """
@@ -41,10 +41,10 @@ class SMAXLayout:
 
 
 def smax_layout(spec: EnvSpec) -> SMAXLayout:
-    """The world-state layout of a ``smax:<map>`` environment.
+    """The world-state layout of a `smax:<map>` environment.
 
     Unit counts come from JaxMARL's scenario table; the per-unit feature
-    count from ``spec.state_dim``. Raises ValueError for non-SMAX specs or a
+    count from `spec.state_dim`. Raises ValueError for non-SMAX specs or a
     state size that does not fit the scenario.
     """
     env_id = spec.env_id
@@ -81,8 +81,8 @@ def smax_layout(spec: EnvSpec) -> SMAXLayout:
 
 
 def smax_health(global_state: np.ndarray, layout: SMAXLayout) -> tuple[np.ndarray, np.ndarray]:
-    """Per-unit health fractions ``(allies [..., A], enemies [..., E])`` in
-    [0, 1] (0 = dead) from SMAX world states ``[..., S]``."""
+    """Per-unit health fractions `(allies [..., A], enemies [..., E])` in
+    [0, 1] (0 = dead) from SMAX world states `[..., S]`."""
     gs = np.asarray(global_state)
     if gs.shape[-1] != layout.state_dim:
         raise ValueError(

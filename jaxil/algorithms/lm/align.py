@@ -3,20 +3,20 @@ KL penalty towards π_SFT (the RL step of alignment from demonstrations).
 
 The policy starts at π_SFT's parameters. Each update draws M prompts (task
 instances) and rolls the policy out K times from each
-(:func:`jaxil.algorithms.lm.best_of_n.same_start_token_episodes`). A token
-reward function gives per-token rewards ``r_ti`` and their read mask ``ρ_ti``
-(a learned model: :func:`jaxil.algorithms.lm.reward.token_rewards_of`; the
-analytic r_c: :func:`jaxil.algorithms.lm.reward.analytic_token_rewards`).
-Each agent token the policy chose (mask ``m``) pays the one-sample KL
-penalty of :func:`jaxil.losses.kl_penalized_reward`,
+([`jaxil.algorithms.lm.best_of_n.same_start_token_episodes`][jaxil.algorithms.lm.best_of_n.same_start_token_episodes]). A token
+reward function gives per-token rewards `r_ti` and their read mask `ρ_ti`
+(a learned model: [`jaxil.algorithms.lm.reward.token_rewards_of`][jaxil.algorithms.lm.reward.token_rewards_of]; the
+analytic r_c: [`jaxil.algorithms.lm.reward.analytic_token_rewards`][jaxil.algorithms.lm.reward.analytic_token_rewards]).
+Each agent token the policy chose (mask `m`) pays the one-sample KL
+penalty of [`jaxil.losses.kl_penalized_reward`][jaxil.losses.adversarial.kl_penalized_reward],
 
     r̃_ti = ρ_ti · r_ti − β · m_ti · (log π_θ(a_ti|h_ti) − log π_SFT(a_ti|h_ti)),
 
-whose expectation under π_θ is ``Σ_t KL(π_θ(·|h_t) ‖ π_SFT(·|h_t))`` summed
-over the episode's tokens. The episode's return ``R = Σ_{t,i} r̃_ti`` enters a
+whose expectation under π_θ is `Σ_t KL(π_θ(·|h_t) ‖ π_SFT(·|h_t))` summed
+over the episode's tokens. The episode's return `R = Σ_{t,i} r̃_ti` enters a
 REINFORCE update with a leave-one-out baseline over the prompt's K rollouts
-(:func:`jaxil.losses.leave_one_out_advantages`,
-:func:`jaxil.losses.reinforce_loss`).
+([`jaxil.losses.leave_one_out_advantages`][jaxil.losses.sequence.leave_one_out_advantages],
+[`jaxil.losses.reinforce_loss`][jaxil.losses.sequence.reinforce_loss]).
 
 **Why REINFORCE with a leave-one-out baseline, not PPO.** The reward is a
 score of the whole episode (a sum of per-token reads, most of them near the
@@ -29,15 +29,15 @@ learned rewards for language models. Every update is on fresh on-policy
 episodes, one gradient step each, so no importance ratio or clipping is
 needed.
 
-Runs are stacked ``[R]`` over (seed, KL coefficient) pairs, each with its
+Runs are stacked `[R]` over (seed, KL coefficient) pairs, each with its
 own π_SFT and reward parameters, in one compiled program run by
-:func:`jaxil.runs.engine.run` (run directories, resume, the guard). The
+[`jaxil.runs.engine.run`][jaxil.runs.engine.run] (run directories, resume, the guard). The
 evaluation rolls every policy out on the same fixed instances and reports
-the true score and success (``eval_return``, ``eval_win_rate``), the learned
-reward of those episodes (``eval_reward``) and their KL to π_SFT
-(``eval_kl``, the per-episode sum of the token log-ratios on the policy's own
-samples). Reward hacking shows as ``eval_reward`` rising while
-``eval_return`` falls.
+the true score and success (`eval_return`, `eval_win_rate`), the learned
+reward of those episodes (`eval_reward`) and their KL to π_SFT
+(`eval_kl`, the per-episode sum of the token log-ratios on the policy's own
+samples). Reward hacking shows as `eval_reward` rising while
+`eval_return` falls.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ from jaxil.runs.summary import mean_std
 from jaxil.runs.summary import summarize_step
 from jaxil.runs.updates import fused_updates
 
-#: ``(reward_params, episodes) -> (r [E, T, N], ρ [E, T, N])``: per-token
+#: `(reward_params, episodes) -> (r [E, T, N], ρ [E, T, N])`: per-token
 #: rewards and where they are read.
 TokenReward = Callable[[Any, TokenEpisodes], tuple[jax.Array, jax.Array]]
 
@@ -89,7 +89,7 @@ class AlignConfig:
       max_grad_norm: global-norm gradient clipping.
       num_updates: updates in the whole run.
       eval_every: updates per chunk; an evaluation and a checkpoint follow
-        each (must divide ``num_updates``).
+        each (must divide `num_updates`).
       eval_episodes: rollouts per evaluation (sampled, as in training).
     """
 
@@ -120,7 +120,7 @@ class AlignConfig:
                              f"of eval_every ({self.eval_every})")
 
 
-#: One run's state (stacked ``[R]``): the policy, its optimiser, its key (SFT's).
+#: One run's state (stacked `[R]`): the policy, its optimiser, its key (SFT's).
 AlignState = SFTState
 
 
@@ -132,12 +132,12 @@ def make_policy(env: envs.MultiAgentEnv, config: AlignConfig) -> TransformerPoli
 def shaped_returns(rewards: jax.Array, reads: jax.Array, log_p: jax.Array,
                    log_p_ref: jax.Array, mask: jax.Array, kl_coef: jax.Array
                    ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """``(R [E], learned score S [E], KL estimate [E])`` of a batch:
+    """`(R [E], learned score S [E], KL estimate [E])` of a batch:
 
         S = Σ ρ·r,   KL = Σ m·(log π − log π_SFT),   R = S − β·KL
 
-    (per token :func:`jaxil.losses.kl_penalized_reward`, summed). All
-    inputs ``[E, T, N]`` but ``kl_coef`` (β, a scalar); the log-probabilities
+    (per token [`jaxil.losses.kl_penalized_reward`][jaxil.losses.adversarial.kl_penalized_reward], summed). All
+    inputs `[E, T, N]` but `kl_coef` (β, a scalar); the log-probabilities
     are the sampled tokens' (masked-out entries may be non-finite)."""
     reads, mask = reads.astype(bool), mask.astype(bool)
     lp = jnp.where(mask, log_p, 0.0)
@@ -152,16 +152,16 @@ def align_program(env: envs.MultiAgentEnv, token_reward: TokenReward, reward_par
                   sft_params: Any, kl_coefs: Sequence[float], seeds: Sequence[int],
                   config: AlignConfig = AlignConfig(), eval_seed: int = 10_000
                   ) -> engine.Program:
-    """The :class:`jaxil.runs.engine.Program` of RL against ``token_reward``.
+    """The [`jaxil.runs.engine.Program`][jaxil.runs.engine.Program] of RL against `token_reward`.
 
-    Run r trains from ``sft_params[r]`` against ``token_reward(
-    reward_params[r], ·)`` with KL coefficient ``kl_coefs[r]`` and seed
-    ``seeds[r]`` (every parameter tree stacked ``[R]``). A chunk is
-    ``eval_every`` fused updates of every run (one compiled ``vmap``).
-    Rows carry the last update's ``loss``, ``reward`` (learned score),
-    ``kl``, ``return`` and ``win_rate`` of its training rollouts, and the
-    evaluation's ``eval_return``, ``eval_win_rate``, ``eval_reward`` and
-    ``eval_kl`` (also at update 0: π_SFT itself).
+    Run r trains from `sft_params[r]` against `token_reward(
+    reward_params[r], ·)` with KL coefficient `kl_coefs[r]` and seed
+    `seeds[r]` (every parameter tree stacked `[R]`). A chunk is
+    `eval_every` fused updates of every run (one compiled `vmap`).
+    Rows carry the last update's `loss`, `reward` (learned score),
+    `kl`, `return` and `win_rate` of its training rollouts, and the
+    evaluation's `eval_return`, `eval_win_rate`, `eval_reward` and
+    `eval_kl` (also at update 0: π_SFT itself).
     """
     _check_token_env(env, "RL against a learned reward trains a transformer on token episodes")
     seeds = [int(s) for s in seeds]
@@ -259,7 +259,7 @@ def align_program(env: envs.MultiAgentEnv, token_reward: TokenReward, reward_par
 
 
 def format_table(summary: dict) -> str:
-    """The results table of :func:`train_align`: one line per KL
+    """The results table of [`train_align`][jaxil.algorithms.lm.align.train_align]: one line per KL
     coefficient at the last evaluation (true score and success mean ± std
     over seeds, the learned reward and the KL to π_SFT)."""
     return fmt_table(summary["points"], [("kl_coef", "KL coef", "{:.3f}", "<"),
@@ -274,7 +274,7 @@ def align_identity(env: envs.MultiAgentEnv, reward_name: str, reward_params: Any
                    sft_params: Any, kl_coefs: Sequence[float], seeds: Sequence[int],
                    config: AlignConfig, eval_seed: int = 10_000) -> dict:
     """What determines an RL run's result, as its run directory records it
-    (``resume`` refuses a run whose identity differs; ``num_updates`` may
+    (`resume` refuses a run whose identity differs; `num_updates` may
     grow)."""
     cfg = dataclasses.asdict(config)
     cfg.pop("num_updates")
@@ -291,20 +291,20 @@ def train_align(env: envs.MultiAgentEnv, token_reward: TokenReward, reward_param
                 overwrite: bool = False, eval_seed: int = 10_000,
                 progress: bool = False, stop_after_chunks: Optional[int] = None
                 ) -> engine.RunResult:
-    """RL against a learned reward (:func:`align_program` run by
-    :func:`jaxil.runs.engine.run`): one run per (seed, KL coefficient).
+    """RL against a learned reward ([`align_program`][jaxil.algorithms.lm.align.align_program] run by
+    [`jaxil.runs.engine.run`][jaxil.runs.engine.run]): one run per (seed, KL coefficient).
 
-    ``out_dir`` is the run directory (``run.json``, ``metrics.jsonl``,
-    checkpoints after every evaluation, ``results.json``); ``resume``
+    `out_dir` is the run directory (`run.json`, `metrics.jsonl`,
+    checkpoints after every evaluation, `results.json`); `resume`
     continues a stopped run from its newest checkpoint and reproduces the
-    uninterrupted run exactly (``stop_after_chunks`` stops early, as a kill
-    would). ``reward_name`` names the reward in the
-    identity (e.g. ``"init-sft"``). Returns the engine's
-    :class:`jaxil.runs.engine.RunResult` (``rows``, ``state.params`` ``[R]``).
+    uninterrupted run exactly (`stop_after_chunks` stops early, as a kill
+    would). `reward_name` names the reward in the
+    identity (e.g. `"init-sft"`). Returns the engine's
+    [`jaxil.runs.engine.RunResult`][jaxil.runs.engine.RunResult] (`rows`, `state.params` `[R]`).
 
     Raises:
       ValueError: parameters not stacked per run, a bad setting, or a
-        ``resume`` with other settings or parameters.
+        `resume` with other settings or parameters.
       jaxil.runs.guard.NonFiniteError: the loss or the parameters became
         non-finite.
     """

@@ -3,19 +3,19 @@ prompt, picked by a sequence reward.
 
 A *prompt* is a task instance: the start state of one reset key (the hidden
 program, the arithmetic problem, the two halves of the exchange task).
-:func:`same_start_token_episodes` rolls a transformer policy out K times
+[`same_start_token_episodes`][jaxil.algorithms.lm.best_of_n.same_start_token_episodes] rolls a transformer policy out K times
 from each of M prompts in one vmapped program
-(:func:`jaxil.algorithms.irl.best_of_n.same_start_episodes`: the start
-state is identical, the policy's draws differ), as :class:`TokenEpisodes`
-ordered prompt-major (episode ``m·K + k`` is rollout k of prompt m).
+([`jaxil.algorithms.irl.best_of_n.same_start_episodes`][jaxil.algorithms.irl.best_of_n.same_start_episodes]: the start
+state is identical, the policy's draws differ), as [`TokenEpisodes`][jaxil.algorithms.lm.sft.TokenEpisodes]
+ordered prompt-major (episode `m·K + k` is rollout k of prompt m).
 
-:func:`token_best_of_n` scores them with each reward (a learned
-:class:`jaxil.algorithms.lm.reward.SequenceRewardModel`, the analytic r_c,
-anything mapping episodes to ``[E]`` scores) and reports, for the true
+[`token_best_of_n`][jaxil.algorithms.lm.best_of_n.token_best_of_n] scores them with each reward (a learned
+[`jaxil.algorithms.lm.reward.SequenceRewardModel`][jaxil.algorithms.lm.reward.SequenceRewardModel], the analytic r_c,
+anything mapping episodes to `[E]` scores) and reports, for the true
 graded score (the episode return) and for success (the verifier), the
 exact expected best-of-N curves over N-subsets, the oracle's, the policy's
 own mean and each reward's Spearman ρ
-(:func:`jaxil.algorithms.irl.best_of_n.report`).
+([`jaxil.algorithms.irl.best_of_n.report`][jaxil.algorithms.irl.best_of_n.report]).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from jaxil.algorithms.lm.sft import TokenEpisodes, _check_token_env, from_episod
 def same_start_token_episodes(env: envs.MultiAgentEnv, policy: Any, params: Any,
                               reset_keys: jax.Array, key: jax.Array,
                               num_rollouts: int) -> TokenEpisodes:
-    """``[M·K]`` token episodes: ``num_rollouts`` = K rollouts of ``policy``
-    from each of the M prompts of ``reset_keys [M, 2]``, prompt-major.
+    """`[M·K]` token episodes: `num_rollouts` = K rollouts of `policy`
+    from each of the M prompts of `reset_keys [M, 2]`, prompt-major.
     Jit-able: one program."""
     _check_token_env(env, "best-of-N compares token episodes of one prompt")
     if int(num_rollouts) < 1:
@@ -47,16 +47,16 @@ def same_start_token_episodes(env: envs.MultiAgentEnv, policy: Any, params: Any,
 def token_best_of_n(episodes: TokenEpisodes, num_prompts: int,
                     rewards: dict[str, Callable[[TokenEpisodes], jax.Array]],
                     ns: Sequence[int] | None = None) -> dict:
-    """Best-of-N of the prompt-major ``episodes`` (``num_prompts`` × K, from
-    :func:`same_start_token_episodes`) under each reward in ``rewards``
-    (name → ``episodes -> [E]`` scores).
+    """Best-of-N of the prompt-major `episodes` (`num_prompts` × K, from
+    [`same_start_token_episodes`][jaxil.algorithms.lm.best_of_n.same_start_token_episodes]) under each reward in `rewards`
+    (name → `episodes -> [E]` scores).
 
-    Returns ``{"score": report, "success": report, "length_spearman",
-    "num_prompts", "rollouts"}`` with
-    :func:`jaxil.algorithms.irl.best_of_n.report` against the episode return
-    (``score``) and against success (``success``): curves over ``ns``
+    Returns `{"score": report, "success": report, "length_spearman",
+    "num_prompts", "rollouts"}` with
+    [`jaxil.algorithms.irl.best_of_n.report`][jaxil.algorithms.irl.best_of_n.report] against the episode return
+    (`score`) and against success (`success`): curves over `ns`
     (default 1, 2, 4, … K), the oracle's, the policy's mean and each reward's
-    Spearman ρ; ``length_spearman`` is each reward's within-prompt ρ with the
+    Spearman ρ; `length_spearman` is each reward's within-prompt ρ with the
     episode's length in steps (a reward summed over tokens favours long
     episodes; on tasks where failing episodes run to the turn limit that
     ranks failures first).

@@ -4,35 +4,35 @@ A student cloned from expert episodes is trained on the expert's contexts
 and deployed on its own; once it errs it conditions on histories the
 expert never produced, and errs more (Ross et al. 2011). On a token task
 the natural clock of that drift is the TURN (a tool call and its answer,
-:mod:`jaxil.algorithms.lm.turns`), not the step: turns have different
-lengths in different episodes. Per turn bin ``b`` (turns ``0, 1, …, B−2``
-and a last bin for every turn ``≥ B−1``), over the tokens an agent says
-(:func:`jaxil.algorithms.lm.turns.speaking`):
+[`jaxil.algorithms.lm.turns`][jaxil.algorithms.lm.turns]), not the step: turns have different
+lengths in different episodes. Per turn bin `b` (turns `0, 1, …, B−2`
+and a last bin for every turn `≥ B−1`), over the tokens an agent says
+([`jaxil.algorithms.lm.turns.speaking`][jaxil.algorithms.lm.turns.speaking]):
 
 * next-token disagreement on the student's OWN episodes: how often the
-  student's most likely legal token (``D.categorical_mode`` of
-  :meth:`TransformerPolicy.chunk_logits`) differs from the expert's label
+  student's most likely legal token (`D.categorical_mode` of
+  [`TransformerPolicy.chunk_logits`][jaxil.nn.transformer.TransformerPolicy.chunk_logits]) differs from the expert's label
   at that state (the DAgger query, recorded by the shared-control rollout
-  of :mod:`jaxil.algorithms.interactive.rollout`);
+  of [`jaxil.algorithms.interactive.rollout`][jaxil.algorithms.interactive.rollout]);
 * its floor: the same on the EXPERT's episodes, the student teacher-forced
   on the expert's histories against the expert's own tokens — the error SFT
   measures. The gap between the two is the error that covariate shift adds;
 * the hidden-state distance: the unbiased MMD² (RBF kernel, median
-  heuristic: :func:`jaxil.algorithms.interactive.diagnostics.mmd2_unbiased`)
+  heuristic: [`jaxil.algorithms.interactive.diagnostics.mmd2_unbiased`][jaxil.algorithms.interactive.diagnostics.mmd2_unbiased])
   between the student's final hidden states
-  (:meth:`TransformerPolicy.chunk_features`) on its own histories and on the
+  ([`TransformerPolicy.chunk_features`][jaxil.nn.transformer.TransformerPolicy.chunk_features]) on its own histories and on the
   expert's, and its floor, the MMD² between two disjoint halves of the
   expert's episodes: the value a student that visits the expert's
   distribution would get from this many samples.
 
-The functions over arrays (:func:`disagreement_by_turn`,
-:func:`mmd2_by_turn`) and over episodes (:func:`student_disagreement_by_turn`,
-:func:`feature_mmd2_by_turn`) are pure and jittable with static shapes;
+The functions over arrays ([`disagreement_by_turn`][jaxil.algorithms.lm.diagnostics.disagreement_by_turn],
+[`mmd2_by_turn`][jaxil.algorithms.lm.diagnostics.mmd2_by_turn]) and over episodes ([`student_disagreement_by_turn`][jaxil.algorithms.lm.diagnostics.student_disagreement_by_turn],
+[`feature_mmd2_by_turn`][jaxil.algorithms.lm.diagnostics.feature_mmd2_by_turn]) are pure and jittable with static shapes;
 they return NaN where a bin has nothing to measure, so that a plot shows a
-gap instead of a fake 0. :func:`shift_episodes` draws the two sets of
-episodes, :func:`shift_table` measures them and :func:`covariate_shift`
+gap instead of a fake 0. [`shift_episodes`][jaxil.algorithms.lm.diagnostics.shift_episodes] draws the two sets of
+episodes, [`shift_table`][jaxil.algorithms.lm.diagnostics.shift_table] measures them and [`covariate_shift`][jaxil.algorithms.lm.diagnostics.covariate_shift]
 does both, returning columns for a results table
-(:func:`covariate_shift_rows` turns them into JSON rows).
+([`covariate_shift_rows`][jaxil.algorithms.lm.diagnostics.covariate_shift_rows] turns them into JSON rows).
 """
 
 from __future__ import annotations
@@ -64,14 +64,14 @@ def _check_num_bins(num_bins: int) -> int:
 
 
 def turn_bin_labels(num_bins: int) -> list[str]:
-    """``["0", "1", …, "≥B−1"]``: the names of the ``B`` turn bins."""
+    """`["0", "1", …, "≥B−1"]`: the names of the `B` turn bins."""
     b = _check_num_bins(num_bins)
     return [str(i) for i in range(b - 1)] + [f"≥{b - 1}"]
 
 
 def _bin_weights(turn: jax.Array, mask: jax.Array, num_bins: int) -> jax.Array:
-    """``[E, T, N, B]`` float: ``mask`` spread onto each token's turn bin
-    ``min(turn, B − 1)``."""
+    """`[E, T, N, B]` float: `mask` spread onto each token's turn bin
+    `min(turn, B − 1)`."""
     bins = jnp.minimum(turn, num_bins - 1)
     onehot = jax.nn.one_hot(bins, num_bins, dtype=jnp.float32)  # [E, T, B]
     return mask.astype(jnp.float32)[..., None] * onehot[:, :, None, :]
@@ -90,20 +90,20 @@ def disagreement_by_turn(
         count_b   = Σ_{e,t,i} m_eti · 1[bin(e, t) = b]
         rate_b    = Σ_{e,t,i} m_eti · 1[bin(e, t) = b] · 1[p_eti ≠ y_eti] / count_b,
 
-    NaN where ``count_b = 0``. Every counted token weighs the same: a bin's
+    NaN where `count_b = 0`. Every counted token weighs the same: a bin's
     rate is over its tokens, not a mean of per-episode rates.
 
     Args:
-      predicted: ``[E, T, N]`` int tokens predicted (the student's).
-      target: ``[E, T, N]`` int tokens they are compared to (the expert's).
-      turn: ``[E, T]`` int the turn of each step
-        (:func:`jaxil.algorithms.lm.turns.turn_index`), ``>= 0``.
-      mask: ``[E, T, N]`` the tokens to count (bool or 0/1; e.g. the
+      predicted: `[E, T, N]` int tokens predicted (the student's).
+      target: `[E, T, N]` int tokens they are compared to (the expert's).
+      turn: `[E, T]` int the turn of each step
+        ([`jaxil.algorithms.lm.turns.turn_index`][jaxil.algorithms.lm.turns.turn_index]), `>= 0`.
+      mask: `[E, T, N]` the tokens to count (bool or 0/1; e.g. the
         speaking tokens of the valid steps).
-      num_bins: ``B`` (static), turns ``0 … B−2`` and a last bin ``≥ B−1``.
+      num_bins: `B` (static), turns `0 … B−2` and a last bin `≥ B−1`.
 
     Returns:
-      ``(rate [B] float32, count [B] int32)``.
+      `(rate [B] float32, count [B] int32)`.
     """
     num_bins = _check_num_bins(num_bins)
     predicted, target = jnp.asarray(predicted), jnp.asarray(target)
@@ -120,7 +120,7 @@ def disagreement_by_turn(
 
 
 def _pick(valid: jax.Array, max_samples: int | None, key: jax.Array | None):
-    """Indices of at most ``max_samples`` rows, uniformly among the valid
+    """Indices of at most `max_samples` rows, uniformly among the valid
     ones (all rows when they fit), and the validity of the picked rows."""
     m = valid.shape[0]
     if max_samples is None or max_samples >= m:
@@ -144,31 +144,31 @@ def mmd2_by_turn(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Unbiased squared MMD between two sets of token features, per turn bin.
 
-    Bin ``b`` of each side holds the masked tokens whose step has
-    ``min(turn, B − 1) = b``; per bin, :func:`mmd2_unbiased` of the two
-    (Gretton et al. 2012, eq. 3; RBF kernel ``exp(−‖a − b‖² / 2σ²)``, σ =
-    ``bandwidth`` or the median heuristic over the bin's pooled samples,
-    recomputed per bin, as :func:`mmd2_by_t` does). Tokens of one episode are
+    Bin `b` of each side holds the masked tokens whose step has
+    `min(turn, B − 1) = b`; per bin, [`mmd2_unbiased`][jaxil.algorithms.interactive.diagnostics.mmd2_unbiased] of the two
+    (Gretton et al. 2012, eq. 3; RBF kernel `exp(−‖a − b‖² / 2σ²)`, σ =
+    `bandwidth` or the median heuristic over the bin's pooled samples,
+    recomputed per bin, as `mmd2_by_t` does). Tokens of one episode are
     correlated: a diagnostic, not a test statistic.
 
-    Memory: each bin builds a kernel of side ``Mx + My`` with ``M = E·T·N``
-    (or ``2·max_samples``). With ``max_samples``, a bin with more valid
-    tokens on one side uses ``max_samples`` of them drawn uniformly without
-    replacement (with ``key``; each bin and side its own draw).
+    Memory: each bin builds a kernel of side `Mx + My` with `M = E·T·N`
+    (or `2·max_samples`). With `max_samples`, a bin with more valid
+    tokens on one side uses `max_samples` of them drawn uniformly without
+    replacement (with `key`; each bin and side its own draw).
 
     Args:
-      x: ``[Ex, T, N, S]`` float features of one policy's tokens.
-      x_turn: ``[Ex, T]`` int turn of each step of ``x``.
-      x_mask: ``[Ex, T, N]`` tokens of ``x`` to use.
-      y, y_turn, y_mask: the same for the other policy (``[Ey, T', N', S]``).
-      num_bins: ``B`` (static).
-      bandwidth: kernel width σ > 0, or ``None`` for the median heuristic.
-      max_samples: static cap on the samples per bin and side, or ``None``.
-      key: PRNG key for the subsample (needed when ``max_samples`` is
-        smaller than ``E·T·N`` of a side).
+      x: `[Ex, T, N, S]` float features of one policy's tokens.
+      x_turn: `[Ex, T]` int turn of each step of `x`.
+      x_mask: `[Ex, T, N]` tokens of `x` to use.
+      y, y_turn, y_mask: the same for the other policy (`[Ey, T', N', S]`).
+      num_bins: `B` (static).
+      bandwidth: kernel width σ > 0, or `None` for the median heuristic.
+      max_samples: static cap on the samples per bin and side, or `None`.
+      key: PRNG key for the subsample (needed when `max_samples` is
+        smaller than `E·T·N` of a side).
 
     Returns:
-      ``(mmd2 [B], n_x [B], n_y [B])``: the estimate (NaN where a side has
+      `(mmd2 [B], n_x [B], n_y [B])`: the estimate (NaN where a side has
       fewer than 2 samples) and the samples used per side (int32).
     """
     num_bins = _check_num_bins(num_bins)
@@ -203,7 +203,7 @@ def mmd2_by_turn(
 
 
 def _turns_and_speaking(episodes: TokenEpisodes) -> tuple[jax.Array, jax.Array]:
-    """``(turn [E, T], speaking [E, T, N])`` of each episode."""
+    """`(turn [E, T], speaking [E, T, N])` of each episode."""
     turn = jax.vmap(turn_index)(episodes.actions)
     said = jax.vmap(speaking)(episodes.avail, episodes.mask)
     return turn, said
@@ -216,23 +216,23 @@ def student_disagreement_by_turn(
     num_bins: int,
     targets: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
-    """:func:`disagreement_by_turn` of the student's most likely legal token,
-    teacher-forced on ``episodes``, against ``targets``, over the speaking
-    tokens, binned by the turns of ``episodes.actions``.
+    """[`disagreement_by_turn`][jaxil.algorithms.lm.diagnostics.disagreement_by_turn] of the student's most likely legal token,
+    teacher-forced on `episodes`, against `targets`, over the speaking
+    tokens, binned by the turns of `episodes.actions`.
 
-    On the student's own episodes ``targets`` are the expert's labels; with
-    ``targets=None`` they are the episodes' own tokens (on the expert's
+    On the student's own episodes `targets` are the expert's labels; with
+    `targets=None` they are the episodes' own tokens (on the expert's
     episodes: the floor).
 
     Args:
       student: the transformer.
       params: its parameters.
-      episodes: ``E`` token episodes (``obs [E, T, N, K]``).
-      num_bins: ``B`` (static).
-      targets: ``[E, T, N]`` int tokens to compare with, or ``None``.
+      episodes: `E` token episodes (`obs [E, T, N, K]`).
+      num_bins: `B` (static).
+      targets: `[E, T, N]` int tokens to compare with, or `None`.
 
     Returns:
-      ``(rate [B], count [B])`` as :func:`disagreement_by_turn`.
+      `(rate [B], count [B])` as [`disagreement_by_turn`][jaxil.algorithms.lm.diagnostics.disagreement_by_turn].
     """
     logits = jax.vmap(student.chunk_logits, in_axes=(None, 0))(params, episodes.obs)
     predicted = D.categorical_mode(logits, episodes.avail)
@@ -251,9 +251,9 @@ def feature_mmd2_by_turn(
     max_samples: int | None = None,
     key: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """:func:`mmd2_by_turn` between the student's final hidden states
-    (:meth:`TransformerPolicy.chunk_features`, teacher-forced) on the
-    speaking tokens of episodes ``x`` and of episodes ``y``, each binned by
+    """[`mmd2_by_turn`][jaxil.algorithms.lm.diagnostics.mmd2_by_turn] between the student's final hidden states
+    ([`TransformerPolicy.chunk_features`][jaxil.nn.transformer.TransformerPolicy.chunk_features], teacher-forced) on the
+    speaking tokens of episodes `x` and of episodes `y`, each binned by
     its own turns."""
     feats = jax.vmap(student.chunk_features, in_axes=(None, 0))
     x_turn, x_said = _turns_and_speaking(x)
@@ -263,12 +263,12 @@ def feature_mmd2_by_turn(
 
 
 class ShiftEpisodes(NamedTuple):
-    """The episodes of :func:`covariate_shift`.
+    """The episodes of [`covariate_shift`][jaxil.algorithms.lm.diagnostics.covariate_shift].
 
     Attributes:
       student: the student's own episodes (it acts alone).
-      labels: ``[E, T, N]`` int32 the expert's label at every state of
-        ``student`` (zeros on padding).
+      labels: `[E, T, N]` int32 the expert's label at every state of
+        `student` (zeros on padding).
       expert: the expert's own episodes.
     """
 
@@ -295,17 +295,17 @@ def shift_episodes(env: envs.MultiAgentEnv, student: TransformerPolicy, params: 
                    expert_policy: Any, key: jax.Array, num_episodes: int, *,
                    expert_params: Any = None, deterministic: bool = False,
                    compiler_options: dict | None = None) -> ShiftEpisodes:
-    """``num_episodes`` episodes of the student acting alone, with the
-    expert's label at each of its states, and ``num_episodes`` of the expert;
-    both drawn from ``key`` (``jax.random.split(key)``: student, expert).
+    """`num_episodes` episodes of the student acting alone, with the
+    expert's label at each of its states, and `num_episodes` of the expert;
+    both drawn from `key` (`jax.random.split(key)`: student, expert).
 
-    The student samples its tokens (``deterministic``: the most likely legal
+    The student samples its tokens (`deterministic`: the most likely legal
     one) in the shared-control rollout of
-    :func:`jaxil.algorithms.interactive.rollout.mixed_policy` with the
+    [`jaxil.algorithms.interactive.rollout.mixed_policy`][jaxil.algorithms.interactive.rollout.mixed_policy] with the
     expert never acting, which records the expert's label at each step (and
     nothing else of its carry: the student's part is its KV cache). One
-    compiled program, cached for the same ``env``, ``student`` and
-    ``expert_policy`` objects; ``compiler_options`` go to XLA.
+    compiled program, cached for the same `env`, `student` and
+    `expert_policy` objects; `compiler_options` go to XLA.
     """
     if num_episodes < 1:
         raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
@@ -336,8 +336,8 @@ def shift_table(student: TransformerPolicy, params: Any, episodes: ShiftEpisodes
                 key: jax.Array, max_turn_bins: int, *,
                 bandwidth: float | None = None, max_samples: int | None = 1024,
                 compiler_options: dict | None = None) -> dict[str, Any]:
-    """The table of :func:`covariate_shift` from episodes already drawn
-    (:func:`shift_episodes`); ``key`` draws the MMD subsamples only."""
+    """The table of [`covariate_shift`][jaxil.algorithms.lm.diagnostics.covariate_shift] from episodes already drawn
+    ([`shift_episodes`][jaxil.algorithms.lm.diagnostics.shift_episodes]); `key` draws the MMD subsamples only."""
     b = _check_num_bins(max_turn_bins)
     e = episodes.expert.num_episodes
     if e < 4 or episodes.student.num_episodes < e // 2:
@@ -367,43 +367,43 @@ def covariate_shift(env: envs.MultiAgentEnv, student: TransformerPolicy, params:
                     max_samples: int | None = 1024,
                     compiler_options: dict | None = None) -> dict[str, Any]:
     """The per-turn covariate-shift diagnostic of a transformer student
-    (see the module docstring). Deterministic given ``key``.
+    (see the module docstring). Deterministic given `key`.
 
-    Draws ``E = num_episodes`` episodes of the student acting alone
-    (labelled by the expert) and ``E`` of the expert
-    (:func:`shift_episodes`), then measures them (:func:`shift_table`). The
-    disagreement uses all of them. The MMD² uses halves of ``h = E // 2``
+    Draws `E = num_episodes` episodes of the student acting alone
+    (labelled by the expert) and `E` of the expert
+    ([`shift_episodes`][jaxil.algorithms.lm.diagnostics.shift_episodes]), then measures them ([`shift_table`][jaxil.algorithms.lm.diagnostics.shift_table]). The
+    disagreement uses all of them. The MMD² uses halves of `h = E // 2`
     episodes so that the value and its floor have the same sample sizes and
-    one reference: the student's first ``h`` episodes against the expert's
-    last ``h`` (value), the expert's first ``h`` against the same last ``h``
+    one reference: the student's first `h` episodes against the expert's
+    last `h` (value), the expert's first `h` against the same last `h`
     (floor). Tokens of one episode are correlated, so the floor is positive
     with few episodes; compare the value with it, not with 0.
 
     Args:
       env: a token environment.
-      student: the transformer (:func:`jaxil.algorithms.lm.make_student`).
+      student: the transformer ([`jaxil.algorithms.lm.make_student`][jaxil.algorithms.lm.sft.make_student]).
       params: its parameters.
-      expert_policy: the expert (e.g. ``scripted_expert(env)[0]``).
+      expert_policy: the expert (e.g. `scripted_expert(env)[0]`).
       key: PRNG key.
-      num_episodes: ``E >= 4`` episodes of each.
-      max_turn_bins: ``B``: turns ``0 … B−2`` and a last bin ``≥ B−1``.
-      expert_params: the expert's parameters (``None`` for a scripted one).
+      num_episodes: `E >= 4` episodes of each.
+      max_turn_bins: `B`: turns `0 … B−2` and a last bin `≥ B−1`.
+      expert_params: the expert's parameters (`None` for a scripted one).
       deterministic: the student plays its most likely legal token instead
         of sampling.
-      bandwidth: the MMD kernel width, ``None`` for the median heuristic.
-      max_samples: cap on the tokens per bin and side in the MMD (``None``:
+      bandwidth: the MMD kernel width, `None` for the median heuristic.
+      max_samples: cap on the tokens per bin and side in the MMD (`None`:
         all; memory grows with the square).
       compiler_options: XLA options of the two compiled programs.
 
     Returns:
-      A dict of columns over the ``B`` bins — ``turn_bin`` (int), ``turn``
-      (labels ``"0" … "≥B−1"``), ``disagreement_student``,
-      ``disagreement_floor``, ``mmd2_student``, ``mmd2_floor`` (float64,
-      NaN where empty), ``count_student``, ``count_floor`` (speaking tokens
-      in the disagreement), ``mmd_samples_student``,
-      ``mmd_samples_expert`` (the reference half), ``mmd_samples_floor``
-      (int64) — and scalars ``num_episodes``, ``student_win_rate``,
-      ``expert_win_rate``. :func:`covariate_shift_rows` makes JSON rows of
+      A dict of columns over the `B` bins — `turn_bin` (int), `turn`
+      (labels `"0" … "≥B−1"`), `disagreement_student`,
+      `disagreement_floor`, `mmd2_student`, `mmd2_floor` (float64,
+      NaN where empty), `count_student`, `count_floor` (speaking tokens
+      in the disagreement), `mmd_samples_student`,
+      `mmd_samples_expert` (the reference half), `mmd_samples_floor`
+      (int64) — and scalars `num_episodes`, `student_win_rate`,
+      `expert_win_rate`. [`covariate_shift_rows`][jaxil.algorithms.lm.diagnostics.covariate_shift_rows] makes JSON rows of
       it.
     """
     _check_num_bins(max_turn_bins)
@@ -419,8 +419,8 @@ def covariate_shift(env: envs.MultiAgentEnv, student: TransformerPolicy, params:
 
 
 def covariate_shift_rows(table: dict[str, Any]) -> list[dict[str, Any]]:
-    """One JSON-ready dict per turn bin of a :func:`covariate_shift` table:
-    the per-bin columns as Python numbers (NaN as ``None``) and the scalars
+    """One JSON-ready dict per turn bin of a [`covariate_shift`][jaxil.algorithms.lm.diagnostics.covariate_shift] table:
+    the per-bin columns as Python numbers (NaN as `None`) and the scalars
     repeated in every row."""
     b = len(table["turn_bin"])
     rows = []

@@ -1,31 +1,33 @@
 """Interactive imitation on token tasks: BC, DAgger, OEC, OEC + BC and
 on-policy rejection sampling for a transformer student, as one program.
 
-A round, for every run (regime × seed) at once (``vmap``), in ONE compiled
-program::
+A round, for every run (regime × seed) at once (`vmap`), in ONE compiled
+program:
 
-    takeover rollouts (episodes_per_round per run)          takeover.takeover_episodes
-      → expert tokens spent, verifier, repetition filter,  corrections.*
-        budget allowance
-      → loss masks and targets of the kept episodes         corrections.token_loss_mask
-      → append them to the run's episode ring buffer
-      → K fused updates on demos ∪ buffer (masked token NLL, teacher-forced)
+```text
+takeover rollouts (episodes_per_round per run)          takeover.takeover_episodes
+  → expert tokens spent, verifier, repetition filter,  corrections.*
+    budget allowance
+  → loss masks and targets of the kept episodes         corrections.token_loss_mask
+  → append them to the run's episode ring buffer
+  → K fused updates on demos ∪ buffer (masked token NLL, teacher-forced)
+```
 
-Every run of a seed starts from the same SFT student (``sft_tokens`` expert
-tokens of demonstrations, ``sft_updates`` updates). The regimes are the
-knobs of :func:`jaxil.algorithms.interactive.config.regime` — budgets in
+Every run of a seed starts from the same SFT student (`sft_tokens` expert
+tokens of demonstrations, `sft_updates` updates). The regimes are the
+knobs of [`jaxil.algorithms.interactive.config.regime`][jaxil.algorithms.interactive.config.regime] — budgets in
 EXPERT TOKENS (the speaking agent tokens an expert produced or labelled,
 demonstrations included), OEC's switch in TURNS — built by
-:func:`token_regime`, which adds the entropy-gated switch (``gated``).
+[`token_regime`][jaxil.algorithms.lm.interactive.token_regime], which adds the entropy-gated switch (`gated`).
 
 The buffer holds whole episodes, not transitions: a token's distribution
 depends on its whole context. With OEC's prefix mask a kept episode's
 student tokens are context only; DAgger's targets are the expert's labels
 at every token the student visited.
 
-:func:`run` hands the rounds to the run engine (:mod:`jaxil.runs.engine`):
-evaluation on fixed instances every ``eval_every`` rounds (greedy success
-rate and return), ``metrics.jsonl``, orbax checkpoints, resume that
+[`run`][jaxil.algorithms.lm.interactive.run] hands the rounds to the run engine ([`jaxil.runs.engine`][jaxil.runs.engine]):
+evaluation on fixed instances every `eval_every` rounds (greedy success
+rate and return), `metrics.jsonl`, orbax checkpoints, resume that
 reproduces the uninterrupted run, and the non-finite guard.
 """
 
@@ -60,13 +62,13 @@ from jaxil.runs.measure import format_table as fmt_table
 from jaxil.runs.summary import mean_std, summarize_step
 from jaxil.runs.updates import fused_updates
 
-#: The token methods: those of :data:`jaxil.algorithms.interactive.config.METHODS`
-#: and ``gated`` (the expert takes over once the student's token entropy
-#: exceeds ``entropy_gate``; trained like OEC on the expert's tokens).
+#: The token methods: those of `jaxil.algorithms.interactive.config.METHODS`
+#: and `gated` (the expert takes over once the student's token entropy
+#: exceeds `entropy_gate`; trained like OEC on the expert's tokens).
 TOKEN_METHODS = METHODS + ("gated",)
 #: A repeated turn (same answer, same command) this often rejects an episode.
 DEFAULT_REPEAT_LIMIT = 3
-#: The entropy gate of ``gated`` in nats, unless given.
+#: The entropy gate of `gated` in nats, unless given.
 DEFAULT_ENTROPY_GATE = 0.5
 
 
@@ -75,9 +77,9 @@ class TokenInteractiveConfig:
     """Static settings of an interactive token run (changing one recompiles).
 
     Attributes:
-      size: the student transformer's size (:data:`jaxil.nn.transformer.SIZES`).
+      size: the student transformer's size (`jaxil.nn.transformer.SIZES`).
       agent_ids: the student's learned agent-id embedding.
-      learning_rate: Adam's step size (a regime's ``lr`` overrides it).
+      learning_rate: Adam's step size (a regime's `lr` overrides it).
       max_grad_norm: global-norm gradient clipping.
       batch_episodes: episodes per minibatch.
       rounds: interactive rounds after the SFT start.
@@ -87,7 +89,7 @@ class TokenInteractiveConfig:
         is trained on.
       sft_updates: updates of that start.
       capacity: episodes the buffer holds (a ring: the oldest are
-        overwritten); 0 means ``rounds × episodes_per_round``.
+        overwritten); 0 means `rounds × episodes_per_round`.
       eval_episodes: greedy rollouts per evaluation (fixed instances).
     """
 
@@ -123,16 +125,16 @@ class TokenInteractiveConfig:
 
 
 def token_regime(method: str, budget: int, *, sft_tokens: int, **overrides: Any) -> dict:
-    """The knobs of ``method`` (one of :data:`TOKEN_METHODS`) at a total
-    ``budget`` of expert tokens, with ``overrides`` (names of
-    :class:`jaxil.algorithms.interactive.config.RegimeHParams`).
+    """The knobs of `method` (one of `TOKEN_METHODS`) at a total
+    `budget` of expert tokens, with `overrides` (names of
+    [`jaxil.algorithms.interactive.config.RegimeHParams`][jaxil.algorithms.interactive.config.RegimeHParams]).
 
     Token defaults: the repetition filter rejects a turn repeated
-    :data:`DEFAULT_REPEAT_LIMIT` times; OEC's switch turn is uniform over
-    ``[0, auto]`` (auto: half the expert's mean number of turns); ``gated``
+    `DEFAULT_REPEAT_LIMIT` times; OEC's switch turn is uniform over
+    `[0, auto]` (auto: half the expert's mean number of turns); `gated`
     is OEC without a random switch, whose expert takes over once the
-    student's entropy exceeds ``entropy_gate`` (default
-    :data:`DEFAULT_ENTROPY_GATE` nats)."""
+    student's entropy exceeds `entropy_gate` (default
+    `DEFAULT_ENTROPY_GATE` nats)."""
     if method not in TOKEN_METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(TOKEN_METHODS)}")
     extra: dict[str, Any] = {}
@@ -147,8 +149,8 @@ def token_regime(method: str, budget: int, *, sft_tokens: int, **overrides: Any)
 
 @struct.dataclass
 class EpisodeBuffer:
-    """A ring of training episodes: ``obs [C, T, N, K]`` (token columns),
-    ``avail [C, T, N, V]``, ``targets [C, T, N]``, ``mask [C, T, N]``."""
+    """A ring of training episodes: `obs [C, T, N, K]` (token columns),
+    `avail [C, T, N, V]`, `targets [C, T, N]`, `mask [C, T, N]`."""
 
     obs: jax.Array
     avail: jax.Array
@@ -169,7 +171,7 @@ def empty_buffer(env: MultiAgentEnv, capacity: int) -> EpisodeBuffer:
 
 
 def insert_episodes(buf: EpisodeBuffer, obs, avail, targets, mask, kept) -> EpisodeBuffer:
-    """Append the ``kept`` episodes (``[E]`` bool) in index order; the rest
+    """Append the `kept` episodes (`[E]` bool) in index order; the rest
     are dropped."""
     cap = buf.obs.shape[0]
     rank = jnp.cumsum(kept.astype(jnp.int32)) - 1
@@ -184,7 +186,7 @@ def insert_episodes(buf: EpisodeBuffer, obs, avail, targets, mask, kept) -> Epis
 @struct.dataclass
 class Demos:
     """The expert demonstrations shared by every run, in episode order, with
-    their loss masks (``[E, T, N]``, the tokens with a choice)."""
+    their loss masks (`[E, T, N]`, the tokens with a choice)."""
 
     episodes: TokenEpisodes
     mask: jax.Array
@@ -215,13 +217,13 @@ def _set_lr(opt_state, lr):
 
 
 def make_student(env: MultiAgentEnv, config: TokenInteractiveConfig) -> TransformerPolicy:
-    """The transformer an interactive token run trains on ``env``."""
+    """The transformer an interactive token run trains on `env`."""
     return TransformerPolicy(config_for_env(env, config.size, agent_ids=config.agent_ids))
 
 
 def _batch(key, state: TokenRunState, demos: Demos, size: int):
-    """``size`` episodes, each from the demos with probability ρ
-    (``hp.demo_ratio``, or in proportion to the episodes when −1), else
+    """`size` episodes, each from the demos with probability ρ
+    (`hp.demo_ratio`, or in proportion to the episodes when −1), else
     from the buffer; all from the demos while the buffer is empty."""
     i_d, i_b, from_d = mixed_draw(key, state.demo_eps, state.buffer.size, state.hp.demo_ratio,
                                   size)
@@ -233,9 +235,9 @@ def _batch(key, state: TokenRunState, demos: Demos, size: int):
 
 
 def token_nll(student: TransformerPolicy, params, obs, avail, targets, mask) -> jax.Array:
-    """The masked teacher-forced token NLL of a batch of episodes (``obs
-    [B, T, N, K]``, ``avail [B, T, N, V]``, ``targets`` and ``mask [B, T,
-    N]``)."""
+    """The masked teacher-forced token NLL of a batch of episodes (`obs
+    [B, T, N, K]`, `avail [B, T, N, V]`, `targets` and `mask [B, T,
+    N]`)."""
     log_p, _ = jax.vmap(student.episode_scores, in_axes=(None, 0, 0, 0))(
         params, obs, avail, targets)
     return masked_sequence_nll(log_p, mask)
@@ -254,7 +256,7 @@ def _train(student, tx, state: TokenRunState, demos: Demos, k: int, batch: int):
 
 def make_round(env: MultiAgentEnv, student: TransformerPolicy, expert: Any,
                config: TokenInteractiveConfig, tx):
-    """``round(state, demos, expert_params) -> (state, metrics, health)`` for ONE run."""
+    """`round(state, demos, expert_params) -> (state, metrics, health)` for ONE run."""
     T, K = env.spec.max_steps, env.token_width
     width = env.cmd_width + 1
     E = config.episodes_per_round
@@ -315,7 +317,7 @@ def demo_accounting(env: MultiAgentEnv, demos: TokenEpisodes) -> dict[str, np.nd
 
 
 def episodes_within(tokens: int, cum_tokens: np.ndarray) -> int:
-    """Whole demonstration episodes (a prefix) costing at most ``tokens``."""
+    """Whole demonstration episodes (a prefix) costing at most `tokens`."""
     return int(np.searchsorted(cum_tokens, tokens, side="right"))
 
 
@@ -350,20 +352,20 @@ def run(env: MultiAgentEnv, expert: Any, expert_params: Any,
         out_dir: Optional[str | Path] = None, resume: bool = False, overwrite: bool = False,
         eval_every: int = 1, progress: bool = False, expert_name: str = "scripted",
         stop_after_rounds: Optional[int] = None) -> engine.RunResult:
-    """Run every regime × ``seeds`` seeds together (see the module docstring).
+    """Run every regime × `seeds` seeds together (see the module docstring).
 
-    ``regimes``: ``(name, knobs)`` pairs from :func:`token_regime`. Returns
-    the engine's :class:`jaxil.runs.engine.RunResult`: ``rows`` (one per
-    evaluation and run: ``round``, ``regime``, ``seed``, ``expert_tokens``,
-    ``expert_turns``, ``expert_episodes``, ``eval_win_rate``,
-    ``eval_return`` and the round's metrics), ``summary`` (per regime, mean
-    ± std over seeds at the last evaluation; also ``results.json``) and
-    ``state`` (the students' parameters ``state.params``, stacked ``[R]``).
-    ``stop_after_rounds`` stops early, as a kill would (``resume`` continues).
+    `regimes`: `(name, knobs)` pairs from [`token_regime`][jaxil.algorithms.lm.interactive.token_regime]. Returns
+    the engine's [`jaxil.runs.engine.RunResult`][jaxil.runs.engine.RunResult]: `rows` (one per
+    evaluation and run: `round`, `regime`, `seed`, `expert_tokens`,
+    `expert_turns`, `expert_episodes`, `eval_win_rate`,
+    `eval_return` and the round's metrics), `summary` (per regime, mean
+    ± std over seeds at the last evaluation; also `results.json`) and
+    `state` (the students' parameters `state.params`, stacked `[R]`).
+    `stop_after_rounds` stops early, as a kill would (`resume` continues).
 
     Raises:
       ValueError: not a token environment, a bad setting or regime, or a
-        ``resume`` with other settings.
+        `resume` with other settings.
       jaxil.runs.guard.NonFiniteError: a loss or the parameters became
         non-finite.
     """
@@ -486,7 +488,7 @@ def _program(env, expert, expert_params, regimes, seeds, config, base_seed, eval
 
 
 def format_table(summary: dict) -> str:
-    """The results table of :func:`run`: one line per regime."""
+    """The results table of [`run`][jaxil.algorithms.lm.interactive.run]: one line per regime."""
     return fmt_table(summary["regimes"], [("regime", "regime", "{}", "<"),
                                           ("seeds", "seeds", "{}"),
                                           ("expert_tokens_mean", "expert tokens", "{:.3f}"),

@@ -3,48 +3,48 @@
 A reward model is a discriminator between *negative* and *positive* token
 episodes whose logit, the episode's score, is the reward (Sun & van der
 Schaar, "Inverse RL from demonstrations", arXiv 2405.15624). The sample
-sources are those of :data:`jaxil.algorithms.irl.reward_model.SOURCES`
-(negatives → positives): ``"init-sft"`` (episodes of π_0 → episodes of
-π_SFT; AfD's proposal), ``"init-demo"`` and ``"sft-demo"``
-(:func:`source_episodes`).
+sources are those of `jaxil.algorithms.irl.reward_model.SOURCES`
+(negatives → positives): `"init-sft"` (episodes of π_0 → episodes of
+π_SFT; AfD's proposal), `"init-demo"` and `"sft-demo"`
+([`source_episodes`][jaxil.algorithms.lm.reward.source_episodes]).
 
-**The network** is a :class:`jaxil.nn.transformer.TransformerPolicy` (its
+**The network** is a [`jaxil.nn.transformer.TransformerPolicy`][jaxil.nn.transformer.TransformerPolicy] (its
 own architecture, or π_SFT's parameters as the starting point, as AfD
 initialises its reward model from the SFT model). Teacher-forced over an
-episode it gives, at every step, the head's outputs ``ℓ_θ(h_t) [V]`` on the
-agent's context ``h_t`` before its token (:meth:`TransformerPolicy.chunk_logits`);
-the reward of the token ``a_t`` the agent emitted is the output at that
+episode it gives, at every step, the head's outputs `ℓ_θ(h_t) [V]` on the
+agent's context `h_t` before its token ([`TransformerPolicy.chunk_logits`][jaxil.nn.transformer.TransformerPolicy.chunk_logits]);
+the reward of the token `a_t` the agent emitted is the output at that
 token, one scalar per (context, token):
 
     r_θ(h_t, a_t) = ℓ_θ(h_t)[a_t]
 
-(a head over the context alone could not see the token it scores: ``h_t``
-holds the tokens before ``a_t``, and an episode's last token never enters a
-context). The episode's score sums the reads over a read mask ``ρ [T, N]``
-(:func:`read_mask`):
+(a head over the context alone could not see the token it scores: `h_t`
+holds the tokens before `a_t`, and an episode's last token never enters a
+context). The episode's score sums the reads over a read mask `ρ [T, N]`
+([`read_mask`][jaxil.algorithms.lm.reward.read_mask]):
 
     S_θ(τ) = Σ_t Σ_i ρ_ti · r_θ(h_ti, a_ti)
 
-- ``read="token"``: every token an agent emits on its turn
-  (:func:`jaxil.algorithms.lm.turns.speaking`, forced tokens included: their
+- `read="token"`: every token an agent emits on its turn
+  ([`jaxil.algorithms.lm.turns.speaking`][jaxil.algorithms.lm.turns.speaking], forced tokens included: their
   read still depends on the context);
-- ``read="turn"``: once per turn, at its ``<eot>``, where the context holds
+- `read="turn"`: once per turn, at its `<eot>`, where the context holds
   the whole turn (a reward per turn, summed);
-- ``read="last"``: once per episode, at the last token an agent emits,
+- `read="last"`: once per episode, at the last token an agent emits,
   where the context holds the whole episode (one score per sequence, as a
   language-model reward model reads the end of its sequence; a sum over
   tokens or turns grows with the episode's length, which RL against it can
   exploit).
 
-**The loss** (:func:`sequence_reward_loss`) is the logistic discriminator
-loss on episode scores (:func:`jaxil.losses.discriminator_loss`, positives
+**The loss** ([`sequence_reward_loss`][jaxil.algorithms.lm.reward.sequence_reward_loss]) is the logistic discriminator
+loss on episode scores ([`jaxil.losses.discriminator_loss`][jaxil.losses.discriminator.discriminator_loss], positives
 labelled 1, negatives 0),
 
     L(θ) = E_{τ∼P}[softplus(−S_θ(τ))] + E_{τ∼Q}[softplus(S_θ(τ))],
 
-whose optimum is ``S_θ(τ) = log P(τ)/Q(τ)``.
+whose optimum is `S_θ(τ) = log P(τ)/Q(τ)`.
 
-**The analytic reward** of the Init–SFT pair (:func:`analytic_reward`) needs
+**The analytic reward** of the Init–SFT pair ([`analytic_reward`][jaxil.algorithms.lm.reward.analytic_reward]) needs
 no training: with deterministic transitions (tool answers are functions of
 the history) the optimum above is the log-likelihood ratio of the agents'
 tokens,
@@ -52,21 +52,23 @@ tokens,
     r_c(τ) = log π_SFT(τ) − log π_0(τ)
            = Σ_t Σ_i m_ti [log π_SFT(a_ti | h_ti) − log π_0(a_ti | h_ti)],
 
-over the agent-token loss mask ``m`` of SFT
-(:func:`jaxil.losses.sequence.agent_token_mask` with the legal masks:
-tokens the grammar forces have ``log π = 0`` under every policy), from
-:meth:`TransformerPolicy.episode_scores`, per token
-(:func:`analytic_token_rewards`, the form RL consumes) or summed
-(:func:`analytic_reward`).
+over the agent-token loss mask `m` of SFT
+([`jaxil.losses.sequence.agent_token_mask`][jaxil.losses.sequence.agent_token_mask] with the legal masks:
+tokens the grammar forces have `log π = 0` under every policy), from
+[`TransformerPolicy.episode_scores`][jaxil.nn.transformer.TransformerPolicy.episode_scores], per token
+([`analytic_token_rewards`][jaxil.algorithms.lm.reward.analytic_token_rewards], the form RL consumes) or summed
+([`analytic_reward`][jaxil.algorithms.lm.reward.analytic_reward]).
 
-API (pure functions over pytrees; vmap seeds over the state)::
+API (pure functions over pytrees; vmap seeds over the state):
 
-    rm = SequenceRewardModel(env, SequenceRewardConfig(read="token"))
-    state = rm.init_state(key)                      # or rm.init_state(key, params=sft_params)
-    data = RewardEpisodes.build(env, positive, negative)   # TokenEpisodes of each source
-    state, metrics, health = rm.update_n(state, data, k)   # k fused Adam steps
-    s = rm.scores(state.params, episodes)           # [E] episode scores
-    r_c = analytic_reward(student, sft_params, init_params, episodes)   # [E]
+```python
+rm = SequenceRewardModel(env, SequenceRewardConfig(read="token"))
+state = rm.init_state(key)                      # or rm.init_state(key, params=sft_params)
+data = RewardEpisodes.build(env, positive, negative)   # TokenEpisodes of each source
+state, metrics, health = rm.update_n(state, data, k)   # k fused Adam steps
+s = rm.scores(state.params, episodes)           # [E] episode scores
+r_c = analytic_reward(student, sft_params, init_params, episodes)   # [E]
+```
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ from jaxil.runs.checkpoint import params_digest
 from jaxil.runs.guard import Health
 from jaxil.runs.updates import fused_updates
 
-#: Where a sequence reward model reads its per-token rewards (:func:`read_mask`).
+#: Where a sequence reward model reads its per-token rewards (`read_mask`).
 READS = ("token", "turn", "last")
 
 
@@ -109,19 +111,19 @@ class SequenceRewardConfig:
     """Settings of a sequence reward model.
 
     Attributes:
-      size: the transformer size (:data:`jaxil.nn.transformer.SIZES`); to
-        start from π_SFT's parameters, use π_SFT's size and ``agent_ids``.
+      size: the transformer size (`jaxil.nn.transformer.SIZES`); to
+        start from π_SFT's parameters, use π_SFT's size and `agent_ids`.
       agent_ids: add the learned agent-id embedding.
-      read: ``"token"`` (a reward on every token an agent emits on its turn),
-        ``"turn"`` (one at each turn's ``<eot>``) or ``"last"`` (one at the
-        episode's last emitted token); see :func:`read_mask`.
+      read: `"token"` (a reward on every token an agent emits on its turn),
+        `"turn"` (one at each turn's `<eot>`) or `"last"` (one at the
+        episode's last emitted token); see [`read_mask`][jaxil.algorithms.lm.reward.read_mask].
       learning_rate: Adam's step size.
       max_grad_norm: global-norm gradient clipping.
       batch_episodes: episodes per source in each update (drawn with
         replacement).
-      num_updates: updates in a whole run (:func:`train_reward_model`).
+      num_updates: updates in a whole run ([`train_reward_model`][jaxil.algorithms.lm.reward.train_reward_model]).
       eval_every: updates per chunk; an evaluation and a checkpoint follow
-        each (must divide ``num_updates``).
+        each (must divide `num_updates`).
     """
 
     size: str = "tiny"
@@ -154,7 +156,7 @@ class SequenceRewardConfig:
 
 @struct.dataclass
 class SequenceRewardState:
-    """A reward model's training state (stack it ``[R]`` to vmap seeds)."""
+    """A reward model's training state (stack it `[R]` to vmap seeds)."""
 
     params: Any
     opt_state: Any
@@ -164,8 +166,8 @@ class SequenceRewardState:
 
 @struct.dataclass
 class RewardEpisodes:
-    """The two sources of a reward model, on device: ``positive`` (labelled
-    1) and ``negative`` (labelled 0) :class:`TokenEpisodes`, of any sizes."""
+    """The two sources of a reward model, on device: `positive` (labelled
+    1) and `negative` (labelled 0) [`TokenEpisodes`][jaxil.algorithms.lm.sft.TokenEpisodes], of any sizes."""
 
     positive: TokenEpisodes
     negative: TokenEpisodes
@@ -173,7 +175,7 @@ class RewardEpisodes:
     @staticmethod
     def build(env: envs.MultiAgentEnv, positive: TokenEpisodes,
               negative: TokenEpisodes) -> "RewardEpisodes":
-        """Both sources, checked against ``env`` (one-line errors for
+        """Both sources, checked against `env` (one-line errors for
         episodes of another task or configuration)."""
         check_demos(env, positive, "positive episodes")
         check_demos(env, negative, "negative episodes")
@@ -181,9 +183,9 @@ class RewardEpisodes:
 
 
 def source_episodes(source: str, episodes: dict[str, TokenEpisodes]) -> RewardEpisodes:
-    """The :class:`RewardEpisodes` of ``source`` (``"init-sft"``,
-    ``"init-demo"`` or ``"sft-demo"``) from ``episodes``, which maps the
-    roles ``"init"`` (π_0's episodes), ``"sft"`` (π_SFT's) and ``"demo"``
+    """The [`RewardEpisodes`][jaxil.algorithms.lm.reward.RewardEpisodes] of `source` (`"init-sft"`,
+    `"init-demo"` or `"sft-demo"`) from `episodes`, which maps the
+    roles `"init"` (π_0's episodes), `"sft"` (π_SFT's) and `"demo"`
     (the demonstrations) to episodes; only the source's two roles are needed."""
     neg, pos = source_roles(source)
     missing = [r for r in (neg, pos) if r not in episodes]
@@ -194,10 +196,10 @@ def source_episodes(source: str, episodes: dict[str, TokenEpisodes]) -> RewardEp
 
 def policy_episodes(env: envs.MultiAgentEnv, policy: Any, params: Any, key: jax.Array,
                     num_episodes: int) -> TokenEpisodes:
-    """``[S, E]`` sampled episodes of each of the S stacked parameter sets
-    ``params`` of ``policy`` (a :class:`TransformerPolicy`), all on the
-    instances and draws of ``key``; one compiled program. The ``"init"`` and
-    ``"sft"`` roles of :func:`source_episodes` for S seeds."""
+    """`[S, E]` sampled episodes of each of the S stacked parameter sets
+    `params` of `policy` (a [`TransformerPolicy`][jaxil.nn.transformer.TransformerPolicy]), all on the
+    instances and draws of `key`; one compiled program. The `"init"` and
+    `"sft"` roles of [`source_episodes`][jaxil.algorithms.lm.reward.source_episodes] for S seeds."""
     _check_token_env(env, "reward-model sources are token episodes")
     act = policy.policy()
     return jax.jit(jax.vmap(lambda p: from_episodes(
@@ -206,12 +208,12 @@ def policy_episodes(env: envs.MultiAgentEnv, policy: Any, params: Any, key: jax.
 
 def stacked_sources(sources: Sequence[str], roles: dict[str, TokenEpisodes]
                     ) -> tuple[RewardEpisodes, list[str]]:
-    """``(data [len(sources)·S], labels)``: the :class:`RewardEpisodes` of
-    every source in ``sources`` for each of S seeds, source-major (entry
-    ``j`` is source ``j // S`` of seed ``j % S``), from ``roles`` that map
-    ``"init"``, ``"sft"`` and ``"demo"`` to episodes stacked ``[S, E]``
+    """`(data [len(sources)·S], labels)`: the [`RewardEpisodes`][jaxil.algorithms.lm.reward.RewardEpisodes] of
+    every source in `sources` for each of S seeds, source-major (entry
+    `j` is source `j // S` of seed `j % S`), from `roles` that map
+    `"init"`, `"sft"` and `"demo"` to episodes stacked `[S, E]`
     (only the roles the sources need); the input of
-    :func:`train_reward_model` for every (source, seed) at once."""
+    [`train_reward_model`][jaxil.algorithms.lm.reward.train_reward_model] for every (source, seed) at once."""
     if not sources:
         raise ValueError("stacked_sources needs at least one source")
     per = [source_episodes(s, roles) for s in sources]
@@ -225,21 +227,21 @@ def stacked_sources(sources: Sequence[str], roles: dict[str, TokenEpisodes]
 
 def read_mask(avail: jax.Array, actions: jax.Array, valid: jax.Array,
               read: str = "token") -> jax.Array:
-    """``[T, N]`` bool: where a reward model reads one episode's rewards.
+    """`[T, N]` bool: where a reward model reads one episode's rewards.
 
         ρ_ti = speaking_ti                    (read="token")
         ρ_ti = speaking_ti ∧ [a_ti = <eot>]   (read="turn")
         ρ_ti = speaking_ti ∧ [t = t_last]     (read="last")
 
-    with ``speaking`` the valid steps at which agent i is on turn and
-    ``t_last`` the last step at which any agent is
-    (:func:`jaxil.algorithms.lm.turns.speaking`).
+    with `speaking` the valid steps at which agent i is on turn and
+    `t_last` the last step at which any agent is
+    ([`jaxil.algorithms.lm.turns.speaking`][jaxil.algorithms.lm.turns.speaking]).
 
     Args:
-      avail: ``[T, N, V]`` legal-token masks.
-      actions: ``[T, N]`` int tokens emitted.
-      valid: ``[T]`` bool, the episode's valid steps.
-      read: ``"token"`` or ``"turn"``.
+      avail: `[T, N, V]` legal-token masks.
+      actions: `[T, N]` int tokens emitted.
+      valid: `[T]` bool, the episode's valid steps.
+      read: `"token"` or `"turn"`.
     """
     chex.assert_rank([avail, actions, valid], [3, 2, 1])
     if read not in READS:
@@ -255,7 +257,7 @@ def read_mask(avail: jax.Array, actions: jax.Array, valid: jax.Array,
 
 
 def masked_episode_sum(values: jax.Array, mask: jax.Array) -> jax.Array:
-    """``[B]``: ``Σ_{t,i} m_bti · v_bti`` of ``values``, ``mask`` ``[B, T, N]``
+    """`[B]`: `Σ_{t,i} m_bti · v_bti` of `values`, `mask` `[B, T, N]`
     (select, not multiply: masked-out entries may be non-finite)."""
     chex.assert_rank([values, mask], 3)
     chex.assert_type(values, float)
@@ -270,15 +272,15 @@ def sequence_reward_loss(positive_rewards: jax.Array, positive_mask: jax.Array,
         S(τ) = Σ_{t,i} ρ_ti · r_ti
         L = mean_{τ∈P} softplus(−S(τ)) + mean_{τ∈Q} softplus(S(τ))
 
-    (:func:`jaxil.losses.discriminator_loss` on the scores; at the optimum
-    ``S = log P(τ)/Q(τ)``; Sun & van der Schaar, arXiv 2405.15624).
+    ([`jaxil.losses.discriminator_loss`][jaxil.losses.discriminator.discriminator_loss] on the scores; at the optimum
+    `S = log P(τ)/Q(τ)`; Sun & van der Schaar, arXiv 2405.15624).
 
     Args:
-      positive_rewards: ``[B, T, N]`` per-token rewards of the positive
+      positive_rewards: `[B, T, N]` per-token rewards of the positive
         episodes (anything, even non-finite, where the mask is off).
-      positive_mask: ``[B, T, N]`` the reads (:func:`read_mask`).
-      negative_rewards: ``[B2, T, N]`` of the negative episodes.
-      negative_mask: ``[B2, T, N]``.
+      positive_mask: `[B, T, N]` the reads ([`read_mask`][jaxil.algorithms.lm.reward.read_mask]).
+      negative_rewards: `[B2, T, N]` of the negative episodes.
+      negative_mask: `[B2, T, N]`.
 
     Returns:
       Scalar loss.
@@ -291,7 +293,7 @@ def sequence_reward_loss(positive_rewards: jax.Array, positive_mask: jax.Array,
 
 
 class SequenceRewardModel:
-    """The sequence reward model of ``env`` and ``config`` (see the module
+    """The sequence reward model of `env` and `config` (see the module
     docstring): a transformer whose head, read at each emitted token, is
     that token's reward, summed into the episode's score."""
 
@@ -309,8 +311,8 @@ class SequenceRewardModel:
         return self.net.init(key)
 
     def init_state(self, key: jax.Array, params: Optional[Any] = None) -> SequenceRewardState:
-        """Parameters (``params``, e.g. π_SFT's of the same architecture, or a
-        fresh draw from ``key``), a fresh Adam state, step 0."""
+        """Parameters (`params`, e.g. π_SFT's of the same architecture, or a
+        fresh draw from `key`), a fresh Adam state, step 0."""
         k_net, k_state = jax.random.split(key)
         if params is None:
             params = self.init(k_net)
@@ -325,20 +327,20 @@ class SequenceRewardModel:
 
     # -- the reward --------------------------------------------------------------------
     def token_rewards(self, params: Any, obs: jax.Array, actions: jax.Array) -> jax.Array:
-        """``r_θ(h_t, a_t) [T, N]``: the head's output at each emitted token
-        of one episode (``obs [T, N, K]``, ``actions [T, N]``), on the
+        """`r_θ(h_t, a_t) [T, N]`: the head's output at each emitted token
+        of one episode (`obs [T, N, K]`, `actions [T, N]`), on the
         context before it."""
         chex.assert_rank([obs, actions], [3, 2])
         logits = self.net.chunk_logits(params, obs)
         return jnp.take_along_axis(logits, actions[..., None].astype(jnp.int32), -1)[..., 0]
 
     def read_masks(self, episodes: TokenEpisodes) -> jax.Array:
-        """``[E, T, N]`` the reads (:func:`read_mask` with ``config.read``)."""
+        """`[E, T, N]` the reads ([`read_mask`][jaxil.algorithms.lm.reward.read_mask] with `config.read`)."""
         return jax.vmap(read_mask, in_axes=(0, 0, 0, None))(
             episodes.avail, episodes.actions, episodes.mask, self.config.read)
 
     def scores(self, params: Any, episodes: TokenEpisodes) -> jax.Array:
-        """``S_θ(τ) [E]``: each episode's summed reads."""
+        """`S_θ(τ) [E]`: each episode's summed reads."""
         r = jax.vmap(self.token_rewards, in_axes=(None, 0, 0))(params, episodes.obs,
                                                                episodes.actions)
         return masked_episode_sum(r, self.read_masks(episodes))
@@ -346,9 +348,9 @@ class SequenceRewardModel:
     # -- training ------------------------------------------------------------------------
     def loss(self, params: Any, positive: TokenEpisodes, negative: TokenEpisodes
              ) -> tuple[jax.Array, dict]:
-        """:func:`sequence_reward_loss` of a positive and a negative batch, and
-        its metrics (``accuracy``: positives scored > 0 and negatives < 0;
-        the mean scores). Pure; differentiable in ``params``."""
+        """[`sequence_reward_loss`][jaxil.algorithms.lm.reward.sequence_reward_loss] of a positive and a negative batch, and
+        its metrics (`accuracy`: positives scored > 0 and negatives < 0;
+        the mean scores). Pure; differentiable in `params`."""
         rewards = jax.vmap(self.token_rewards, in_axes=(None, 0, 0))
         r_p = rewards(params, positive.obs, positive.actions)
         r_n = rewards(params, negative.obs, negative.actions)
@@ -360,7 +362,7 @@ class SequenceRewardModel:
 
     def update(self, state: SequenceRewardState, positive: TokenEpisodes,
                negative: TokenEpisodes) -> tuple[SequenceRewardState, dict]:
-        """One clipped-Adam step on :meth:`loss`. Jit-able; vmap it over seeds."""
+        """One clipped-Adam step on [`loss`][jaxil.algorithms.lm.reward.SequenceRewardModel.loss]. Jit-able; vmap it over seeds."""
         grads, metrics = jax.grad(self.loss, has_aux=True)(state.params, positive, negative)
         updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
         return state.replace(params=optax.apply_updates(state.params, updates),
@@ -368,7 +370,7 @@ class SequenceRewardModel:
 
     def sample(self, key: jax.Array, data: RewardEpisodes) -> tuple[TokenEpisodes, TokenEpisodes]:
         """A positive and an independent negative batch of
-        ``batch_episodes`` episodes each (with replacement)."""
+        `batch_episodes` episodes each (with replacement)."""
         b = self.config.batch_episodes
 
         def pick(k, eps):
@@ -379,17 +381,17 @@ class SequenceRewardModel:
 
     def update_n(self, state: SequenceRewardState, data: RewardEpisodes, k: int
                  ) -> tuple[SequenceRewardState, dict, Health]:
-        """``k`` updates fused in one ``lax.scan`` with on-device batches
-        (:func:`jaxil.runs.updates.fused_updates`): ``(state, the last
-        update's metrics, jaxil.runs.guard.Health)``."""
+        """`k` updates fused in one `lax.scan` with on-device batches
+        ([`jaxil.runs.updates.fused_updates`][jaxil.runs.updates.fused_updates]): `(state, the last
+        update's metrics, jaxil.runs.guard.Health)`."""
         return fused_updates(lambda s, key: self.update(s, *self.sample(key, data)), state, k)
 
 
 def token_rewards_of(model: "SequenceRewardModel"):
-    """The per-token reward function ``(params, episodes) -> (r [E, T, N],
-    ρ [E, T, N])`` of a learned reward model: ``r_θ(h_t, a_t)`` and its read
-    mask, whose masked sum is :meth:`SequenceRewardModel.scores` (the form
-    RL against a learned reward consumes, :mod:`jaxil.algorithms.lm.align`)."""
+    """The per-token reward function `(params, episodes) -> (r [E, T, N],
+    ρ [E, T, N])` of a learned reward model: `r_θ(h_t, a_t)` and its read
+    mask, whose masked sum is [`SequenceRewardModel.scores`][jaxil.algorithms.lm.reward.SequenceRewardModel.scores] (the form
+    RL against a learned reward consumes, [`jaxil.algorithms.lm.align`][jaxil.algorithms.lm.align])."""
 
     def fn(params: Any, episodes: TokenEpisodes) -> tuple[jax.Array, jax.Array]:
         r = jax.vmap(model.token_rewards, in_axes=(None, 0, 0))(params, episodes.obs,
@@ -401,9 +403,9 @@ def token_rewards_of(model: "SequenceRewardModel"):
 
 def analytic_token_rewards(policy: TransformerPolicy, params: dict, episodes: TokenEpisodes
                            ) -> tuple[jax.Array, jax.Array]:
-    """The per-token form of :func:`analytic_reward`: ``(log π_SFT(a_ti|h_ti)
-    − log π_0(a_ti|h_ti) [E, T, N], the agent-token mask m [E, T, N])`` with
-    ``params = {"sft": π_SFT's, "init": π_0's}``; the masked sum is r_c."""
+    """The per-token form of [`analytic_reward`][jaxil.algorithms.lm.reward.analytic_reward]: `(log π_SFT(a_ti|h_ti)
+    − log π_0(a_ti|h_ti) [E, T, N], the agent-token mask m [E, T, N])` with
+    `params = {"sft": π_SFT's, "init": π_0's}`; the masked sum is r_c."""
     score = jax.vmap(policy.episode_scores, in_axes=(None, 0, 0, 0))
     num, _ = score(params["sft"], episodes.obs, episodes.avail, episodes.actions)
     den, _ = score(params["init"], episodes.obs, episodes.avail, episodes.actions)
@@ -413,17 +415,17 @@ def analytic_token_rewards(policy: TransformerPolicy, params: dict, episodes: To
 
 def analytic_reward(policy: TransformerPolicy, params_sft: Any, params_0: Any,
                     episodes: TokenEpisodes) -> jax.Array:
-    """``r_c(τ) = log π_SFT(τ) − log π_0(τ)`` per episode ``[E]``.
+    """`r_c(τ) = log π_SFT(τ) − log π_0(τ)` per episode `[E]`.
 
     The teacher-forced token log-probabilities of both parameter sets
-    (:meth:`TransformerPolicy.episode_scores`), differenced and summed over
+    ([`TransformerPolicy.episode_scores`][jaxil.nn.transformer.TransformerPolicy.episode_scores]), differenced and summed over
     the agent tokens of SFT's loss mask (valid steps with a choice:
-    :func:`jaxil.losses.sequence.agent_token_mask`) by
-    :func:`analytic_token_rewards`.
+    [`jaxil.losses.sequence.agent_token_mask`][jaxil.losses.sequence.agent_token_mask]) by
+    [`analytic_token_rewards`][jaxil.algorithms.lm.reward.analytic_token_rewards].
 
     Args:
       policy: the transformer both parameter sets belong to (π_SFT's
-        student, e.g. :func:`jaxil.algorithms.lm.sft.make_student`).
+        student, e.g. [`jaxil.algorithms.lm.sft.make_student`][jaxil.algorithms.lm.sft.make_student]).
       params_sft: π_SFT's parameters.
       params_0: π_0's (the same network at its initialisation).
       episodes: the episodes to score.
@@ -433,8 +435,8 @@ def analytic_reward(policy: TransformerPolicy, params_sft: Any, params_0: Any,
 
 
 def check_stacked(tree: Any, runs: int, what: str) -> None:
-    """Raise a one-line ``ValueError`` unless every leaf of ``tree`` has the
-    leading size ``runs`` (one entry per stacked run)."""
+    """Raise a one-line `ValueError` unless every leaf of `tree` has the
+    leading size `runs` (one entry per stacked run)."""
     lead = {int(np.shape(x)[0]) if np.ndim(x) else -1 for x in jax.tree.leaves(tree)}
     if lead != {runs}:
         raise ValueError(f"{what} must be stacked with one entry per run ([{runs}, ...]), got "
@@ -445,16 +447,16 @@ def reward_program(env: envs.MultiAgentEnv, data: RewardEpisodes, config: Sequen
                    seeds: Sequence[int], labels: Sequence[str],
                    init_params: Optional[Any] = None,
                    heldout: Optional[RewardEpisodes] = None) -> engine.Program:
-    """The :class:`jaxil.runs.engine.Program` of R reward models at once.
+    """The [`jaxil.runs.engine.Program`][jaxil.runs.engine.Program] of R reward models at once.
 
-    Run r trains on ``data`` entry r (every leaf stacked ``[R, ...]``, e.g.
-    one source of one seed's episodes), from ``init_params[r]`` (stacked
-    ``[R]``, e.g. π_SFT's; None: fresh parameters from the seed), with seed
-    ``seeds[r]``; ``labels[r]`` names it in rows (``source``) and errors.
-    A chunk is ``eval_every`` fused updates of every run (one compiled
-    ``vmap``). Rows carry the last update's ``loss`` and ``accuracy``; with
-    ``heldout`` (stacked like ``data``) the evaluation adds ``eval_loss`` and
-    ``eval_accuracy`` on it (also at update 0).
+    Run r trains on `data` entry r (every leaf stacked `[R, ...]`, e.g.
+    one source of one seed's episodes), from `init_params[r]` (stacked
+    `[R]`, e.g. π_SFT's; None: fresh parameters from the seed), with seed
+    `seeds[r]`; `labels[r]` names it in rows (`source`) and errors.
+    A chunk is `eval_every` fused updates of every run (one compiled
+    `vmap`). Rows carry the last update's `loss` and `accuracy`; with
+    `heldout` (stacked like `data`) the evaluation adds `eval_loss` and
+    `eval_accuracy` on it (also at update 0).
     """
     seeds, labels = [int(s) for s in seeds], [str(x) for x in labels]
     if not seeds or len(seeds) != len(labels):
@@ -532,12 +534,12 @@ def train_reward_model(env: envs.MultiAgentEnv, data: RewardEpisodes,
                        out_dir: Optional[str | Path] = None, resume: bool = False,
                        overwrite: bool = False, progress: bool = False,
                        stop_after_chunks: Optional[int] = None) -> engine.RunResult:
-    """Train R sequence reward models (:func:`reward_program` run by
-    :func:`jaxil.runs.engine.run`); ``out_dir``, ``resume`` and
-    ``overwrite`` as in :func:`jaxil.algorithms.lm.sft.train_sft` (a resumed
-    run reproduces the uninterrupted one exactly; ``stop_after_chunks``
-    stops early, as a kill would). ``state.params`` of the result are the
-    reward models' parameters, stacked ``[R]``."""
+    """Train R sequence reward models ([`reward_program`][jaxil.algorithms.lm.reward.reward_program] run by
+    [`jaxil.runs.engine.run`][jaxil.runs.engine.run]); `out_dir`, `resume` and
+    `overwrite` as in [`jaxil.algorithms.lm.sft.train_sft`][jaxil.algorithms.lm.sft.train_sft] (a resumed
+    run reproduces the uninterrupted one exactly; `stop_after_chunks`
+    stops early, as a kill would). `state.params` of the result are the
+    reward models' parameters, stacked `[R]`."""
     program = reward_program(env, data, config, seeds, labels, init_params, heldout)
     rd = None
     if out_dir is not None:

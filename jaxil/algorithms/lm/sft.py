@@ -3,29 +3,29 @@
 Behaviour cloning on a token environment: the demonstrations are whole
 episodes (every agent's tokens of every step, with the legal-token masks
 they were chosen under), and the student, a
-:class:`jaxil.nn.transformer.TransformerPolicy`, is trained teacher-forced
+[`jaxil.nn.transformer.TransformerPolicy`][jaxil.nn.transformer.TransformerPolicy], is trained teacher-forced
 to maximise their likelihood,
 
     L(θ) = − Σ_{e,t,i} m_eti · log π_θ(a_eti | tokens of e up to t, agent i)
            / Σ_{e,t,i} m_eti,
 
-with ``log π`` from :meth:`TransformerPolicy.episode_scores` (one pass per
-agent and episode) and the mask ``m`` over the valid agent tokens
-(:func:`jaxil.losses.sequence.agent_token_mask`; tokens the grammar forces
-are left out) — :func:`jaxil.losses.sequence.masked_sequence_nll`.
+with `log π` from [`TransformerPolicy.episode_scores`][jaxil.nn.transformer.TransformerPolicy.episode_scores] (one pass per
+agent and episode) and the mask `m` over the valid agent tokens
+([`jaxil.losses.sequence.agent_token_mask`][jaxil.losses.sequence.agent_token_mask]; tokens the grammar forces
+are left out) — [`jaxil.losses.sequence.masked_sequence_nll`][jaxil.losses.sequence.masked_sequence_nll].
 
-- :class:`TokenEpisodes` — the dataset: EPISODES, not transitions (a
+- [`TokenEpisodes`][jaxil.algorithms.lm.sft.TokenEpisodes] — the dataset: EPISODES, not transitions (a
   token's distribution depends on the whole context before it). Only the
-  token columns ``obs[..., :K]`` are kept: the privileged expert columns
+  token columns `obs[..., :K]` are kept: the privileged expert columns
   never reach a student.
-- :func:`collect_demos` — episodes of a policy (the scripted expert,
-  :func:`envs.experts.scripted_expert`) via :func:`envs.run_episodes`.
-- :func:`sft_program` — the :class:`jaxil.runs.engine.Program`: R seeds
+- [`collect_demos`][jaxil.algorithms.lm.sft.collect_demos] — episodes of a policy (the scripted expert,
+  [`envs.experts.scripted_expert`][jaxil.envs.experts.scripted_expert]) via [`envs.run_episodes`][jaxil.envs.rollout.run_episodes].
+- [`sft_program`][jaxil.algorithms.lm.sft.sft_program] — the [`jaxil.runs.engine.Program`][jaxil.runs.engine.Program]: R seeds
   vmapped in one compiled chunk of fused Adam updates on minibatches of
   episodes; the evaluation is the students' own rollouts (success rate and
   return) on a fixed set of evaluation keys, and optionally the held-out
   demonstrations' token NLL and accuracy.
-- :func:`train_sft` — that program run by :func:`jaxil.runs.engine.run`
+- [`train_sft`][jaxil.algorithms.lm.sft.train_sft] — that program run by [`jaxil.runs.engine.run`][jaxil.runs.engine.run]
   (run directory, resume, checkpoints and the non-finite guard).
 """
 
@@ -53,20 +53,20 @@ from jaxil.runs.updates import fused_updates
 
 @struct.dataclass
 class TokenEpisodes:
-    """A batch of token episodes, batch-major; ``T = spec.max_steps``.
+    """A batch of token episodes, batch-major; `T = spec.max_steps`.
 
-    Steps at and after an episode's length are padding (``mask`` False).
+    Steps at and after an episode's length are padding (`mask` False).
 
     Attributes:
-      obs: ``[E, T, N, K]`` float token ids entering each agent's context at
-        each step (the first ``K = env.token_width`` columns of the
+      obs: `[E, T, N, K]` float token ids entering each agent's context at
+        each step (the first `K = env.token_width` columns of the
         observations; the privileged columns are dropped).
-      avail: ``[E, T, N, V]`` bool legal-token masks the actions were chosen
+      avail: `[E, T, N, V]` bool legal-token masks the actions were chosen
         under.
-      actions: ``[E, T, N]`` int32 tokens the agents emitted.
-      mask: ``[E, T]`` bool valid steps.
-      won: ``[E]`` whether each episode was solved.
-      episode_return: ``[E]`` each episode's return.
+      actions: `[E, T, N]` int32 tokens the agents emitted.
+      mask: `[E, T]` bool valid steps.
+      won: `[E]` whether each episode was solved.
+      episode_return: `[E]` each episode's return.
       env_id: the environment the episodes come from.
     """
 
@@ -83,7 +83,7 @@ class TokenEpisodes:
         return int(self.actions.shape[0])
 
     def take(self, index: Any) -> "TokenEpisodes":
-        """The episodes at ``index`` (a slice or an index array)."""
+        """The episodes at `index` (a slice or an index array)."""
         return jax.tree.map(lambda x: x[index], self)
 
     def digest(self) -> str:
@@ -97,7 +97,7 @@ class TokenEpisodes:
 
 
 def from_episodes(env: envs.MultiAgentEnv, episodes: envs.Episodes) -> TokenEpisodes:
-    """The :class:`TokenEpisodes` of :func:`envs.run_episodes`' output on a
+    """The [`TokenEpisodes`][jaxil.algorithms.lm.sft.TokenEpisodes] of [`envs.run_episodes`][jaxil.envs.rollout.run_episodes]' output on a
     token environment (the acted-on steps, token columns only)."""
     _check_token_env(env)
     T, K = env.spec.max_steps, env.token_width
@@ -113,9 +113,9 @@ def from_episodes(env: envs.MultiAgentEnv, episodes: envs.Episodes) -> TokenEpis
 
 def collect_demos(env: envs.MultiAgentEnv, policy: Any, params: Any, key: jax.Array,
                   num_episodes: int) -> TokenEpisodes:
-    """``num_episodes`` episodes of ``policy`` (e.g. the scripted expert of
-    :func:`envs.experts.scripted_expert`, ``params=None``) on ``env``, as
-    :class:`TokenEpisodes`; instances are drawn from ``key``."""
+    """`num_episodes` episodes of `policy` (e.g. the scripted expert of
+    [`envs.experts.scripted_expert`][jaxil.envs.experts.scripted_expert], `params=None`) on `env`, as
+    [`TokenEpisodes`][jaxil.algorithms.lm.sft.TokenEpisodes]; instances are drawn from `key`."""
     if num_episodes < 1:
         raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
     _check_token_env(env)
@@ -128,15 +128,15 @@ class SFTConfig:
     """Settings of one SFT run.
 
     Attributes:
-      size: the transformer size (:data:`jaxil.nn.transformer.SIZES`).
+      size: the transformer size (`jaxil.nn.transformer.SIZES`).
       agent_ids: add the learned agent-id embedding (agents that differ,
-        e.g. ``tokens:exchange``).
+        e.g. `tokens:exchange`).
       learning_rate: Adam's step size.
       max_grad_norm: global-norm gradient clipping.
       batch_episodes: episodes per minibatch (drawn with replacement).
       num_updates: updates in the whole run.
       eval_every: updates per chunk; an evaluation and a checkpoint follow
-        each chunk (must divide ``num_updates``).
+        each chunk (must divide `num_updates`).
       eval_episodes: the students' rollouts per evaluation.
       deterministic_eval: evaluate the most likely legal token (greedy
         decoding) instead of sampling.
@@ -171,7 +171,7 @@ class SFTConfig:
 
 @struct.dataclass
 class SFTState:
-    """One run's training state (stacked ``[R]`` over runs in a program)."""
+    """One run's training state (stacked `[R]` over runs in a program)."""
 
     params: Any
     opt_state: Any
@@ -179,12 +179,12 @@ class SFTState:
 
 
 def make_student(env: envs.MultiAgentEnv, config: SFTConfig) -> TransformerPolicy:
-    """The transformer an SFT run with ``config`` trains on ``env``."""
+    """The transformer an SFT run with `config` trains on `env`."""
     return TransformerPolicy(config_for_env(env, config.size, agent_ids=config.agent_ids))
 
 
 def initial_params(student: TransformerPolicy, seed: int) -> Any:
-    """The parameters an SFT run of ``seed`` starts from (π_0 of alignment
+    """The parameters an SFT run of `seed` starts from (π_0 of alignment
     from demonstrations: the same network before fine-tuning)."""
     return student.init(jax.random.split(jax.random.PRNGKey(seed))[0])
 
@@ -197,8 +197,8 @@ def _check_token_env(env: envs.MultiAgentEnv,
 
 
 def check_demos(env: envs.MultiAgentEnv, demos: TokenEpisodes, what: str = "demos") -> None:
-    """Raise a one-line ``ValueError`` unless ``demos`` are token episodes of
-    ``env`` in its configuration (widths, agents, vocabulary, episode length)."""
+    """Raise a one-line `ValueError` unless `demos` are token episodes of
+    `env` in its configuration (widths, agents, vocabulary, episode length)."""
     _check_token_env(env)
     if not isinstance(demos, TokenEpisodes):
         raise ValueError(f"{what} must be TokenEpisodes (collect_demos / from_episodes), got "
@@ -226,7 +226,7 @@ def check_demos(env: envs.MultiAgentEnv, demos: TokenEpisodes, what: str = "demo
 
 
 def _token_mask(batch: TokenEpisodes, forced_tokens: bool) -> jax.Array:
-    """``[E, T, N]`` the tokens the loss counts."""
+    """`[E, T, N]` the tokens the loss counts."""
     n = batch.actions.shape[-1]
     if forced_tokens:
         return jax.vmap(agent_token_mask, in_axes=(0, None))(batch.mask, n)
@@ -236,7 +236,7 @@ def _token_mask(batch: TokenEpisodes, forced_tokens: bool) -> jax.Array:
 def sft_loss(student: TransformerPolicy, params: Any, batch: TokenEpisodes,
              forced_tokens: bool = False) -> jax.Array:
     """The SFT loss of a minibatch of episodes: the masked token NLL of
-    :meth:`TransformerPolicy.episode_scores` (see the module docstring)."""
+    [`TransformerPolicy.episode_scores`][jaxil.nn.transformer.TransformerPolicy.episode_scores] (see the module docstring)."""
     log_p, _ = jax.vmap(student.episode_scores, in_axes=(None, 0, 0, 0))(
         params, batch.obs, batch.avail, batch.actions)
     return masked_sequence_nll(log_p, _token_mask(batch, forced_tokens))
@@ -244,8 +244,8 @@ def sft_loss(student: TransformerPolicy, params: Any, batch: TokenEpisodes,
 
 def score_demos(student: TransformerPolicy, params: Any, demos: TokenEpisodes,
                 forced_tokens: bool = False) -> dict[str, jax.Array]:
-    """Teacher-forced fit of ``params`` to ``demos``: ``nll`` (the mean token
-    NLL, the SFT loss) and ``accuracy`` (how often the most likely legal
+    """Teacher-forced fit of `params` to `demos`: `nll` (the mean token
+    NLL, the SFT loss) and `accuracy` (how often the most likely legal
     token is the demonstrated one), over the tokens the loss counts."""
     logits = jax.vmap(student.chunk_logits, in_axes=(None, 0))(params, demos.obs)
     mask = _token_mask(demos, forced_tokens)
@@ -264,16 +264,16 @@ def _optimizer(config: SFTConfig) -> optax.GradientTransformation:
 def sft_program(env: envs.MultiAgentEnv, demos: TokenEpisodes, config: SFTConfig,
                 seeds: Sequence[int], heldout: Optional[TokenEpisodes] = None,
                 eval_seed: int = 10_000) -> engine.Program:
-    """The SFT :class:`jaxil.runs.engine.Program`: one run per seed, stacked.
+    """The SFT [`jaxil.runs.engine.Program`][jaxil.runs.engine.Program]: one run per seed, stacked.
 
-    A chunk is ``config.eval_every`` fused updates of every run (one
-    compiled ``vmap``); each update draws ``batch_episodes`` demonstration
-    episodes and takes one Adam step on :func:`sft_loss`. The evaluation
+    A chunk is `config.eval_every` fused updates of every run (one
+    compiled `vmap`); each update draws `batch_episodes` demonstration
+    episodes and takes one Adam step on [`sft_loss`][jaxil.algorithms.lm.sft.sft_loss]. The evaluation
     (also before the first chunk, at update 0) rolls out each student for
-    ``eval_episodes`` episodes from the same keys every time (drawn from
-    ``eval_seed``): ``eval_win_rate`` and ``eval_return``; with ``heldout``
-    demonstrations also ``eval_nll`` and ``eval_accuracy``
-    (:func:`score_demos`). Rows carry the last update's ``loss``.
+    `eval_episodes` episodes from the same keys every time (drawn from
+    `eval_seed`): `eval_win_rate` and `eval_return`; with `heldout`
+    demonstrations also `eval_nll` and `eval_accuracy`
+    ([`score_demos`][jaxil.algorithms.lm.sft.score_demos]). Rows carry the last update's `loss`.
     """
     check_demos(env, demos)
     if heldout is not None:
@@ -339,7 +339,7 @@ def sft_identity(env: envs.MultiAgentEnv, demos: TokenEpisodes, config: SFTConfi
                  seeds: Sequence[int], heldout: Optional[TokenEpisodes] = None,
                  eval_seed: int = 10_000) -> dict:
     """What determines an SFT run's result, as its run directory records it
-    (``resume`` refuses a run whose identity differs). ``num_updates`` is
+    (`resume` refuses a run whose identity differs). `num_updates` is
     not part of it: a finished run may be resumed with more updates."""
     cfg = dataclasses.asdict(config)
     cfg.pop("num_updates")
@@ -353,22 +353,22 @@ def train_sft(env: envs.MultiAgentEnv, demos: TokenEpisodes, config: SFTConfig =
               out_dir: Optional[str | Path] = None, resume: bool = False,
               overwrite: bool = False, eval_seed: int = 10_000,
               progress: bool = False) -> engine.RunResult:
-    """Fine-tune one transformer per seed on ``demos`` (:func:`sft_program`
-    run by :func:`jaxil.runs.engine.run`).
+    """Fine-tune one transformer per seed on `demos` ([`sft_program`][jaxil.algorithms.lm.sft.sft_program]
+    run by [`jaxil.runs.engine.run`][jaxil.runs.engine.run]).
 
-    ``out_dir``: the run directory (``run.json``, ``metrics.jsonl``,
-    checkpoints after every evaluation, ``results.json``); ``resume``
+    `out_dir`: the run directory (`run.json`, `metrics.jsonl`,
+    checkpoints after every evaluation, `results.json`); `resume`
     continues a stopped run there from its newest checkpoint, reproducing
     the uninterrupted run exactly. Returns the engine's
-    :class:`jaxil.runs.engine.RunResult`: ``rows`` (one per evaluation and
-    seed: ``update``, ``seed``, ``loss``, ``eval_win_rate``,
-    ``eval_return``, with ``heldout`` also ``eval_nll``, ``eval_accuracy``)
-    and ``state.params``, the students' parameters stacked ``[R]``
-    (act with ``make_student(env, config).policy()``).
+    [`jaxil.runs.engine.RunResult`][jaxil.runs.engine.RunResult]: `rows` (one per evaluation and
+    seed: `update`, `seed`, `loss`, `eval_win_rate`,
+    `eval_return`, with `heldout` also `eval_nll`, `eval_accuracy`)
+    and `state.params`, the students' parameters stacked `[R]`
+    (act with `make_student(env, config).policy()`).
 
     Raises:
       ValueError: demonstrations of another environment or configuration, a
-        bad setting, or a ``resume`` with other settings.
+        bad setting, or a `resume` with other settings.
       jaxil.runs.guard.NonFiniteError: the loss or the parameters became
         non-finite.
     """

@@ -1,8 +1,8 @@
 """Token rollouts in which an expert takes over from a transformer student.
 
-:func:`takeover_policy` is an :class:`envs.policies.Policy` over a token
+[`takeover_policy`][jaxil.algorithms.lm.takeover.takeover_policy] is an [`envs.policies.Policy`][jaxil.envs.policies.Policy] over a token
 environment that runs BOTH the student (a
-:class:`jaxil.nn.transformer.TransformerPolicy`, its KV cache as carry)
+[`jaxil.nn.transformer.TransformerPolicy`][jaxil.nn.transformer.TransformerPolicy], its KV cache as carry)
 and the expert (e.g. the task's scripted expert, which reads the privileged
 columns and so continues from any state: it inherits the token history) at
 every step, and plays the expert's tokens when
@@ -12,17 +12,17 @@ every step, and plays the expert's tokens when
  or H_student > τ  once             (entropy gate: sticky from the first token whose
                                      entropy exceeds the threshold τ, when τ ≥ 0)
 
-``turn`` counts the turns ended so far (any agent's ``<eot>``,
-:func:`jaxil.algorithms.lm.turns.turn_index`), so the OEC switch and the
+`turn` counts the turns ended so far (any agent's `<eot>`,
+[`jaxil.algorithms.lm.turns.turn_index`][jaxil.algorithms.lm.turns.turn_index]), so the OEC switch and the
 DAgger coins fall at turn boundaries; the gate may fire inside a turn (the
-expert then completes the student's partial command). ``k_e`` comes from
-:func:`jaxil.algorithms.interactive.schedule.sample_switch` in units of
+expert then completes the student's partial command). `k_e` comes from
+[`jaxil.algorithms.interactive.schedule.sample_switch`][jaxil.algorithms.interactive.schedule.sample_switch] in units of
 TURNS.
 
 The student's tokens are sampled from its masked categorical (exploration
 on its own histories); its entropy is that of the speaking agents' legal
-tokens. :func:`takeover_episodes` records per step only the small
-:class:`TakeoverStep` (never the KV caches).
+tokens. [`takeover_episodes`][jaxil.algorithms.lm.takeover.takeover_episodes] records per step only the small
+[`TakeoverStep`][jaxil.algorithms.lm.takeover.TakeoverStep] (never the KV caches).
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ from jaxil.nn.transformer import TransformerPolicy
 
 
 class TakeoverRule(NamedTuple):
-    """Who acts (all fields may be traced): the switch ``kind, lo, hi, p``
-    of :func:`sample_switch` (in turns), the DAgger expert probability per
-    turn ``beta``, and the entropy gate ``gate`` (nats; ``< 0``: off)."""
+    """Who acts (all fields may be traced): the switch `kind, lo, hi, p`
+    of [`sample_switch`][jaxil.algorithms.interactive.schedule.sample_switch] (in turns), the DAgger expert probability per
+    turn `beta`, and the entropy gate `gate` (nats; `< 0`: off)."""
 
     kind: Any
     lo: Any
@@ -55,7 +55,7 @@ class TakeoverRule(NamedTuple):
 
 
 class TakeoverStep(NamedTuple):
-    """What a step records (leaves ``[E, T, ...]`` in ``Episodes.carry``)."""
+    """What a step records (leaves `[E, T, ...]` in `Episodes.carry`)."""
 
     turn: jax.Array  # turns ended before this step
     switch: jax.Array  # the episode's switch turn k
@@ -76,9 +76,9 @@ class _Carry(NamedTuple):
 
 
 def takeover_policy(student: TransformerPolicy, expert: Any, rule: TakeoverRule) -> Policy:
-    """The shared-control policy; its params are ``(student_params,
-    expert_params)``. Per-step records are in the carry's ``record``
-    (:func:`recorded`)."""
+    """The shared-control policy; its params are `(student_params,
+    expert_params)`. Per-step records are in the carry's `record`
+    ([`recorded`][jaxil.algorithms.lm.takeover.recorded])."""
     x = as_policy(expert)
     beta = lambda: jnp.asarray(rule.beta, jnp.float32)
 
@@ -113,15 +113,15 @@ def takeover_policy(student: TransformerPolicy, expert: Any, rule: TakeoverRule)
 
 
 def recorded(carry: _Carry) -> TakeoverStep:
-    """The part of a :func:`takeover_policy` carry a rollout keeps."""
+    """The part of a [`takeover_policy`][jaxil.algorithms.lm.takeover.takeover_policy] carry a rollout keeps."""
     return carry.record
 
 
 def takeover_episodes(env: MultiAgentEnv, student: TransformerPolicy, expert: Any,
                       student_params: Any, expert_params: Any, rule: TakeoverRule,
                       key: jax.Array, num_episodes: int) -> Episodes:
-    """One shared-control episode per environment: :class:`envs.Episodes`
-    whose ``carry`` is a :class:`TakeoverStep` (``[E, T, ...]``)."""
+    """One shared-control episode per environment: [`envs.Episodes`][jaxil.envs.rollout.Episodes]
+    whose `carry` is a [`TakeoverStep`][jaxil.algorithms.lm.takeover.TakeoverStep] (`[E, T, ...]`)."""
     return run_episodes(env, takeover_policy(student, expert, rule),
                         (student_params, expert_params), key, num_episodes,
                         record_carry=recorded)

@@ -1,21 +1,21 @@
 """Turns of a token episode: which turn each token belongs to, and which
 tokens an agent actually says.
 
-A token environment (:mod:`envs.tokens`) ends an agent's turn with
-``<eot>``; the environment answers after it. Over one episode's recorded
-tokens ``actions [T, N]``:
+A token environment ([`envs.tokens`][jaxil.envs.tokens]) ends an agent's turn with
+`<eot>`; the environment answers after it. Over one episode's recorded
+tokens `actions [T, N]`:
 
-- :func:`turn_index` — ``[T]`` the episode's turn at each step: the number
-  of ``<eot>`` tokens any agent emitted BEFORE the step (turns of all
-  agents counted together, as the environments' ``max_turns`` does). Step
-  ``t`` opens a turn when ``t = 0`` or a token at ``t − 1`` was ``<eot>``.
-- :func:`agent_turn_index` — ``[T, N]`` the same count per agent (its own
-  ``<eot>`` tokens before the step).
-- :func:`speaking` — ``[T, N]`` the tokens an agent chose on its turn:
-  valid steps whose legal mask is not ``<wait>`` alone (an agent off turn
-  in ``tokens:exchange`` may only wait; that token costs no one anything).
+- [`turn_index`][jaxil.algorithms.lm.turns.turn_index] — `[T]` the episode's turn at each step: the number
+  of `<eot>` tokens any agent emitted BEFORE the step (turns of all
+  agents counted together, as the environments' `max_turns` does). Step
+  `t` opens a turn when `t = 0` or a token at `t − 1` was `<eot>`.
+- [`agent_turn_index`][jaxil.algorithms.lm.turns.agent_turn_index] — `[T, N]` the same count per agent (its own
+  `<eot>` tokens before the step).
+- [`speaking`][jaxil.algorithms.lm.turns.speaking] — `[T, N]` the tokens an agent chose on its turn:
+  valid steps whose legal mask is not `<wait>` alone (an agent off turn
+  in `tokens:exchange` may only wait; that token costs no one anything).
 
-Pure functions of arrays; ``vmap`` them over episodes.
+Pure functions of arrays; `vmap` them over episodes.
 """
 
 from __future__ import annotations
@@ -33,29 +33,29 @@ def _exclusive_cumsum(x: jax.Array, axis: int = 0) -> jax.Array:
 
 
 def turn_index(actions: jax.Array) -> jax.Array:
-    """``[T]`` int32: how many turns (of any agent) ended before each step.
+    """`[T]` int32: how many turns (of any agent) ended before each step.
 
     Args:
-      actions: ``[T, N]`` integer tokens of one episode.
+      actions: `[T, N]` integer tokens of one episode.
     """
     chex.assert_rank(actions, 2)
     return _exclusive_cumsum(jnp.any(actions == EOT, axis=1))
 
 
 def agent_turn_index(actions: jax.Array) -> jax.Array:
-    """``[T, N]`` int32: how many of its own turns each agent ended before
+    """`[T, N]` int32: how many of its own turns each agent ended before
     each step."""
     chex.assert_rank(actions, 2)
     return _exclusive_cumsum(actions == EOT, axis=0)
 
 
 def speaking(avail: jax.Array, valid: jax.Array) -> jax.Array:
-    """``[T, N]`` bool: valid steps at which the agent is on turn (its legal
-    tokens are not ``<wait>`` alone).
+    """`[T, N]` bool: valid steps at which the agent is on turn (its legal
+    tokens are not `<wait>` alone).
 
     Args:
-      avail: ``[T, N, V]`` legal-token masks.
-      valid: ``[T]`` bool, the episode's valid steps.
+      avail: `[T, N, V]` legal-token masks.
+      valid: `[T]` bool, the episode's valid steps.
     """
     chex.assert_rank([avail, valid], [3, 1])
     only_wait = avail[..., WAIT] & (jnp.sum(avail.astype(jnp.int32), axis=-1) == 1)

@@ -1,16 +1,16 @@
-"""Learners: pure ``init``/``sample``/``update``/``act`` bundles.
+"""Learners: pure `init`/`sample`/`update`/`act` bundles.
 
-``make_learner(name, spec, **config)`` builds one by name:
+`make_learner(name, spec, **config)` builds one by name:
 
-==============  ==========================================================
-``bc_union``    BC on all data D_U (β = 0)
-``bc_expert``   BC on the expert-labelled data D_E (β = 1)
-``bc_mix``      BC on a β-mixture (β = 0.5 by default)
-``indd``        independent DemoDICE per agent
-``misodice_vdn`` MisoDICE with sum mixing
-``misodice``    MisoDICE (hypernetwork mixers)
-``omapl``       O-MAPL preference learner (Phase 1; trains on PreferenceData)
-==============  ==========================================================
+| name           | learner                                                        |
+|----------------|----------------------------------------------------------------|
+| `bc_union`     | BC on all data D_U (β = 0)                                     |
+| `bc_expert`    | BC on the expert-labelled data D_E (β = 1)                     |
+| `bc_mix`       | BC on a β-mixture (β = 0.5 by default)                         |
+| `indd`         | independent DemoDICE per agent                                 |
+| `misodice_vdn` | MisoDICE with sum mixing                                       |
+| `misodice`     | MisoDICE (hypernetwork mixers)                                 |
+| `omapl`        | O-MAPL preference learner (Phase 1; trains on PreferenceData)  |
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ LEARNERS = tuple(_BC_BETA) + tuple(_DICE_MIXING)
 PREFERENCE_LEARNERS = ("omapl",)
 
 
-#: The hyper-parameter classes of the learners ``make_learner`` builds.
+#: The hyper-parameter classes of the learners `make_learner` builds.
 HPARAMS = (BCHParams, DiceHParams)
 #: Every hyper-parameter a sweep may vary (a field of some class in HPARAMS);
 #: each learner checks the names of a grid against its own class.
@@ -40,8 +40,8 @@ SWEEPABLE = tuple(sorted({f.name for cls in HPARAMS for f in dataclasses.fields(
 
 
 def make_learner(name: str, spec: EnvSpec, **config) -> Learner:
-    """Build a learner; ``config`` keywords go to its frozen config
-    (``hidden``, ``batch_size``, ``shared``, ...).
+    """Build a learner; `config` keywords go to its frozen config
+    (`hidden`, `batch_size`, `shared`, ...).
 
     The same arguments return the same Learner object, so functions jitted
     over it are compiled once per process.

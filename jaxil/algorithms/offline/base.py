@@ -1,19 +1,21 @@
-"""What every learner shares: its state, its data, optimisers and ``update_n``.
+"""What every learner shares: its state, its data, optimisers and `update_n`.
 
-A learner is a :class:`Learner` bundle of pure functions (PureJaxRL/JAX-CORL
-shape)::
+A learner is a [`Learner`][jaxil.algorithms.offline.base.Learner] bundle of pure functions (PureJaxRL/JAX-CORL
+shape):
 
-    state = learner.init(key, hparams)          # LearnerState pytree
-    batch = learner.sample(key, data)           # on-device gather
-    state, metrics = learner.update(state, batch)
-    state, metrics = update_n(learner, state, data, k)   # K fused updates
-    step = jit_update_n(learner, k)             # the same, compiled, state donated
-    actions = learner.act(state.params, obs, avail, key, deterministic)
-    policy = learner.policy(deterministic)      # an envs.policies.Policy
+```python
+state = learner.init(key, hparams)          # LearnerState pytree
+batch = learner.sample(key, data)           # on-device gather
+state, metrics = learner.update(state, batch)
+state, metrics = update_n(learner, state, data, k)   # K fused updates
+step = jit_update_n(learner, k)             # the same, compiled, state donated
+actions = learner.act(state.params, obs, avail, key, deterministic)
+policy = learner.policy(deterministic)      # an envs.policies.Policy
+```
 
 Static structure (network sizes, modes) lives in the learner's frozen config;
 the numbers a sweep varies (α, γ, β, learning rates) live in
-``state.hparams`` as arrays, so a grid of them is a ``vmap`` axis.
+`state.hparams` as arrays, so a grid of them is a `vmap` axis.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ class Learner(NamedTuple):
 
 
 class Range(NamedTuple):
-    """The allowed values of one hyper-parameter: ``lo``/``hi`` with open or
+    """The allowed values of one hyper-parameter: `lo`/`hi` with open or
     closed ends, and why (shown in the error)."""
 
     lo: float = -math.inf
@@ -101,7 +103,7 @@ PROBABILITY = Range(0.0, 1.0, why="a probability")
 
 def check_hparams(learner: str, hparams: Any, where: str = "") -> None:
     """Raise a one-line ValueError for the first hyper-parameter of
-    ``hparams`` (a learner's HParams) outside its class's ``RANGES``."""
+    `hparams` (a learner's HParams) outside its class's `RANGES`."""
     ranges = getattr(type(hparams), "RANGES", {})
     for f in dataclasses.fields(hparams):
         r = ranges.get(f.name)
@@ -116,7 +118,7 @@ def check_hparams(learner: str, hparams: Any, where: str = "") -> None:
 
 def adam(max_grad_norm: float) -> optax.GradientTransformation:
     """Adam with global-norm clipping; the learning rate is injected so it can
-    be a traced, per-seed array (``opt_state[1].hyperparams``)."""
+    be a traced, per-seed array (`opt_state[1].hyperparams`)."""
     return optax.chain(
         optax.clip_by_global_norm(max_grad_norm),
         optax.inject_hyperparams(optax.adam)(learning_rate=1e-3),
@@ -124,20 +126,20 @@ def adam(max_grad_norm: float) -> optax.GradientTransformation:
 
 
 def init_opt(tx: optax.GradientTransformation, params: Any, lr: jax.Array) -> Any:
-    """``tx.init(params)`` for :func:`adam`, with its learning rate set to ``lr``."""
+    """`tx.init(params)` for [`adam`][jaxil.algorithms.offline.base.adam], with its learning rate set to `lr`."""
     return with_learning_rate(tx.init(params), lr)
 
 
 def learning_rate(opt_state: Any) -> jax.Array:
-    """The learning rate an :func:`adam` state steps with (a traced array,
-    per run under ``vmap``)."""
+    """The learning rate an [`adam`][jaxil.algorithms.offline.base.adam] state steps with (a traced array,
+    per run under `vmap`)."""
     return opt_state[1].hyperparams["learning_rate"]
 
 
 def with_learning_rate(opt_state: Any, lr: jax.Array) -> Any:
-    """An :func:`adam` state that steps with learning rate ``lr`` from now on
+    """An [`adam`][jaxil.algorithms.offline.base.adam] state that steps with learning rate `lr` from now on
     (the moments are kept); the one place that knows where optax's
-    ``inject_hyperparams`` keeps it."""
+    `inject_hyperparams` keeps it."""
     clip, adam_state = opt_state
     hyper = dict(adam_state.hyperparams, learning_rate=jnp.asarray(lr, jnp.float32))
     return (clip, adam_state._replace(hyperparams=hyper))
@@ -155,7 +157,7 @@ def apply_grads(tx, params: dict, grads: dict, opt_state: dict) -> tuple[dict, d
 def expert_and_union(key: jax.Array, data: LearnerData, batch_size: int,
                      with_index: bool = False):
     """A D_E batch (needs labels) and an independent D_U batch; with
-    ``with_index`` also the D_U batch's indices into ``data.union`` (the
+    `with_index` also the D_U batch's indices into `data.union` (the
     batches are the same for the same key either way)."""
     if data.expert is None:
         raise ValueError(
@@ -169,9 +171,9 @@ def expert_and_union(key: jax.Array, data: LearnerData, batch_size: int,
 
 
 def _updates(learner: Learner, data: LearnerData, place_batch: Optional[Callable] = None):
-    """One update of ``learner`` on a batch it samples from ``data``, in the
-    form :func:`jaxil.runs.updates.scan_updates` fuses. ``place_batch`` (e.g.
-    :func:`jaxil.runs.sharding.constrain_batch`) lays out each batch first."""
+    """One update of `learner` on a batch it samples from `data`, in the
+    form [`jaxil.runs.updates.scan_updates`][jaxil.runs.updates.scan_updates] fuses. `place_batch` (e.g.
+    [`jaxil.runs.sharding.constrain_batch`][jaxil.runs.sharding.constrain_batch]) lays out each batch first."""
 
     def one(state: LearnerState, key: jax.Array):
         batch = learner.sample(key, data)
@@ -183,25 +185,25 @@ def _updates(learner: Learner, data: LearnerData, place_batch: Optional[Callable
 
 
 def update_n(learner: Learner, state: LearnerState, data: LearnerData, k: int):
-    """K updates fused in one ``lax.scan``; batches are gathered on device.
+    """K updates fused in one `lax.scan`; batches are gathered on device.
 
     Returns the new state and the metrics of the last update (means over K
-    would hide divergence). Jit with ``learner`` and ``k`` static, e.g.
-    ``jax.jit(update_n, static_argnums=(0, 3))``.
+    would hide divergence). Jit with `learner` and `k` static, e.g.
+    `jax.jit(update_n, static_argnums=(0, 3))`.
     """
     state, metrics = scan_updates(_updates(learner, data), state, k)
     return state, jax.tree.map(lambda m: m[-1], metrics)
 
 
 def unalias(tree: Any) -> Any:
-    """``tree`` with every array that appears more than once replaced, after
+    """`tree` with every array that appears more than once replaced, after
     its first use, by a copy of its own.
 
-    A learner's ``init`` puts the same array in two places (the target
+    A learner's `init` puts the same array in two places (the target
     networks start as the online ones; a learning rate sits in the
     hyper-parameters and in the optimiser state). A jitted call that donates
     such a state fails ("Attempt to donate the same buffer twice"); after
-    :func:`unalias` each leaf owns its buffer.
+    [`unalias`][jaxil.algorithms.offline.base.unalias] each leaf owns its buffer.
     """
     seen: set[int] = set()
 
@@ -217,17 +219,17 @@ def unalias(tree: Any) -> Any:
 
 
 def jit_update_n(learner: Learner, k: int = 1, *, donate: bool = True) -> Callable:
-    """``step(state, data) -> (state, metrics)``: :func:`update_n` with K
+    """`step(state, data) -> (state, metrics)`: [`update_n`][jaxil.algorithms.offline.base.update_n] with K
     updates per call, compiled once, for a loop of your own.
 
-    ``donate`` (default): the input state's buffers are donated, so XLA
+    `donate` (default): the input state's buffers are donated, so XLA
     writes the new state in place instead of allocating a second one per
     call; the state passed in is deleted (use the returned one). The state
-    is passed through :func:`unalias` first, so a freshly initialised state
-    can be donated. On the CPU backend, also call :func:`jaxil.runs.hostmem.retain`
+    is passed through [`unalias`][jaxil.algorithms.offline.base.unalias] first, so a freshly initialised state
+    can be donated. On the CPU backend, also call [`jaxil.runs.hostmem.retain`][jaxil.runs.hostmem.retain]
     before the first computation: every call otherwise maps and zeroes its
     temporary buffer anew, the larger part of what one update per call
-    costs over fused updates (``benchmarks/single_update.py``).
+    costs over fused updates (`benchmarks/single_update.py`).
     """
     if k < 1:
         raise ValueError(f"k (updates per call) must be >= 1, got {k}")
@@ -244,7 +246,7 @@ def jit_update_n(learner: Learner, k: int = 1, *, donate: bool = True) -> Callab
 
 def update_n_checked(learner: Learner, state: LearnerState, data: LearnerData, k: int,
                      place_batch: Optional[Callable] = None):
-    """:func:`update_n` plus the chunk's :class:`jaxil.runs.guard.Health` (the first
+    """[`update_n`][jaxil.algorithms.offline.base.update_n] plus the chunk's [`jaxil.runs.guard.Health`][jaxil.runs.guard.Health] (the first
     update with a non-finite metric, and whether the parameters stay finite):
-    ``(state, last metrics, health)``. ``place_batch``: see ``_updates``."""
+    `(state, last metrics, health)`. `place_batch`: see `_updates`."""
     return fused_updates(_updates(learner, data, place_batch), state, k)

@@ -35,10 +35,10 @@ from jaxil.losses import weighted_bc_loss
 class BCBatch:
     """What one BC update reads.
 
-    ``union``: the batch it trains on when ``expert`` is None (D_U, or the
-    interactive student's demos ∪ buffer). With expert labels, ``expert``
-    (a D_E batch) and ``coin`` ``[B]`` uniform draws: sample i comes from D_E
-    where ``coin[i] < β``, else from ``union``.
+    `union`: the batch it trains on when `expert` is None (D_U, or the
+    interactive student's demos ∪ buffer). With expert labels, `expert`
+    (a D_E batch) and `coin` `[B]` uniform draws: sample i comes from D_E
+    where `coin[i] < β`, else from `union`.
     """
 
     union: Any
@@ -79,7 +79,7 @@ def _check_common(cfg) -> None:
 
 
 def make_bc(spec: EnvSpec, config: BCConfig = BCConfig(), beta: float = 0.0) -> Learner:
-    """BC learner; ``beta`` is the default D_E fraction of its hparams."""
+    """BC learner; `beta` is the default D_E fraction of its hparams."""
     pi = PolicyNet(spec, config.hidden, config.shared, box=config.box)
     tx = adam(config.max_grad_norm)
 

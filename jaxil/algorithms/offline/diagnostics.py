@@ -3,18 +3,18 @@
 A DICE learner (INDD, MisoDICE-VDN, MisoDICE) trains its policy by BC
 weighted with ω = exp(e/(1+α)) normalised over the batch. Whether it beats
 BC(D_U) depends on where those weights go. On fixed batches of union
-transitions with known expert flags, :func:`dice_diagnostics` reports per
+transitions with known expert flags, [`dice_diagnostics`][jaxil.algorithms.offline.diagnostics.dice_diagnostics] reports per
 run:
 
-- ``weight_max``: the median over batches of the largest weight;
-- ``ess``: the effective sample size (Σω)²/(B·Σω²), 1 for uniform weights
+- `weight_max`: the median over batches of the largest weight;
+- `ess`: the effective sample size (Σω)²/(B·Σω²), 1 for uniform weights
   and 1/B when one sample holds them all;
-- ``expert_share``: the share of weight on true expert samples, beside
-  ``expert_fraction``, the share uniform weights would give;
-- ``disc_auc``: the discriminator's AUC for expert vs other transitions, and
-  ``logit_gap``, the gap of its mean logits.
+- `expert_share`: the share of weight on true expert samples, beside
+  `expert_fraction`, the share uniform weights would give;
+- `disc_auc`: the discriminator's AUC for expert vs other transitions, and
+  `logit_gap`, the gap of its mean logits.
 
-The weights are the learner's own (:attr:`jaxil.algorithms.offline.base.Learner.weigh`),
+The weights are the learner's own ([`jaxil.algorithms.offline.base.Learner.weigh`][jaxil.algorithms.offline.base.Learner.weigh]),
 so they cannot drift from what its update uses.
 """
 
@@ -32,9 +32,9 @@ from jaxil.algorithms.offline.base import Learner, LearnerData
 
 def diagnostic_batches(data: LearnerData, truth: np.ndarray, groups: int, batch: int,
                        seed: int = 0) -> tuple[Any, np.ndarray]:
-    """``groups`` fixed batches of ``batch`` union transitions (uniform, as
-    the learners draw them) ``[G, B, ...]`` and their expert flags
-    ``[G, B]`` (``truth``: one flag per union transition)."""
+    """`groups` fixed batches of `batch` union transitions (uniform, as
+    the learners draw them) `[G, B, ...]` and their expert flags
+    `[G, B]` (`truth`: one flag per union transition)."""
     k = int(data.union.reward.shape[0])
     if np.shape(truth) != (k,):
         raise ValueError(f"truth needs one flag per union transition ({k}), got shape "
@@ -57,9 +57,9 @@ def auc(scores: np.ndarray, positive: np.ndarray) -> float:
 
 
 def weight_stats(w: np.ndarray, truth: np.ndarray) -> dict[str, float]:
-    """``weight_max``, ``ess``, ``expert_share`` and ``expert_fraction`` (see
-    the module) of normalised weights ``w [G, B]``, averaged over batches;
-    ``w [G, B, N]`` (one set per agent, INDD) is averaged over agents too."""
+    """`weight_max`, `ess`, `expert_share` and `expert_fraction` (see
+    the module) of normalised weights `w [G, B]`, averaged over batches;
+    `w [G, B, N]` (one set per agent, INDD) is averaged over agents too."""
     w = np.asarray(w, np.float64)
     if w.ndim == 3:
         per = [weight_stats(w[..., i], truth) for i in range(w.shape[-1])]
@@ -74,8 +74,8 @@ def weight_stats(w: np.ndarray, truth: np.ndarray) -> dict[str, float]:
 
 @functools.lru_cache(maxsize=64)
 def _weigh_runs(learner: Learner):
-    """``(params [R], hparams [R], batches [G, B]) -> (logit, weights)``
-    ``[R, G, B(, N)]``, compiled once per learner."""
+    """`(params [R], hparams [R], batches [G, B]) -> (logit, weights)`
+    `[R, G, B(, N)]`, compiled once per learner."""
     if learner.weigh is None:
         raise ValueError(f"{learner.name} has no DICE weights to diagnose")
     per_group = jax.vmap(learner.weigh, in_axes=(None, None, 0))
@@ -84,10 +84,10 @@ def _weigh_runs(learner: Learner):
 
 def dice_diagnostics(learner: Learner, params: Any, hparams: Any, batches: Any,
                      truth: np.ndarray) -> dict[str, np.ndarray]:
-    """Per run (the leading axis of ``params``/``hparams``): the weight
-    statistics, ``disc_auc`` and ``logit_gap`` (see the module) on
-    ``batches`` with expert flags ``truth`` (:func:`diagnostic_batches`).
-    Returns ``{name: [R]}``."""
+    """Per run (the leading axis of `params`/`hparams`): the weight
+    statistics, `disc_auc` and `logit_gap` (see the module) on
+    `batches` with expert flags `truth` ([`diagnostic_batches`][jaxil.algorithms.offline.diagnostics.diagnostic_batches]).
+    Returns `{name: [R]}`."""
     logit, w = jax.device_get(_weigh_runs(learner)(params, hparams, batches))
     truth = np.asarray(truth, bool)
     rows = []

@@ -1,4 +1,4 @@
-"""MisoDICE and its variants, one learner with a ``mixing`` switch.
+"""MisoDICE and its variants, one learner with a `mixing` switch.
 
 Objective (DemoDICE form): min KL(d_π ‖ d_E) + α·KL(d_π ‖ d_U). Per update,
 with a D_E batch and an independent D_U batch:
@@ -12,43 +12,43 @@ with a D_E batch and an independent D_U batch:
 3. policy: ω = sg(exp(e/(1+α))) normalised over the batch;
    L_π = −E_{D_U}[ω·Σ_i log π_i(a_i|o_i)].
 
-``mixing``:
-- ``"hyper"`` — MisoDICE: both mixers are hypernetworks of the global state
+`mixing`:
+- `"hyper"` — MisoDICE: both mixers are hypernetworks of the global state
   with non-negative weights (linear in the local values, so L_ν stays convex
   in them, and monotone, so local and global values agree).
-- ``"sum"`` — MisoDICE-VDN: w = 1, b = 0.
-- ``"none"`` — INDD: each agent runs DemoDICE on its own (o_i, a_i) with its
+- `"sum"` — MisoDICE-VDN: w = 1, b = 0.
+- `"none"` — INDD: each agent runs DemoDICE on its own (o_i, a_i) with its
   own logit, ν_i and weights; the per-agent losses are summed. Its networks
-  are independent per agent by default (``shared=None`` resolves to False):
+  are independent per agent by default (`shared=None` resolves to False):
   "independent DemoDICE" learners, as the same authors' independent baseline
-  of O-MAPL (IIPL, github.com/vietbt/OMAPL ``algos/iipl.py``: one network and
-  one optimiser per agent). ``shared=True`` gives one parameter set with an
+  of O-MAPL (IIPL, github.com/vietbt/OMAPL `algos/iipl.py`: one network and
+  one optimiser per agent). `shared=True` gives one parameter set with an
   agent id instead. MisoDICE and VDN share parameters by default (O-MAPL's
   networks take obs ⊕ one-hot id).
 
 Faithfulness switches (DemoDICE: Kim et al. 2022, github.com/geon-hyeong/
-imitation-dice ``demodice.py`` and ``lfd_mujoco.py``):
-- ``init_sampling="trajectory"`` (default): the s0 of (1−γ)·E[ν(s0)] is drawn
-  uniformly over trajectories, as DemoDICE does; ``"transition"`` reads the
+imitation-dice `demodice.py` and `lfd_mujoco.py`):
+- `init_sampling="trajectory"` (default): the s0 of (1−γ)·E[ν(s0)] is drawn
+  uniformly over trajectories, as DemoDICE does; `"transition"` reads the
   s0 of the sampled union transitions (which weights each trajectory's s0
   by its length).
-- ``reward="bounded"``: DemoDICE's reward, the logit of a clipped
-  discriminator ``log(σ(ℓ)+ε) − log(σ(−ℓ)(1−ε)+ε²)`` ∈ [−6.9, 13.8]
-  (:func:`jaxil.losses.bounded_reward`); default ``"logit"`` (R = ℓ).
-- ``nu_grad_penalty=True``: DemoDICE's ν penalty, ``nu_gp_coef`` (1e-4)
+- `reward="bounded"`: DemoDICE's reward, the logit of a clipped
+  discriminator `log(σ(ℓ)+ε) − log(σ(−ℓ)(1−ε)+ε²)` ∈ [−6.9, 13.8]
+  ([`jaxil.losses.bounded_reward`][jaxil.losses.discriminator.bounded_reward]); default `"logit"` (R = ℓ).
+- `nu_grad_penalty=True`: DemoDICE's ν penalty, `nu_gp_coef` (1e-4)
   × mean ‖∇ν‖² on union states and expert–union interpolates of states and
-  next states (:func:`jaxil.losses.nu_gradient_penalty`); off by default.
-- ``policy_sampling="stratified"`` (not in DemoDICE or the paper): the
+  next states ([`jaxil.losses.nu_gradient_penalty`][jaxil.losses.dice.nu_gradient_penalty]); off by default.
+- `policy_sampling="stratified"` (not in DemoDICE or the paper): the
   policy step's batch is the first B//2 of the D_E batch and then the first
   B − B//2 of the D_U batch, and its weights are the self-normalised
   importance weights ρ·exp(e/(1+α)) with ρ = d_U/q for the mixture
-  q = ½·D_E + ½·D_U (:func:`jaxil.data.sampling.stratified_log_ratio`). It
-  estimates the same weighted-BC objective as the default ``"union"`` batch
+  q = ½·D_E + ½·D_U ([`jaxil.data.sampling.stratified_log_ratio`][jaxil.data.sampling.stratified_log_ratio]). It
+  estimates the same weighted-BC objective as the default `"union"` batch
   (D_U only), with far more expert samples per update when the experts are
   a small part of D_U and carry most of the weight. ν and the
   discriminator are unchanged.
 The default against weight collapse is instead the slow ν learning rate
-(``lr_critic`` 3e-5, see ``default_hparams``), kept on evidence
+(`lr_critic` 3e-5, see `default_hparams`), kept on evidence
 (experiments/misodice_stabilisers, SMAX 3m, heuristic expert, 3 seeds, 8000
 updates): at ν's normal rate (3e-4) the bounded reward, the ν penalty or both
 still collapse (normalised return 0.02-0.06 after 8000 updates against 0.44
@@ -107,14 +107,14 @@ class DiceBatch:
     """What one DICE update reads.
 
     Attributes:
-      expert: a D_E batch (the discriminator's positives; the first ``B//2``
+      expert: a D_E batch (the discriminator's positives; the first `B//2`
         of a stratified policy batch).
       union: an independent D_U batch (negatives, ν's and the policy's batch).
       init: initial states sampled by trajectory, or None with
-        ``init_sampling="transition"`` (the union batch's own ``init_*``
+        `init_sampling="transition"` (the union batch's own `init_*`
         fields are used).
       penalty_key: the key of the gradient penalties.
-      log_ratio: with ``policy_sampling="stratified"``, the ``[B]`` log
+      log_ratio: with `policy_sampling="stratified"`, the `[B]` log
         importance ratios of the policy batch, else None.
     """
 
@@ -129,8 +129,8 @@ class DiceBatch:
 class DiceConfig:
     """Static structure of a DICE learner (see the module docstring).
 
-    ``shared=None`` takes the variant's default: independent per-agent
-    networks for INDD (``mixing="none"``), shared ones (with a one-hot agent
+    `shared=None` takes the variant's default: independent per-agent
+    networks for INDD (`mixing="none"`), shared ones (with a one-hot agent
     id) for MisoDICE and VDN; the resolved bool is what the config holds.
     """
 
@@ -181,7 +181,7 @@ class DiceHParams:
     lr_critic: jax.Array
     lr_disc: jax.Array
     gp_coef: jax.Array  # 0.1 in DemoDICE
-    nu_gp_coef: jax.Array  # 1e-4 in DemoDICE; used with ``nu_grad_penalty``
+    nu_gp_coef: jax.Array  # 1e-4 in DemoDICE; used with `nu_grad_penalty`
 
     RANGES: ClassVar[dict] = dict(
         alpha=NONNEGATIVE._replace(why="the weight of the KL to the union occupancy; the "
@@ -192,7 +192,7 @@ class DiceHParams:
 
 
 def _Mixed(spec: EnvSpec, config: DiceConfig) -> MixedNet:
-    """The discriminator / value network of ``config`` (:class:`jaxil.nn.mixed_net.MixedNet`)."""
+    """The discriminator / value network of `config` ([`jaxil.nn.mixed_net.MixedNet`][jaxil.nn.mixed_net.MixedNet])."""
     return MixedNet(spec.num_agents, config.mixing, config.hidden, config.mixer_hidden,
                     config.shared)
 
@@ -243,7 +243,7 @@ def make_dice(spec: EnvSpec, config: DiceConfig = DiceConfig(), alpha: float = 0
     half = config.batch_size // 2  # D_E samples of a stratified policy batch
 
     def sample(key, data: LearnerData):
-        """A :class:`DiceBatch` from ``data`` (labels required)."""
+        """A [`DiceBatch`][jaxil.algorithms.offline.dice.DiceBatch] from `data` (labels required)."""
         k, kg = jax.random.split(key)
         log_ratio = None
         if config.policy_sampling == "stratified":
@@ -266,7 +266,7 @@ def make_dice(spec: EnvSpec, config: DiceConfig = DiceConfig(), alpha: float = 0
         return jnp.concatenate([b.obs, encode_actions(spec, b.actions)], -1)
 
     def advantages(nu_params, b, reward, gamma):
-        """The DICE advantages e of batch ``b`` (``[B]``, or ``[B, N]`` per agent)."""
+        """The DICE advantages e of batch `b` (`[B]`, or `[B, N]` per agent)."""
         nu_s = nu(nu_params, b.obs, b.global_state)
         nu_next = nu(nu_params, b.next_obs, b.next_global_state)
         if per_agent:
@@ -284,7 +284,7 @@ def make_dice(spec: EnvSpec, config: DiceConfig = DiceConfig(), alpha: float = 0
     to_reward = bounded_reward if config.reward == "bounded" else (lambda logit: logit)
 
     def score_union(params, hp, u):
-        """``(logit, reward, advantage)`` of union batch ``u``: the
+        """`(logit, reward, advantage)` of union batch `u`: the
         discriminator's logit, the (stop-gradient) reward it gives and the
         DICE advantage under ν."""
         logit = disc(params["disc"], disc_input(u), u.global_state)
@@ -292,7 +292,7 @@ def make_dice(spec: EnvSpec, config: DiceConfig = DiceConfig(), alpha: float = 0
         return logit, reward, advantages(params["nu"], u, reward, hp.gamma)
 
     def weigh(params, hp, u):
-        """``(logit, weights)`` of union batch ``u`` as the policy step of an
+        """`(logit, weights)` of union batch `u` as the policy step of an
         unstratified update weighs it."""
         logit, _, adv = score_union(params, hp, u)
         return logit, weights(adv, hp.alpha)

@@ -12,15 +12,15 @@ b(s)) mixes both Q and V, and the implicit team reward is
 1. preference (Q and mixer): BCE(Σ_t r^x_t − Σ_t r^y_t, label) + c·E[r²];
 2. value (V): Gumbel regression of V_i towards the target Q̄_i through the
    target mixer weights, z_i = clip(w̄_i(Q̄_i − V_i)/β), the clip inside the
-   exponential only as in the authors' code (``value_clip_mode="authors"``:
-   a V past the clip range is still pulled back; ``"flat"`` clips the linear
-   term too, zero gradient there; :func:`jaxil.losses.gumbel_value_loss`);
+   exponential only as in the authors' code (`value_clip_mode="authors"`:
+   a V past the clip range is still pulled back; `"flat"` clips the linear
+   term too, zero gradient there; [`jaxil.losses.gumbel_value_loss`][jaxil.losses.value.gumbel_value_loss]);
 3. actor: weighted BC with weights exp(z_i) per agent;
 4. soft target update with rate τ.
 
 All steps of both segments (masked past an episode's end) are the samples
 of steps 2–3. The learned return Σ_t r_t scores whole trajectories for
-labelling (``jaxil.algorithms.labelling.label``).
+labelling (`jaxil.algorithms.labelling.label`).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class OMAPLConfig:
 @struct.dataclass
 class OMAPLHParams:
     gamma: jax.Array
-    beta: jax.Array  # Gumbel temperature (``alpha`` = 10 in the authors' code)
+    beta: jax.Array  # Gumbel temperature (`alpha` = 10 in the authors' code)
     reg_coef: jax.Array  # weight of E[r²]; 0.5 in O-MAPL
     tau: jax.Array  # soft target-update rate
     lr_q: jax.Array
@@ -90,8 +90,8 @@ class OMAPLHParams:
 
 @struct.dataclass
 class PreferenceData:
-    """Answered queries on device: both sides ``[Q, L(+1), ...]`` and the
-    probability ``label [Q]`` that side x is preferred (no NaN)."""
+    """Answered queries on device: both sides `[Q, L(+1), ...]` and the
+    probability `label [Q]` that side x is preferred (no NaN)."""
 
     x: Segments
     y: Segments
@@ -135,7 +135,7 @@ class _Nets:
         self.mixer = HyperMixer(num_agents=n, hidden=config.mixer_hidden)
 
     def local_q(self, q_params, obs, actions):
-        """``[..., N]`` Q_i(o_i, a_i) for the data actions."""
+        """`[..., N]` Q_i(o_i, a_i) for the data actions."""
         if self.spec.discrete:
             qs = self.q.apply(q_params, obs)
             return jnp.take_along_axis(qs, actions[..., None].astype(jnp.int32), -1)[..., 0]
@@ -143,9 +143,9 @@ class _Nets:
         return self.q.apply(q_params, x)[..., 0]
 
     def implicit_rewards(self, params, gamma, seg: Segments, target_mix=None):
-        """``[B, L]`` rewards r_t = Q_tot(s_t,a_t) − γ(1−d_t)·V̄_tot(s_{t+1}),
-        zero past the episode's end (``seg.mask``). ``target_mix``: the target
-        mixer's ``(w, b)`` on all ``L+1`` states when the caller has them."""
+        """`[B, L]` rewards r_t = Q_tot(s_t,a_t) − γ(1−d_t)·V̄_tot(s_{t+1}),
+        zero past the episode's end (`seg.mask`). `target_mix`: the target
+        mixer's `(w, b)` on all `L+1` states when the caller has them."""
         obs, nxt = seg.obs[:, :-1], seg.obs[:, 1:]
         w, b = self.mixer.apply(params["mixer"], seg.global_state[:, :-1])
         q_tot = mix(self.local_q(params["q"], obs, seg.actions), w, b)
@@ -200,7 +200,7 @@ def make_omapl(spec: EnvSpec, config: OMAPLConfig = OMAPLConfig()) -> Learner:
 
     def step_losses(params, hp: OMAPLHParams, seg: Segments, w_tgt):
         """Value and actor losses on every valid step of a segment batch;
-        ``w_tgt`` [B, L, N]: the target mixer's weights at each step."""
+        `w_tgt` [B, L, N]: the target mixer's weights at each step."""
         obs = seg.obs[:, :-1]
         q_tgt = local_q(params["target"]["q"], obs, seg.actions)
         v = v_net.apply(params["v"], obs)[..., 0]
@@ -257,6 +257,6 @@ def make_omapl(spec: EnvSpec, config: OMAPLConfig = OMAPLConfig()) -> Learner:
 
 
 def learned_returns(spec: EnvSpec, config: OMAPLConfig, params, gamma, trajectories: Segments):
-    """``[M]`` learned returns Σ_t r_t of (whole) trajectories; jittable,
-    ``spec``/``config`` static."""
+    """`[M]` learned returns Σ_t r_t of (whole) trajectories; jittable,
+    `spec`/`config` static."""
     return _Nets(spec, config).implicit_rewards(params, gamma, trajectories).sum(-1)

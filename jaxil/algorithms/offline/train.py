@@ -1,16 +1,16 @@
 """Training runs: many seeds and a hyper-parameter grid in ONE compiled program.
 
-The offline learners' program (:func:`offline_program`) vmaps a learner over
-R = (grid points × seeds) runs. Each compiled call performs ``eval_every``
-fused updates for every run (``update_n`` inside ``vmap``), then one vmapped
-evaluation in the real environment. :func:`train` hands it to the run engine
-(:mod:`jaxil.runs.engine`), which owns what happens between chunks: progress
-bar, JSONL metrics, an orbax checkpoint of all runs, ``resume=True`` (exact:
+The offline learners' program ([`offline_program`][jaxil.algorithms.offline.train.offline_program]) vmaps a learner over
+R = (grid points × seeds) runs. Each compiled call performs `eval_every`
+fused updates for every run (`update_n` inside `vmap`), then one vmapped
+evaluation in the real environment. [`train`][jaxil.algorithms.offline.train.train] hands it to the run engine
+([`jaxil.runs.engine`][jaxil.runs.engine]), which owns what happens between chunks: progress
+bar, JSONL metrics, an orbax checkpoint of all runs, `resume=True` (exact:
 every random key is carried in the state or derived from the chunk index;
 settings that differ from the recorded run are refused), and the guard (a
 non-finite loss or parameter stops the run before its chunk is written).
 
-CLI: ``jaxil train``, ``jaxil sweep``, ``jaxil eval``.
+CLI: `jaxil train`, `jaxil sweep`, `jaxil eval`.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def expand_grid(grid: dict[str, Sequence[float]], seeds: int) -> list[RunSpec]:
 
 def run_hparams(learner: Learner, runs: list[RunSpec]) -> list[Any]:
     """Each run's hyper-parameters (defaults with its grid overrides),
-    range-checked (:func:`jaxil.algorithms.offline.base.check_hparams`)."""
+    range-checked ([`jaxil.algorithms.offline.base.check_hparams`][jaxil.algorithms.offline.base.check_hparams])."""
     if not runs:
         raise ValueError("a training run needs at least one run (--seeds >= 1)")
     default = learner.default_hparams()
@@ -84,7 +84,7 @@ def config_identity(learner: Learner, spec: EnvSpec) -> dict:
     """The learner's config as its run identity records it. The box head is
     left out on discrete actions, where it does nothing, so run directories
     whose identity names no head still resume. So is a config field while it
-    holds the value its class names in ``IDENTITY_DEFAULTS``: run directories
+    holds the value its class names in `IDENTITY_DEFAULTS`: run directories
     written by a jaxil without that field keep their identity."""
     config = dataclasses.asdict(learner.config)
     if spec.discrete:
@@ -96,7 +96,7 @@ def config_identity(learner: Learner, spec: EnvSpec) -> dict:
 
 
 def init_runs(learner: Learner, runs: list[RunSpec], base_seed: int):
-    """Stacked learner states ``[R, ...]``; seed s uses the same key at every
+    """Stacked learner states `[R, ...]`; seed s uses the same key at every
     grid point (common random numbers make grid points comparable)."""
     hps = run_hparams(learner, runs)
     hp = jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x, jnp.float32) for x in xs]), *hps)
@@ -110,7 +110,7 @@ def _init_fn(learner: Learner):
 
 
 def _sharded(mesh: Optional[Mesh]) -> dict:
-    """jit's in/out shardings for ``f(per-run [R], shared)`` on ``mesh`` (the
+    """jit's in/out shardings for `f(per-run [R], shared)` on `mesh` (the
     runs axis split, the shared argument replicated); none without a mesh."""
     if mesh is None:
         return {}
@@ -120,11 +120,11 @@ def _sharded(mesh: Optional[Mesh]) -> dict:
 
 @functools.lru_cache(maxsize=32)
 def chunk_fn(learner: Learner, k: int, mesh: Optional[Mesh] = None):
-    """``(states [R], data) -> (states, last metrics [R], health [R])``: K
+    """`(states [R], data) -> (states, last metrics [R], health [R])`: K
     fused updates for every run (data shared), jitted once per (learner, K).
-    With a ``mesh`` each device updates its slice of the runs, and where the
-    mesh's ``batch`` axis has M > 1 devices each run's batch is split over M
-    of them (:mod:`jaxil.runs.sharding`)."""
+    With a `mesh` each device updates its slice of the runs, and where the
+    mesh's `batch` axis has M > 1 devices each run's batch is split over M
+    of them ([`jaxil.runs.sharding`][jaxil.runs.sharding])."""
     if mesh is None:
         return jax.jit(jax.vmap(lambda s, d: update_n_checked(learner, s, d, k), in_axes=(0, None)))
     place = functools.partial(constrain_batch, mesh=mesh, batch_size=learner.config.batch_size)
@@ -167,25 +167,25 @@ def train(
     batch_devices: int = 1,
     precision: str = "default",
 ) -> dict:
-    """Train R runs together; returns the summary written to ``results.json``
-    (and the final stacked ``states``).
+    """Train R runs together; returns the summary written to `results.json`
+    (and the final stacked `states`).
 
-    The offline program (:func:`offline_program`) run by the engine
-    (:func:`jaxil.runs.engine.run`). ``data_identity`` (JSON-able: e.g. the
+    The offline program ([`offline_program`][jaxil.algorithms.offline.train.offline_program]) run by the engine
+    ([`jaxil.runs.engine.run`][jaxil.runs.engine.run]). `data_identity` (JSON-able: e.g. the
     dataset's content id and the labels' digest) joins the run's identity, so
-    ``resume`` refuses other data; ``run_info`` is recorded in ``run.json``
-    without being compared. ``loggers``: where the metrics rows go besides
-    ``metrics.jsonl`` (:mod:`jaxil.runs.loggers`, e.g.
-    ``[loggers.wandb("project", run_dir=out_dir)]``); ``tensorboard``: also
-    write the metrics as TensorBoard scalars there. ``devices``: split the
+    `resume` refuses other data; `run_info` is recorded in `run.json`
+    without being compared. `loggers`: where the metrics rows go besides
+    `metrics.jsonl` ([`jaxil.runs.loggers`][jaxil.runs.loggers], e.g.
+    `[loggers.wandb("project", run_dir=out_dir)]`); `tensorboard`: also
+    write the metrics as TensorBoard scalars there. `devices`: split the
     runs over this many devices (default: all, at most one per run;
-    :mod:`jaxil.runs.sharding`).
+    [`jaxil.runs.sharding`][jaxil.runs.sharding]).
     One device is the unsharded program; checkpoints and metrics do not
-    depend on the count. ``batch_devices``: split each run's batch over this
+    depend on the count. `batch_devices`: split each run's batch over this
     many devices as well (data-parallel; the batch size must divide by it),
-    on a mesh of ``devices × batch_devices``. ``precision``: the matmul
-    precision of every update and evaluation (``default``, ``fp32``,
-    ``tf32``, ``bf16``; :mod:`jaxil.runs.precision`).
+    on a mesh of `devices × batch_devices`. `precision`: the matmul
+    precision of every update and evaluation (`default`, `fp32`,
+    `tf32`, `bf16`; [`jaxil.runs.precision`][jaxil.runs.precision]).
     """
     run_hparams(learner, runs)  # refuse bad settings before the run directory is touched
     precision_ctx = matmul_precision(precision)
@@ -249,10 +249,10 @@ def offline_program(learner: Learner, env: envs.MultiAgentEnv, data: LearnerData
                     eval_episodes: int = 32, base_seed: int = 0,
                     deterministic_eval: bool = False,
                     layout: Optional[RunsLayout] = None) -> engine.Program:
-    """The offline learners' :class:`jaxil.runs.engine.Program`: R runs
-    (grid points × seeds) stacked; a chunk is ``eval_every`` fused updates of
+    """The offline learners' [`jaxil.runs.engine.Program`][jaxil.runs.engine.Program]: R runs
+    (grid points × seeds) stacked; a chunk is `eval_every` fused updates of
     every run, then one vmapped evaluation in the environment (the evaluation
-    key folds in the chunk index). ``layout`` splits the runs (and batches)
+    key folds in the chunk index). `layout` splits the runs (and batches)
     over devices."""
     lay = layout
     if lay:
@@ -304,7 +304,7 @@ def _grid_label(grid: dict) -> str:
 
 
 def format_table(summary: dict) -> str:
-    """The results table of :func:`train`: one line per grid point."""
+    """The results table of [`train`][jaxil.algorithms.offline.train.train]: one line per grid point."""
     groups = [dict(p, learner=summary["learner"]) for p in summary["points"]]
     return fmt_table(groups, [("learner", "learner", "{}", "<"), ("grid", "grid", "{}", "<"),
                               ("seeds", "seeds", "{}"), mean_std("return", "return"),

@@ -1,4 +1,4 @@
-"""The hyper-parameters of an IPPO/MAPPO teacher run (:class:`PPOConfig`)."""
+"""The hyper-parameters of an IPPO/MAPPO teacher run ([`PPOConfig`][jaxil.algorithms.rl.config.PPOConfig])."""
 
 from __future__ import annotations
 
@@ -17,20 +17,20 @@ ALGOS = ("ippo", "mappo")
 class PPOConfig:
     """Hyper-parameters of an IPPO/MAPPO run (hashable; a static argument).
 
-    Budget: every PPO update consumes ``num_envs * num_steps`` environment
-    steps; updates are grouped into chunks of ``updates_per_chunk`` (the unit of
+    Budget: every PPO update consumes `num_envs * num_steps` environment
+    steps; updates are grouped into chunks of `updates_per_chunk` (the unit of
     logging and checkpointing). The run has
-    ``num_chunks = total_timesteps // (num_envs * num_steps * updates_per_chunk)``
-    chunks, so ``total_timesteps`` is rounded down to whole chunks.
+    `num_chunks = total_timesteps // (num_envs * num_steps * updates_per_chunk)`
+    chunks, so `total_timesteps` is rounded down to whole chunks.
 
     Attributes:
-      algo: ``"ippo"`` (per-agent critic on the agent's observation) or
-        ``"mappo"`` (centralised critic on the global state).
+      algo: `"ippo"` (per-agent critic on the agent's observation) or
+        `"mappo"` (centralised critic on the global state).
       total_timesteps: environment steps (one step = all agents act once).
       num_envs: parallel environments.
       num_steps: rollout length per update.
       update_epochs: passes over each rollout.
-      num_minibatches: minibatches per epoch (splits the ``num_envs*num_steps``
+      num_minibatches: minibatches per epoch (splits the `num_envs*num_steps`
         joint transitions; the agents of one transition stay together).
       lr: Adam learning rate of actor and critic.
       anneal_lr: decay the learning rate linearly to 0 over the run.
@@ -39,12 +39,12 @@ class PPOConfig:
       ent_coef, vf_coef: entropy bonus and value-loss weights.
       max_grad_norm: global gradient-norm clip (per network).
       hidden_sizes: MLP torso widths of actor and critic.
-      activation: ``"relu"`` or ``"tanh"``.
+      activation: `"relu"` or `"tanh"`.
       reward_scale: multiplies the team reward before GAE (MPE returns are
         large and negative; scaling keeps the value targets O(1)).
       normalize_advantages: per-minibatch advantage normalisation.
       log_std_init: initial log standard deviation of the Gaussian head.
-      updates_per_chunk: PPO updates fused into one ``update_chunk`` call.
+      updates_per_chunk: PPO updates fused into one `update_chunk` call.
     """
 
     algo: str = "mappo"
@@ -139,7 +139,7 @@ class PPOConfig:
 
     @property
     def env_steps(self) -> int:
-        """Environment steps actually run (``total_timesteps`` rounded down)."""
+        """Environment steps actually run (`total_timesteps` rounded down)."""
         return self.num_updates * self.batch_size
 
     def replace(self, **kw) -> "PPOConfig":

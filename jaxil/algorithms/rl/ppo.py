@@ -3,49 +3,51 @@
 Teachers are the demonstrators of jaxil: we train them with PPO, keep their
 actor parameters at several points of training and roll them out to build
 mixed-quality datasets. This module is the training program; the config is in
-:mod:`jaxil.algorithms.rl.config`, the clipped losses and GAE in
-:mod:`jaxil.losses`, the driver (chunks, checkpoints, evaluation, resume) in
-:mod:`jaxil.teachers.train` and the run directory (loading, shipped teachers)
-in :mod:`jaxil.teachers.io`.
+[`jaxil.algorithms.rl.config`][jaxil.algorithms.rl.config], the clipped losses and GAE in
+[`jaxil.losses`][jaxil.losses], the driver (chunks, checkpoints, evaluation, resume) in
+[`jaxil.teachers.train`][jaxil.teachers.train] and the run directory (loading, shipped teachers)
+in [`jaxil.teachers.io`][jaxil.teachers.io].
 
-``make_train(env, config) -> train(key)`` runs the whole training
-(environment steps in ``lax.scan``, GAE, epochs × minibatches in ``lax.scan``)
-and is jittable and vmappable over seeds::
+`make_train(env, config) -> train(key)` runs the whole training
+(environment steps in `lax.scan`, GAE, epochs × minibatches in `lax.scan`)
+and is jittable and vmappable over seeds:
 
-    train = make_train(envs.make("smax:3m"), PPOConfig(algo="mappo"))
-    runner, metrics = jax.jit(jax.vmap(train))(jax.random.split(key, 4))
+```python
+train = make_train(envs.make("smax:3m"), PPOConfig(algo="mappo"))
+runner, metrics = jax.jit(jax.vmap(train))(jax.random.split(key, 4))
+```
 
-``make_ppo(env, config)`` exposes the pieces: ``init(key) -> RunnerState`` and
-``update_chunk(runner) -> (runner, metrics)``, which runs
-``config.updates_per_chunk`` PPO updates; ``update_chunk_checked`` also returns
-the chunk's :class:`jaxil.runs.guard.Health` (the driver stops a diverging run with it).
+`make_ppo(env, config)` exposes the pieces: `init(key) -> RunnerState` and
+`update_chunk(runner) -> (runner, metrics)`, which runs
+`config.updates_per_chunk` PPO updates; `update_chunk_checked` also returns
+the chunk's [`jaxil.runs.guard.Health`][jaxil.runs.guard.Health] (the driver stops a diverging run with it).
 
-A learned reward. ``make_ppo(env, config, reward_hook=RewardHook(...))`` trains
+A learned reward. `make_ppo(env, config, reward_hook=RewardHook(...))` trains
 against a reward function instead of the environment's (PPO against a learned
-reward, GAIL, AIRL: :mod:`jaxil.algorithms.irl.adversarial`). The hook's state lives in
-``RunnerState.reward`` (``init(key, reward_state)``), so it is vmapped over
+reward, GAIL, AIRL: [`jaxil.algorithms.irl.adversarial`][jaxil.algorithms.irl.adversarial]). The hook's state lives in
+`RunnerState.reward` (`init(key, reward_state)`), so it is vmapped over
 seeds and checkpointed with the run. Every update: roll out, optionally update
-the reward (``hook.update``, e.g. discriminator steps on this rollout), score
-the rollout (``hook.reward``), optionally subtract the KL penalty towards a
-reference policy (``hook.kl_coef``, ``hook.ref_log_prob``), then the usual
-GAE and PPO epochs. The true episodic return is still what ``return_mean``
-reports; ``env_reward`` and ``learned_reward`` give the per-step means of
+the reward (`hook.update`, e.g. discriminator steps on this rollout), score
+the rollout (`hook.reward`), optionally subtract the KL penalty towards a
+reference policy (`hook.kl_coef`, `hook.ref_log_prob`), then the usual
+GAE and PPO epochs. The true episodic return is still what `return_mean`
+reports; `env_reward` and `learned_reward` give the per-step means of
 both rewards (the reward-hacking curve is learned up while true falls).
 
-Model. The actor is a :class:`jaxil.nn.policy.PolicyNet` shared by all agents
+Model. The actor is a [`jaxil.nn.policy.PolicyNet`][jaxil.nn.policy.PolicyNet] shared by all agents
 (one-hot agent id appended, orthogonal initialisation, a masked categorical
 or a tanh-Gaussian with a state-independent log-std). The critic is a
-:class:`jaxil.nn.nets.LocalMLP` with one output: IPPO evaluates ``V(o_i, i)`` on
-the agent's own observation, MAPPO ``V(s, i)`` on the global state. Both are
+[`jaxil.nn.nets.LocalMLP`][jaxil.nn.nets.LocalMLP] with one output: IPPO evaluates `V(o_i, i)` on
+the agent's own observation, MAPPO `V(s, i)` on the global state. Both are
 trained on the team reward.
 
 Conventions worth knowing:
 
-- An episode boundary (``done`` or ``truncated``) stops the GAE recursion: the
+- An episode boundary (`done` or `truncated`) stops the GAE recursion: the
   auto-reset wrapper hands back the next episode's first observation, so time
   limits are treated as terminal, as in PureJaxRL/JaxMARL.
-- For box actions the buffer stores the pre-squash Gaussian draw ``u`` (see
-  :mod:`jaxil.nn.policy`, "raw actions").
+- For box actions the buffer stores the pre-squash Gaussian draw `u` (see
+  [`jaxil.nn.policy`][jaxil.nn.policy], "raw actions").
 """
 
 from __future__ import annotations
@@ -71,14 +73,14 @@ from jaxil.algorithms.rl.config import PPOConfig
 
 
 def make_actor(spec: EnvSpec, config: PPOConfig) -> PolicyNet:
-    """The teacher's actor for ``spec``: a shared-parameter :class:`PolicyNet`
+    """The teacher's actor for `spec`: a shared-parameter [`PolicyNet`][jaxil.nn.policy.PolicyNet]
     with the PPO initialisation and a state-independent log-std."""
     return PolicyNet(spec, config.hidden_sizes, shared=True, activation=config.activation,
                      init="orthogonal", log_std="param", log_std_init=config.log_std_init)
 
 
 def make_critic(spec: EnvSpec, config: PPOConfig) -> LocalMLP:
-    """The critic: ``x [..., N, D] -> [..., N, 1]`` with the agent id appended."""
+    """The critic: `x [..., N, D] -> [..., N, 1]` with the agent id appended."""
     hidden_init, out_init = orthogonal_init(1.0)
     return LocalMLP(out_dim=1, num_agents=spec.num_agents, hidden=config.hidden_sizes,
                     shared=True, activation=activation(config.activation),
@@ -87,12 +89,12 @@ def make_critic(spec: EnvSpec, config: PPOConfig) -> LocalMLP:
 
 @functools.lru_cache(maxsize=64)
 def make_policy(spec: EnvSpec, config: PPOConfig, deterministic: bool = False) -> Policy:
-    """A teacher's :class:`envs.policies.Policy` for ONE environment, usable
-    with :func:`envs.rollout` / :func:`envs.run_episodes` and everything else
-    that takes a policy: ``act(actor_params, obs [N, O], avail [N, A], key,
-    carry)``, ``log_prob`` and ``entropy``.
+    """A teacher's [`envs.policies.Policy`][jaxil.envs.policies.Policy] for ONE environment, usable
+    with [`envs.rollout`][jaxil.envs.rollout] / [`envs.run_episodes`][jaxil.envs.rollout.run_episodes] and everything else
+    that takes a policy: `act(actor_params, obs [N, O], avail [N, A], key,
+    carry)`, `log_prob` and `entropy`.
 
-    ``deterministic=True`` takes the most likely available action (discrete) or
+    `deterministic=True` takes the most likely available action (discrete) or
     the squashed Gaussian mean (box). Cached: equal arguments give the same
     object, so jitted rollouts of it compile once.
     """
@@ -114,12 +116,12 @@ class RunnerState(NamedTuple):
 
 
 class RewardBatch(NamedTuple):
-    """One rollout as a reward function sees it (time-major, ``[T, E, ...]``).
+    """One rollout as a reward function sees it (time-major, `[T, E, ...]`).
 
-    ``next_obs``/``next_global_state`` are the observation after the step;
-    where ``last`` (the episode ended, by termination or time limit) they are
-    the next episode's first (auto-reset), so a reward of ``s'`` must mask
-    them with ``last`` (time limits count as terminal, as in the GAE).
+    `next_obs`/`next_global_state` are the observation after the step;
+    where `last` (the episode ended, by termination or time limit) they are
+    the next episode's first (auto-reset), so a reward of `s'` must mask
+    them with `last` (time limits count as terminal, as in the GAE).
     """
 
     obs: jax.Array  # [T, E, N, O]
@@ -133,19 +135,19 @@ class RewardBatch(NamedTuple):
 
 
 class RewardHook(NamedTuple):
-    """A learned reward for :func:`make_ppo` (see the module docstring).
+    """A learned reward for [`make_ppo`][jaxil.algorithms.rl.ppo.make_ppo] (see the module docstring).
 
     Attributes:
-      reward: ``(reward_state, actor_params, batch: RewardBatch) -> [T, E]``
-        team rewards, or ``[T, E, N]`` one per agent.
-      update: optional ``(reward_state, actor_params, batch, key) ->
-        (reward_state, metrics)`` run on each rollout before it is scored
-        (``metrics``: scalars, logged per chunk as their mean).
-      kl_coef: β of the KL penalty ``r − β Σ_i (log π_θ(a_i|o_i) − log
-        π_ref(a_i|o_i))`` (0: none). Needs ``ref_log_prob``.
-      ref_log_prob: ``(reward_state, obs [.., N, O], avail, actions) ->
-        [.., N]`` log-probabilities of the reference policy (π_SFT).
-      guarded: names of ``update``'s metrics the non-finite guard watches.
+      reward: `(reward_state, actor_params, batch: RewardBatch) -> [T, E]`
+        team rewards, or `[T, E, N]` one per agent.
+      update: optional `(reward_state, actor_params, batch, key) ->
+        (reward_state, metrics)` run on each rollout before it is scored
+        (`metrics`: scalars, logged per chunk as their mean).
+      kl_coef: β of the KL penalty `r − β Σ_i (log π_θ(a_i|o_i) − log
+        π_ref(a_i|o_i))` (0: none). Needs `ref_log_prob`.
+      ref_log_prob: `(reward_state, obs [.., N, O], avail, actions) ->
+        [.., N]` log-probabilities of the reference policy (π_SFT).
+      guarded: names of `update`'s metrics the non-finite guard watches.
     """
 
     reward: Callable[[Any, Any, RewardBatch], jax.Array]
@@ -172,7 +174,7 @@ class Transition(NamedTuple):
 
 
 class PPO(NamedTuple):
-    """The pure pieces of a run; see :func:`make_ppo`."""
+    """The pure pieces of a run; see [`make_ppo`][jaxil.algorithms.rl.ppo.make_ppo]."""
 
     env: MultiAgentEnv
     config: PPOConfig
@@ -189,27 +191,27 @@ GUARDED = ("actor_loss", "value_loss", "entropy", "approx_kl")
 
 def make_ppo(env: MultiAgentEnv, config: PPOConfig,
              reward_hook: Optional[RewardHook] = None) -> PPO:
-    """Build ``init(key[, reward_state]) -> RunnerState`` and
-    ``update_chunk(runner) -> (runner, metrics)`` (``config.updates_per_chunk``
+    """Build `init(key[, reward_state]) -> RunnerState` and
+    `update_chunk(runner) -> (runner, metrics)` (`config.updates_per_chunk`
     PPO updates).
 
     Both are pure and jittable, and vmappable over a leading seed axis.
-    ``metrics`` are scalars summarising the chunk: ``episodes`` (finished in
-    the training rollouts), ``return_mean``, ``win_rate`` (NaN when no episode
-    finished), ``actor_loss``, ``value_loss``, ``entropy``, ``approx_kl``,
-    ``clip_frac``, ``lr``, ``env_steps`` (total so far).
-    ``update_chunk_checked(runner) -> (runner, metrics, health)`` is the same
-    chunk plus :func:`jaxil.runs.guard.health` of the per-update losses
-    (:data:`GUARDED`, ``[updates_per_chunk]`` each) and of the actor and
+    `metrics` are scalars summarising the chunk: `episodes` (finished in
+    the training rollouts), `return_mean`, `win_rate` (NaN when no episode
+    finished), `actor_loss`, `value_loss`, `entropy`, `approx_kl`,
+    `clip_frac`, `lr`, `env_steps` (total so far).
+    `update_chunk_checked(runner) -> (runner, metrics, health)` is the same
+    chunk plus [`jaxil.runs.guard.health`][jaxil.runs.guard.health] of the per-update losses
+    (`GUARDED`, `[updates_per_chunk]` each) and of the actor and
     critic parameters after the chunk.
 
-    With ``reward_hook`` (:class:`RewardHook`) PPO optimises its reward
-    instead of the environment's; ``init(key, reward_state)`` stores the
-    hook's state in the runner, and the metrics gain ``env_reward`` and
-    ``learned_reward`` (per-step means over the chunk's rollouts), ``kl``
+    With `reward_hook` ([`RewardHook`][jaxil.algorithms.rl.ppo.RewardHook]) PPO optimises its reward
+    instead of the environment's; `init(key, reward_state)` stores the
+    hook's state in the runner, and the metrics gain `env_reward` and
+    `learned_reward` (per-step means over the chunk's rollouts), `kl`
     (per-step Σ_i log π_θ − log π_ref, with a KL penalty) and the means of the
     hook's update metrics; the guard also watches those named in
-    ``hook.guarded`` and the reward state.
+    `hook.guarded` and the reward state.
     """
     if not isinstance(config, PPOConfig):
         raise TypeError(f"config must be a PPOConfig, got {type(config).__name__}")
@@ -288,7 +290,7 @@ def make_ppo(env: MultiAgentEnv, config: PPOConfig,
         return (actor_ts, critic_ts, env_state, nts, key), tr
 
     def learned_reward(reward_state, actor_params, traj: Transition, key):
-        """Replace ``traj.reward`` by the hook's (after its update, minus the
+        """Replace `traj.reward` by the hook's (after its update, minus the
         KL penalty); returns the new reward state, trajectory and stats."""
         gs, action, next_obs, next_gs = traj.step
         batch = RewardBatch(obs=traj.obs, global_state=gs, avail=traj.avail, action=action,
@@ -420,17 +422,17 @@ def make_ppo(env: MultiAgentEnv, config: PPOConfig,
 
 
 def _opt_count(opt_state) -> jax.Array:
-    """Adam's step count inside ``chain(clip, adam)``."""
+    """Adam's step count inside `chain(clip, adam)`."""
     return opt_state[1][0].count
 
 
 def make_train(env: MultiAgentEnv, config: PPOConfig,
                reward_hook: Optional[RewardHook] = None) -> Callable:
-    """``train(key[, reward_state]) -> (RunnerState, metrics)``: the whole run
-    as one pure function (``config.num_chunks`` chunks of
-    ``updates_per_chunk`` updates). ``metrics`` leaves have a leading
-    ``[num_chunks]`` axis (a learning curve). ``jax.jit(jax.vmap(train))(keys)``
-    trains one seed per key. ``reward_hook``: see :func:`make_ppo`.
+    """`train(key[, reward_state]) -> (RunnerState, metrics)`: the whole run
+    as one pure function (`config.num_chunks` chunks of
+    `updates_per_chunk` updates). `metrics` leaves have a leading
+    `[num_chunks]` axis (a learning curve). `jax.jit(jax.vmap(train))(keys)`
+    trains one seed per key. `reward_hook`: see [`make_ppo`][jaxil.algorithms.rl.ppo.make_ppo].
     """
     ppo = make_ppo(env, config, reward_hook)
 
