@@ -1,21 +1,35 @@
 """mkdocs hooks of the jaxil site.
 
-- The committed plots of ``experiments/`` join the site: every PNG under
-  ``experiments/*/results*/`` is added as ``experiments/<path>``, so a page in
-  ``docs/algorithms/`` shows one as
-  ``../experiments/<experiment>/results/<plot>.png``.
+- The committed plots of `experiments/` join the site: every PNG under
+  `experiments/*/results*/` is added as `experiments/<path>`, so a page in
+  `docs/algorithms/` shows one as
+  `../experiments/<experiment>/results/<plot>.png`.
 - The API reference reads the source statically (griffe). The repository
-  keeps the environments in its top-level ``envs/`` folder, installed as
-  ``jaxil.envs`` (pyproject's ``package-dir``), which a static reader cannot
-  follow. ``.docs-src/jaxil`` (git-ignored, rebuilt on every build) mirrors
-  the installed layout with symbolic links: every entry of ``jaxil/`` and
-  ``envs/`` as ``jaxil/envs``.
+  keeps the environments in its top-level `envs/` folder, installed as
+  `jaxil.envs` (pyproject's `package-dir`), which a static reader cannot
+  follow. `.docs-src/jaxil` (git-ignored, rebuilt on every build) mirrors
+  the installed layout with symbolic links: every entry of `jaxil/` and
+  `envs/` as `jaxil/envs`, and an `__init__.py` in which the lazy exports
+  of `jaxil` are static imports (`_static_init`).
+- The `jaxil` reference page lists every lazy export, generated from the
+  same table (`exports_markdown`).
+- Maths is rendered at build time: every formula that `pymdownx.arithmatex`
+  found (`$...$`, `$$...$$`) becomes MathML (latex2mathml), which browsers
+  draw natively, so the site needs no script and no network for it
+  (`render_maths`).
+- Every figure of a page links to its image file, so a click opens it at
+  full size (`link_figures`).
 """
 
 from __future__ import annotations
 
+import ast
+import html
+import re
 import shutil
 from pathlib import Path
+
+import latex2mathml.converter
 
 from mkdocs.structure.files import File
 
@@ -23,12 +37,46 @@ ROOT = Path(__file__).resolve().parent.parent
 MIRROR = ROOT / ".docs-src"
 
 
+def exports() -> dict[str, tuple[str, str | None]]:
+    """`jaxil._EXPORTS` (public name -> (module, attribute)), read statically."""
+    tree = ast.parse((ROOT / "jaxil" / "__init__.py").read_text())
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and getattr(node.targets[0], "id", None) == "_EXPORTS"):
+            return ast.literal_eval(node.value)
+    raise RuntimeError("jaxil/__init__.py has no _EXPORTS table")
+
+
+def _static_init() -> str:
+    """`jaxil/__init__.py` with its lazy exports spelled as imports griffe reads.
+
+    `jaxil.__getattr__` loads the names of `_EXPORTS` on first use, which a
+    static reader cannot see; the mirror's `__init__.py` appends one
+    `from module import attribute as name` per function or class, under
+    `if TYPE_CHECKING:`, and a literal `__all__`, so the `jaxil` reference page
+    renders each export with its signature and docstring straight from the
+    table (a new export appears there on the next build). Exported modules
+    (`jaxil.envs`) are listed in the page's text instead of being rendered
+    twice.
+    """
+    lines = ["", "", "# Static form of the lazy exports, for the API reference.",
+             "from typing import TYPE_CHECKING", "", "if TYPE_CHECKING:"]
+    names = []
+    for name, (module, attr) in exports().items():
+        if attr is not None:
+            lines.append(f"    from {module} import {attr} as {name}")
+            names.append(name)
+    lines.append(f"__all__ = {names!r}")
+    return (ROOT / "jaxil" / "__init__.py").read_text() + "\n".join(lines) + "\n"
+
+
 def _mirror() -> None:
     shutil.rmtree(MIRROR, ignore_errors=True)
     (MIRROR / "jaxil").mkdir(parents=True)
     for entry in (ROOT / "jaxil").iterdir():
-        if entry.name != "__pycache__":
+        if entry.name not in ("__pycache__", "__init__.py"):
             (MIRROR / "jaxil" / entry.name).symlink_to(entry)
+    (MIRROR / "jaxil" / "__init__.py").write_text(_static_init())
     (MIRROR / "jaxil" / "envs").symlink_to(ROOT / "envs")
 
 
@@ -42,3 +90,97 @@ def on_files(files, config):
                           dest_dir=config["site_dir"],
                           use_directory_urls=config["use_directory_urls"]))
     return files
+
+
+# What pymdownx.arithmatex (generic mode) writes: `<span class="arithmatex">\(x\)</span>`
+# inline, `<div class="arithmatex">\[x\]</div>` for a display formula.
+_ARITHMATEX = re.compile(
+    r'<(span|div) class="arithmatex">\s*\\([(\[])(.*?)\\[)\]]\s*</\1>', re.S)
+# Text-mode arguments, whose characters latex2mathml copies into <mtext> as
+# they are: `\texttt{<eot>}` must not become an HTML element.
+_TEXT_ARG = re.compile(r"\\(text|texttt|textrm|textit|textbf|mathrm|mathtt|operatorname)\{([^{}]*)\}")
+_LT, _GT, _AMP = "\ue000", "\ue001", "\ue002"
+
+
+def tex_to_mathml(tex: str, display: bool) -> str:
+    """One TeX formula as a `<math>` element (`display="block"` for a display formula)."""
+    tex = _TEXT_ARG.sub(lambda m: "\\%s{%s}" % (m.group(1), m.group(2).replace(
+        "&", _AMP).replace("<", _LT).replace(">", _GT)), tex)
+    out = latex2mathml.converter.convert(tex.strip(), display="block" if display else "inline")
+    return out.replace(_LT, "&lt;").replace(_GT, "&gt;").replace(_AMP, "&amp;")
+
+
+def render_maths(content: str, where: str) -> str:
+    """`content` with every arithmatex formula replaced by its MathML.
+
+    The TeX source stays in the page as the `alttext` of each formula (what
+    a screen reader or a copy of the formula gets). A formula latex2mathml
+    cannot read fails the build, naming the page and the formula.
+    """
+    def sub(m: re.Match) -> str:
+        tag, opener, tex = m.group(1), m.group(2), html.unescape(m.group(3))
+        try:
+            mathml = tex_to_mathml(tex, display=opener == "[")
+        except Exception as e:  # latex2mathml raises many types
+            raise ValueError(f"{where}: cannot render the formula {tex!r} ({e})") from None
+        alt = html.escape(" ".join(tex.split()), quote=True)
+        mathml = mathml.replace("<math ", f'<math alttext="{alt}" ', 1)
+        return f'<{tag} class="arithmatex">{mathml}</{tag}>'
+    return _ARITHMATEX.sub(sub, content)
+
+
+_IMG = re.compile(r"<img\b[^>]*>")
+_LINKED = re.compile(r"<a\b[^>]*>.*?</a>", re.S)
+_SRC = re.compile(r'\bsrc="([^"]+)"')
+
+
+def link_figures(content: str) -> str:
+    """`content` with each image that is not already inside a link wrapped in
+    a link to its own file (`class="jaxil-figure"`)."""
+    linked = [m.span() for m in _LINKED.finditer(content)]
+
+    def sub(m: re.Match) -> str:
+        if any(a <= m.start() < b for a, b in linked):
+            return m.group(0)
+        src = _SRC.search(m.group(0))
+        if src is None:
+            return m.group(0)
+        return (f'<a class="jaxil-figure" href="{src.group(1)}" '
+                f'title="Open the full-size image">{m.group(0)}</a>')
+    return _IMG.sub(sub, content)
+
+
+def on_page_content(html_text, page, config, files):
+    return link_figures(render_maths(html_text, page.file.src_uri))
+
+
+EXPORTS_MARKER = "<!-- jaxil-exports -->"
+
+
+def exports_markdown() -> str:
+    """The `jaxil` reference page's list of exports, in the table's order:
+    each function or class rendered from its alias `jaxil.<name>` (signature
+    and docstring, its members left to the module's page, which the entry
+    links to), each exported module as a link."""
+    parts = []
+    for name, (module, attr) in exports().items():
+        if attr is None:
+            parts.append(f"### {name}\n\n`jaxil.{name}` is the module "
+                         f"[`{module}`][{module}].\n")
+            continue
+        parts.append(f"::: jaxil.{name}\n"
+                     "    options:\n"
+                     "      heading_level: 3\n"
+                     "      show_root_full_path: false\n"
+                     "      members: false\n"
+                     "      show_if_no_docstring: true\n\n"
+                     f"Defined in [`{module}`][{module}.{attr}].\n")
+    return "\n".join(parts)
+
+
+def on_page_markdown(markdown, page, config, files):
+    if page.file.src_uri == "reference/jaxil.md":
+        if EXPORTS_MARKER not in markdown:
+            raise ValueError(f"docs/reference/jaxil.md lost its {EXPORTS_MARKER} line")
+        markdown = markdown.replace(EXPORTS_MARKER, exports_markdown())
+    return markdown

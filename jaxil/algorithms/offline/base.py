@@ -52,6 +52,18 @@ class LearnerData:
 
 @struct.dataclass
 class LearnerState:
+    """What a learner's update carries: a pytree, so seeds and grid points
+    stack along a leading axis.
+
+    Attributes:
+        params: the networks' parameters (e.g. `{"policy": ...}`).
+        opt_state: the optimiser states, one per network.
+        hparams: the traced hyper-parameters (the learner's HParams), one
+            value per run when stacked.
+        step: the number of updates done.
+        key: the PRNG key the next update draws from.
+    """
+
     params: Any
     opt_state: Any
     hparams: Any
@@ -60,6 +72,30 @@ class LearnerState:
 
 
 class Learner(NamedTuple):
+    """A learner: pure functions over a [`LearnerState`][jaxil.algorithms.offline.base.LearnerState],
+    built by [`make_learner`][jaxil.algorithms.offline.make_learner].
+
+    Nothing here holds state; jit or vmap the functions as you need, or hand
+    the learner to [`train`][jaxil.algorithms.offline.train.train], which
+    runs many seeds and grid points in one compiled program.
+
+    Attributes:
+        name: the learner's name (`"bc"`, `"dice"`, ...).
+        config: its frozen static config (network sizes, batch size, ...).
+        init: `init(key, hparams=None) -> LearnerState` (the default
+            hyper-parameters when `hparams` is None).
+        sample: `sample(key, data) -> batch`, a training batch drawn on the
+            device from a [`LearnerData`][jaxil.algorithms.offline.base.LearnerData].
+        update: `update(state, batch) -> (state, metrics)`, one gradient step.
+        act: the actions of the learned policy for a batch of observations.
+        default_hparams: `default_hparams() -> HParams`, the defaults.
+        policy: `policy(deterministic) -> Policy` over the learner's
+            parameters, for [`run_episodes`][jaxil.envs.rollout.run_episodes].
+        weigh: DICE learners only: `weigh(params, hparams, union_batch) ->
+            (discriminator logit, policy weights)` as their update computes
+            them; None for the others.
+    """
+
     name: str
     config: Any
     init: Callable[[jax.Array, Any], LearnerState]

@@ -14,7 +14,7 @@ run:
 - `disc_auc`: the discriminator's AUC for expert vs other transitions, and
   `logit_gap`, the gap of its mean logits.
 
-The weights are the learner's own ([`jaxil.algorithms.offline.base.Learner.weigh`][jaxil.algorithms.offline.base.Learner.weigh]),
+The weights are the learner's own (`weigh` of a [`Learner`][jaxil.algorithms.offline.base.Learner]),
 so they cannot drift from what its update uses.
 """
 

@@ -53,6 +53,29 @@ class RunSpec:
 
 
 def expand_grid(grid: dict[str, Sequence[float]], seeds: int) -> list[RunSpec]:
+    """The runs of a hyper-parameter sweep: every grid point times `seeds`.
+
+    Each point of the Cartesian product of `grid`'s values (its names in
+    sorted order) gets `seeds` runs with seeds `0 … seeds-1`; the runs are
+    numbered in that order. [`train`][jaxil.algorithms.offline.train.train]
+    runs them all as one `vmap` axis of one compiled program.
+
+    ```python
+    expand_grid({}, seeds=4)  # 4 runs of the defaults, seeds 0-3
+    expand_grid({"alpha": [0.1, 1.0], "lr": [3e-4]}, seeds=2)
+    # 4 runs: (alpha=0.1, lr=3e-4) seeds 0, 1, then (alpha=1, lr=3e-4) seeds 0, 1
+    ```
+
+    Args:
+        grid: hyper-parameter name -> the values to try (a field of the
+            learner's HParams; [`train`][jaxil.algorithms.offline.train.train]
+            refuses a name the learner does not have). `{}` runs the defaults.
+        seeds: runs per grid point.
+
+    Returns:
+        One [`RunSpec`][jaxil.algorithms.offline.train.RunSpec] per run, its
+        `grid` the `(name, value)` overrides as floats.
+    """
     names = sorted(grid)
     points = list(itertools.product(*(grid[n] for n in names))) if names else [()]
     runs = []
