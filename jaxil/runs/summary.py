@@ -8,6 +8,8 @@ nothing) and gives each group's mean ± population std over its runs;
 [format_table][jaxil.runs.measure.format_table] prints such groups as a
 table ([mean_std][jaxil.runs.summary.mean_std] gives the column of a group's
 `return` or `win`).
+Both serve `jaxil train`/`sweep`, `jaxil interactive` and the
+adversarial programs, so their `results.json` and tables read alike.
 """
 
 from __future__ import annotations
