@@ -116,6 +116,9 @@ VOCAB = Vocab(
     + ("A", "B")  # roles in tokens:exchange
     + tuple(str(v) for v in range(MAX_NUMBER))  # numbers
 )
+"""The words of the three shipped token tasks: the specials, the task names,
+their commands and answer words, the calculator's operators, the roles of
+`tokens:exchange` and the numbers `0 … MAX_NUMBER-1`."""
 PAD, BOS, EOT, WAIT = (VOCAB[n] for n in ("<pad>", "<bos>", "<eot>", "<wait>"))
 NUM0 = VOCAB["0"]  # the token of number v is NUM0 + v
 OP0 = VOCAB["+"]  # the operators +, -, * are OP0 + 0, 1, 2

@@ -19,6 +19,7 @@ expert tokens and OEC's switch in turns:
 
     jaxil lm sft --env tokens:repair --size mini --demos 1536 --out runs/expert-lm
     jaxil lm interactive oec --env tokens:repair --budget 2000 --expert runs/expert-lm
+
 `align` trains a sequence reward model between two sources of episodes
 (`--reward init-sft`, AfD's pair: the students' initialisation π_0 against
 the students π_SFT; or `r_c`, log π_SFT − log π_0 with no training) and
