@@ -39,6 +39,7 @@ import argparse
 
 from jaxil.cli.args import (add_progress, add_run_dir, add_seeds, nonneg_float, nonneg_int,
                             positive_float, positive_int, probability)
+from jaxil.cli import lm_quickstart
 from jaxil.cli.interactive import add_method_knobs, knob_overrides
 
 
@@ -268,6 +269,7 @@ def register(sub) -> None:
     lm = sub.add_parser("lm", help="transformer students on token tasks: sft, interactive, align",
                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     lsub = lm.add_subparsers(dest="lm_command", metavar="COMMAND", required=True)
+    lm_quickstart.register(lsub)
 
     s = lsub.add_parser("sft", help="fine-tune a transformer on the scripted expert's episodes")
     _common(s)
