@@ -16,7 +16,8 @@
 - Maths is rendered at build time: every formula that `pymdownx.arithmatex`
   found (`$...$`, `$$...$$`) becomes MathML (latex2mathml), which browsers
   draw natively, so the site needs no script and no network for it
-  (`render_maths`).
+  (`render_maths`); the site serves its math font, STIX Two Math
+  (`math_font`).
 - Every figure of a page links to its image file, so a click opens it at
   full size (`link_figures`).
 """
@@ -84,7 +85,21 @@ def _mirror() -> None:
 _mirror()
 
 
+def math_font() -> Path:
+    """STIX Two Math (SIL Open Font License 1.1), as the `ziamath` package
+    ships it: the site serves it, so formulas have a math font (large
+    operators, stretchy delimiters, script sizes) on any reader's machine."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("ziamath")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("the docs need ziamath for its math font: pip install -e '.[docs]'")
+    return Path(spec.origin).parent / "fonts" / "STIXTwoMath-Regular.ttf"
+
+
 def on_files(files, config):
+    files.append(File.generated(config, "assets/fonts/STIXTwoMath-Regular.ttf",
+                                abs_src_path=str(math_font())))
     for png in sorted(ROOT.glob("experiments/*/results*/**/*.png")):
         files.append(File(str(png.relative_to(ROOT)), src_dir=str(ROOT),
                           dest_dir=config["site_dir"],
@@ -100,13 +115,32 @@ _ARITHMATEX = re.compile(
 # they are: `\texttt{<eot>}` must not become an HTML element.
 _TEXT_ARG = re.compile(r"\\(text|texttt|textrm|textit|textbf|mathrm|mathtt|operatorname)\{([^{}]*)\}")
 _LT, _GT, _AMP = "\ue000", "\ue001", "\ue002"
+# Delimiters latex2mathml writes as plain <mo>/<mi>, which a browser spaces as
+# a relation or an identifier: each goes through as a private-use character
+# and comes out as an opening or closing fence.
+_FENCES = {
+    "lvert": ("\ue010", "&#x0007C;", "prefix"), "rvert": ("\ue011", "&#x0007C;", "postfix"),
+    "lVert": ("\ue012", "&#x02016;", "prefix"), "rVert": ("\ue013", "&#x02016;", "postfix"),
+    "lfloor": ("\ue014", "&#x0230A;", "prefix"), "rfloor": ("\ue015", "&#x0230B;", "postfix"),
+    "lceil": ("\ue016", "&#x02308;", "prefix"), "rceil": ("\ue017", "&#x02309;", "postfix"),
+}
+_FENCE_TEX = re.compile(r"\\(%s)(?![A-Za-z])" % "|".join(_FENCES))
+# A function name (`\log d`) takes a thin space before its argument, unless
+# a parenthesis or bracket follows, as in TeX.
+_FUNCTION = re.compile(
+    r"(?<!<msub>)(?<!<msup>)(?<!<msubsup>)(<mi>(?:log|exp|ln|lg|sin|cos|tan|tanh|arg|det|Pr)</mi>)"
+    r"(?!<mo[^>]*>(?:&#x00028;|&#x0005B;|\(|\[))(?=<)")
 
 
 def tex_to_mathml(tex: str, display: bool) -> str:
     """One TeX formula as a `<math>` element (`display="block"` for a display formula)."""
     tex = _TEXT_ARG.sub(lambda m: "\\%s{%s}" % (m.group(1), m.group(2).replace(
         "&", _AMP).replace("<", _LT).replace(">", _GT)), tex)
+    tex = _FENCE_TEX.sub(lambda m: " " + _FENCES[m.group(1)][0] + " ", tex)
     out = latex2mathml.converter.convert(tex.strip(), display="block" if display else "inline")
+    for char, entity, form in _FENCES.values():
+        out = out.replace(f"<mi>{char}</mi>", f'<mo form="{form}" fence="true" stretchy="false">{entity}</mo>')
+    out = _FUNCTION.sub(r'\1<mspace width="0.1667em"/>', out)
     return out.replace(_LT, "&lt;").replace(_GT, "&gt;").replace(_AMP, "&amp;")
 
 

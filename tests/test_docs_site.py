@@ -8,6 +8,7 @@ is shared by the site tests; they are skipped when mkdocs is not installed
 from __future__ import annotations
 
 import ast
+import functools
 import html
 import importlib.util
 import inspect
@@ -122,6 +123,12 @@ def test_maths_hook_escapes_text_and_keeps_the_tex():
     assert '<math ' in out and 'display="inline"' in out and "\\(" not in out
     block = hooks.render_maths('<div class="arithmatex">\\[\n\\sum_i x_i\n\\]</div>', "t.md")
     assert 'display="block"' in block and "&#x02211;" in block, block
+    # \lvert/\rvert are fences, not relations; \log before a letter gets TeX's thin space
+    fence = hooks.tex_to_mathml(r"\lvert x \rvert", display=False)
+    assert '<mo form="prefix" fence="true" stretchy="false">&#x0007C;</mo><mi>x</mi>' in fence, fence
+    assert '<mo form="postfix"' in fence, fence
+    assert '<mi>log</mi><mspace width="0.1667em"/><mi>d</mi>' in hooks.tex_to_mathml(r"\log d", display=False)
+    assert "mspace" not in hooks.tex_to_mathml(r"\exp(x)", display=False)
 
 
 # ----------------------------------------------------------------------------- reference
@@ -280,15 +287,17 @@ def _python_files() -> list[Path]:
     return sorted(p for d in ("jaxil", "envs") for p in (ROOT / d).rglob("*.py"))
 
 
-def _docstrings_and_comments(path: Path):
+@functools.lru_cache(maxsize=None)
+def _docstrings_and_comments(path: Path) -> tuple[tuple[int, str, str], ...]:
     """(line, text, kind) of each docstring (any string statement) and comment."""
     src = path.read_text()
-    for node in ast.walk(ast.parse(src)):
-        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
-            yield node.lineno, node.value.value, "docstring"
-    for tok in tokenize.generate_tokens(iter(src.splitlines(keepends=True)).__next__):
-        if tok.type == tokenize.COMMENT:
-            yield tok.start[0], tok.string, "comment"
+    out = [(node.lineno, node.value.value, "docstring") for node in ast.walk(ast.parse(src))
+           if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+           and isinstance(node.value.value, str)]
+    out += [(tok.start[0], tok.string, "comment")
+            for tok in tokenize.generate_tokens(iter(src.splitlines(keepends=True)).__next__)
+            if tok.type == tokenize.COMMENT]
+    return tuple(out)
 
 
 def rest_markup(text: str) -> list[str]:
