@@ -137,7 +137,8 @@ def fidelity_dataset(seed=0, num=24) -> Dataset:
     """``num`` trajectories: every third one T steps long, the others 1–3, so
     a transition-uniform draw of s0 favours the long ones about 5:1. Expert
     trajectories (every fourth) act a_i = argmax(o_i), the rest uniformly;
-    even trajectories end terminal (``done``), odd ones truncated."""
+    even trajectories end terminal (``done``), odd ones truncated. Some
+    actions are unavailable at each step (never the recorded one)."""
     N, O, S, A, T = FIDELITY_N, FIDELITY_O, FIDELITY_S, FIDELITY_A, FIDELITY_T
     rng = np.random.default_rng(seed)
     length = np.where(np.arange(num) % 3 == 0, T, rng.integers(1, 4, num)).astype(np.int32)
@@ -149,10 +150,17 @@ def fidelity_dataset(seed=0, num=24) -> Dataset:
     good = obs[:, :T].argmax(-1)
     actions = np.where(expert[:, None, None], good, rng.integers(0, A, (num, T, N)))
     actions = (actions * steps[..., None]).astype(np.int32)
-    avail = np.ones((num, T + 1, N, A), bool) & entries[..., None, None]
     reward = np.zeros((num, T), np.float32)
     last = np.arange(T)[None] == (length[:, None] - 1)
     done = last & (np.arange(num) % 2 == 0)[:, None]
+    # About a third of the actions unavailable at each step (the no-op and
+    # the recorded action always legal; drawn last, so the draws above are
+    # those of the all-legal data this had before): a policy loss that drops
+    # the mask scores other numbers.
+    legal = rng.random((num, T + 1, N, A)) < 0.6
+    legal[..., 0] = True
+    np.put_along_axis(legal[:, :T], actions[..., None], True, -1)
+    avail = legal & entries[..., None, None]
     ep = Episodes(obs=obs, global_state=state, avail_actions=avail, actions=actions, reward=reward,
                   done=done, truncated=last & ~done, mask=steps, episode_return=reward.sum(1),
                   length=length, won=done.any(1))
