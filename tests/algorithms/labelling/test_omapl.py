@@ -172,3 +172,47 @@ def test_omapl_continuous_actions_update():
     assert all(np.isfinite(float(v)) for v in m.values())
     a = learner.act(s.params, ds.obs[0, 0], ds.avail_actions[0, 0], jax.random.PRNGKey(1))
     assert a.shape == (N, 2) and np.all(np.abs(np.asarray(a)) <= 1)
+
+
+def test_preference_loss_scores_the_first_segment_against_the_second_with_its_label():
+    """The update's preference loss and pair accuracy equal a float64
+    recomputation from the implicit rewards of the same batch: Bradley–Terry
+    on R_x − R_y with P(x ≻ y) = label, plus ½·mean r² over the valid steps
+    of both sides. Kills, at O-MAPL's call site of preference_loss: the two
+    segments swapped (R_y − R_x) and the label inverted; each mutated
+    reference is checked to be far off. (These segments have no padding, so
+    the penalty's step mask is checked by the loss's own tests only.) Same state and batch as the value-step test above (its
+    compiled update is reused through the compilation cache)."""
+    ds = _dataset(2, 6, 10)
+    pairs = sample_query_pairs(ds, 20, 4, seed=1)
+    data = PreferenceData.from_pairs(ds, pairs, _gt_prefs(ds, pairs))
+    learner = make_learner("omapl", SPEC, hidden=(16,), mixer_hidden=8, batch_size=4)
+    s0 = _init(learner)
+    target = jax.tree.map(lambda x: x * 1.5 + 0.1, s0.params["target"])
+    state = s0.replace(params=dict(s0.params, target=target),
+                       hparams=s0.hparams.replace(beta=jnp.float32(0.5)))
+    batch = learner.sample(jax.random.PRNGKey(3), data)
+    _, m = fast_call(learner.update, state, batch)
+
+    x, y, label = batch
+    both = jax.tree.map(lambda a, b: jnp.concatenate([a, b], 0), x, y)
+    nets = _Nets(SPEC, learner.config)
+    r = np.asarray(nets.implicit_rewards(state.params, state.hparams.gamma, both), np.float64)
+    mask = np.asarray(both.mask, bool)
+    label = np.asarray(label, np.float64)
+    b = label.shape[0]
+    softplus = lambda z: np.logaddexp(0.0, z)  # noqa: E731
+
+    def reference(logit, lab, valid):
+        bce = lab * softplus(-logit) + (1 - lab) * softplus(logit)
+        return bce.mean() + float(state.hparams.reg_coef) * np.mean(r[valid] ** 2)
+
+    logit = r[:b].sum(-1) - r[b:].sum(-1)
+    want = reference(logit, label, mask)
+    np.testing.assert_allclose(float(m["preference_loss"]), want, rtol=1e-4)
+    hard = label != 0.5
+    np.testing.assert_allclose(float(m["pair_accuracy"]),
+                               np.mean((logit[hard] > 0) == (label[hard] > 0.5)), rtol=1e-6)
+    assert hard.any()
+    for bad in (reference(-logit, label, mask), reference(logit, 1 - label, mask)):
+        assert abs(bad - want) > 1e-3 * abs(want) + 1e-4, (bad, want)
