@@ -132,6 +132,27 @@ _FUNCTION = re.compile(
     r"(?!<mo[^>]*>(?:&#x00028;|&#x0005B;|\(|\[))(?=<)")
 
 
+_DOUBLE_STRUCK_DIGIT = re.compile(r'<mn mathvariant="double-struck">(\d)</mn>')
+_LIMIT_SUB = re.compile(r"<msub><mo>(min|max|lim|sup|inf|argmin|argmax)</mo>")
+
+
+def _limits_below(mathml: str) -> str:
+    """In a display formula, `\\min_d` puts `d` under the operator, as TeX
+    does (latex2mathml writes a subscript)."""
+    while (m := _LIMIT_SUB.search(mathml)) is not None:
+        depth, i = 1, m.end()
+        for tag in re.finditer(r"<(/?)msub>", mathml[i:]):
+            depth += -1 if tag.group(1) else 1
+            if depth == 0:
+                close = i + tag.start()
+                break
+        else:
+            return mathml
+        mathml = (mathml[:m.start()] + f"<munder><mo>{m.group(1)}</mo>" + mathml[m.end():close]
+                  + "</munder>" + mathml[close + len("</msub>"):])
+    return mathml
+
+
 def tex_to_mathml(tex: str, display: bool) -> str:
     """One TeX formula as a `<math>` element (`display="block"` for a display formula)."""
     tex = _TEXT_ARG.sub(lambda m: "\\%s{%s}" % (m.group(1), m.group(2).replace(
@@ -141,6 +162,10 @@ def tex_to_mathml(tex: str, display: bool) -> str:
     for char, entity, form in _FENCES.values():
         out = out.replace(f"<mi>{char}</mi>", f'<mo form="{form}" fence="true" stretchy="false">{entity}</mo>')
     out = _FUNCTION.sub(r'\1<mspace width="0.1667em"/>', out)
+    # Chromium draws no mathvariant but "normal": 𝟙 is its own character
+    out = _DOUBLE_STRUCK_DIGIT.sub(lambda m: "<mn>&#x%X;</mn>" % (0x1D7D8 + int(m.group(1))), out)
+    if display:
+        out = _limits_below(out)
     return out.replace(_LT, "&lt;").replace(_GT, "&gt;").replace(_AMP, "&amp;")
 
 

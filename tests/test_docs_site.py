@@ -129,6 +129,11 @@ def test_maths_hook_escapes_text_and_keeps_the_tex():
     assert '<mo form="postfix"' in fence, fence
     assert '<mi>log</mi><mspace width="0.1667em"/><mi>d</mi>' in hooks.tex_to_mathml(r"\log d", display=False)
     assert "mspace" not in hooks.tex_to_mathml(r"\exp(x)", display=False)
+    # 𝟙 as its own character; a display formula's \min_d puts d under the operator
+    assert "<mn>&#x1D7D9;</mn>" in hooks.tex_to_mathml(r"\mathbb{1}[t]", display=False)
+    limit = hooks.tex_to_mathml(r"\min_{d} x_{j}", display=True)
+    assert "<munder><mo>min</mo><mrow><mi>d</mi></mrow></munder><msub><mi>x</mi>" in limit, limit
+    assert "<msub><mo>min</mo>" in hooks.tex_to_mathml(r"\min_{d} x", display=False)
 
 
 # ----------------------------------------------------------------------------- reference
