@@ -5,13 +5,15 @@ The unit tests of jaxil.losses.ppo check the arithmetic on arrays of any
 shape; these check what the program hands it: a MAPPO update on the tiny
 team-reward environment ``toy:masked`` (2 agents), with each loss function
 wrapped so that a ``jax.debug.callback`` records its arguments inside the
-compiled update. One program (init and one update of one epoch) is compiled
-for the whole module.
+compiled update. One program (init and one update of one epoch, without
+the entropy bonus, so that only the clipped losses move the networks) is
+compiled for the whole module.
 """
 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -21,7 +23,7 @@ from jaxil.algorithms.rl import ppo as ppo_mod
 from helpers.fast_compile import fast_call
 from helpers.teachers import TINY  # registers toy:masked
 
-CFG = TINY.replace(updates_per_chunk=1, update_epochs=1)
+CFG = TINY.replace(updates_per_chunk=1, update_epochs=1, ent_coef=0.0)
 
 
 def _recording(monkeypatch, name, calls):
@@ -37,15 +39,18 @@ def _recording(monkeypatch, name, calls):
 
 @pytest.fixture(scope="module")
 def recorded():
-    """``{name: [(args, output), ...]}`` of one MAPPO update."""
+    """``{name: [(args, output), ...]}`` of one MAPPO update, and
+    ``"runners"``: the runner state before and after it."""
     calls = {k: [] for k in ("normalize_advantages", "gae")}
     with pytest.MonkeyPatch.context() as mp:
         for name, c in calls.items():
             _recording(mp, name, c)
         ppo = ppo_mod.make_ppo(envs.make("toy:masked"), CFG)
-        runner, _ = fast_call(lambda k: ppo.update_chunk(ppo.init(k)), jax.random.PRNGKey(0))
-        jax.block_until_ready(runner)
-    return {k: [jax.tree.map(np.asarray, x) for x in v] for k, v in calls.items()}
+        runners = fast_call(lambda k: (lambda r: (r, ppo.update_chunk(r)[0]))(ppo.init(k)),
+                            jax.random.PRNGKey(0))
+        runners = jax.device_get(runners)
+    out = {k: [jax.tree.map(np.asarray, x) for x in v] for k, v in calls.items()}
+    return dict(out, runners=runners)
 
 
 def test_mappo_normalises_advantages_over_the_whole_minibatch_of_agent_steps(recorded):
@@ -85,3 +90,50 @@ def test_mappo_gives_gae_the_team_reward_on_every_agent_and_the_step_ends(record
     np.testing.assert_array_equal(last[..., 0], last[..., 1])
     assert last.sum(0).tolist() == [[1, 1]] * E and last[-1].all()
     np.testing.assert_allclose([gamma, lam], [CFG.gamma, CFG.gae_lambda])
+
+
+def test_the_clipped_losses_move_the_actor_and_the_critic(recorded):
+    """With no entropy bonus, one update changes every parameter array of
+    the actor and of the critic. Kills the current and the behaviour
+    log-probabilities swapped at the call of clipped_surrogate_loss (the
+    gradient then flows into the rollout's stored log-probabilities, a
+    constant: the actor would not move) and the current and stored values
+    swapped at the call of clipped_value_loss (likewise for the critic)."""
+    before, after = recorded["runners"]
+    for net in ("actor", "critic"):
+        old, new = (jax.tree.leaves(getattr(r, net).params) for r in (before, after))
+        assert all(not np.array_equal(a, b) for a, b in zip(old, new)), net
+        assert all(np.isfinite(b).all() for b in new), net
+
+
+def test_the_kl_penalty_subtracts_the_reference_from_the_policy(monkeypatch):
+    """With a reward hook and a KL penalty, the learned reward, the current
+    policy's log-probabilities and the hook's reference log-probabilities
+    (π_SFT) reach ``kl_penalized_reward`` in that order, with the hook's
+    coefficient (checked on the traced program, nothing compiled). Kills
+    the policy and the reference swapped (a KL bonus: the penalty would
+    push the policy away from π_SFT) and the reference replaced by the
+    policy itself (no penalty)."""
+    seen, made = [], {}
+    real = ppo_mod.kl_penalized_reward
+
+    def kl(r, logp, ref, coef):
+        seen.append((r, logp, ref, coef))
+        return real(r, logp, ref, coef)
+
+    def reward(state, actor_params, batch):
+        made["reward"] = batch.env_reward + state
+        return made["reward"]
+
+    def ref_log_prob(state, obs, avail, actions):
+        made["ref"] = jnp.full(actions.shape, -1.5) + state
+        return made["ref"]
+
+    monkeypatch.setattr(ppo_mod, "kl_penalized_reward", kl)
+    hook = ppo_mod.RewardHook(reward=reward, kl_coef=0.25, ref_log_prob=ref_log_prob)
+    ppo = ppo_mod.make_ppo(envs.make("toy:masked"), CFG, hook)
+    runner = jax.eval_shape(ppo.init, jax.random.PRNGKey(0), jnp.float32(0.0))
+    jax.eval_shape(ppo.update_chunk, runner)
+    ((r, logp, ref, coef),) = seen
+    assert r is made["reward"] and ref is made["ref"] and coef == 0.25
+    assert logp is not made["ref"] and logp.shape == ref.shape
