@@ -13,6 +13,8 @@ from .registry import list_envs as list  # noqa: A001 - mirrors gym/jumanji nami
 from .registry import make, register
 from .wrappers import ActionNoise, AutoReset
 from .rollout import Episodes, Trajectory, episode_summary, rollout, run_episodes
+from .token_tasks import register_token_task, token_expert
+from .token_check import TokenTaskReport, check_token_task
 
 __all__ = [
     "ActionNoise",
@@ -24,12 +26,16 @@ __all__ = [
     "Episodes",
     "MultiAgentEnv",
     "TimeStep",
+    "TokenTaskReport",
     "Trajectory",
     "check_actions",
+    "check_token_task",
     "episode_summary",
     "list",
     "make",
     "register",
+    "register_token_task",
     "rollout",
     "run_episodes",
+    "token_expert",
 ]

@@ -18,28 +18,14 @@ from .core import MultiAgentEnv
 from .smax import heuristic_policy
 from .mpe import spread_expert
 from .jumanji import lbf_expert
-from .token_arith import arith_expert
-from .token_exchange import exchange_expert
-from .token_repair import repair_expert
-
-#: Token-task id -> (expert factory, source name, description).
-_TOKEN_EXPERTS = {
-    "tokens:repair": (repair_expert, "repair-test-edit",
-                      "TEST, EDIT the reported location with the wanted value, repeat; "
-                      "SUBMIT after PASS (envs.token_repair.repair_expert)"),
-    "tokens:arith": (arith_expert, "arith-calc-chain",
-                     "one CALC per chain step in order, copying the last result; SUBMIT "
-                     "the final value (envs.token_arith.arith_expert)"),
-    "tokens:exchange": (exchange_expert, "exchange-say-submit",
-                        "on turn: SAY the own half, or SUBMIT both halves once the other's "
-                        "was heard correctly (envs.token_exchange.exchange_expert)"),
-}
+from . import tokens as _tokens  # noqa: F401 - registers the shipped token tasks' experts
+from .token_tasks import has_token_expert, token_expert
 
 
 def has_scripted_expert(env_id: str) -> bool:
     """Whether [`scripted_expert`][jaxil.envs.experts.scripted_expert] knows `env_id` (without building it)."""
     return env_id.startswith(("smax:", "mpe:simple_spread")) or (
-        env_id == "jumanji:LevelBasedForaging-v0") or env_id in _TOKEN_EXPERTS
+        env_id == "jumanji:LevelBasedForaging-v0") or has_token_expert(env_id)
 
 
 def scripted_expert(env: MultiAgentEnv) -> Optional[tuple[Any, str, str]]:
@@ -65,7 +51,6 @@ def scripted_expert(env: MultiAgentEnv) -> Optional[tuple[Any, str, str]]:
         return (lbf_expert(env), "lbf-bfs-coop",
                 "team targets the nearest liftable food, BFS to distinct adjacent "
                 "cells, load together (envs.jumanji.lbf_expert)")
-    if eid in _TOKEN_EXPERTS:
-        make, name, desc = _TOKEN_EXPERTS[eid]
-        return make(env), name, desc
+    if has_token_expert(eid):
+        return token_expert(env)
     return None

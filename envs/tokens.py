@@ -16,8 +16,9 @@ The contract every task keeps (policies such as a decoder-only transformer
 are written against it):
 
 - **One step is one token per agent.** `spec.action` is
-  `DiscreteActions(V)` over the shared vocabulary `VOCAB`
-  (`V = len(VOCAB.names)`, the same for every task). Token 0 (`<pad>`)
+  `DiscreteActions(V)` over the task's vocabulary `env.vocab`
+  (`V = len(env.vocab)`; the shipped tasks share `VOCAB`, a task may
+  extend it with its own words). Token 0 (`<pad>`)
   is never legal.
 - **The legal-token mask** `avail_actions [N, V]` is a grammar over
   commands: at the start of a turn only the task's command tokens are legal,
@@ -71,30 +72,68 @@ import numpy as np
 from flax import struct
 
 from .core import DiscreteActions, EnvSpec, MultiAgentEnv, Step
-from .registry import register
+from .token_tasks import register_token_task
 
 #: Number tokens `"0"` … `"31"`: every numeric value a task uses.
 MAX_NUMBER = 32
 
 
+#: The special tokens every token vocabulary holds; `<pad>` is id 0.
+SPECIALS = ("<pad>", "<bos>", "<eot>", "<wait>")
+
+
 class Vocab:
-    """The token names of the `tokens:` family (`names[i]` is token `i`)."""
+    """The token names of a token task (`names[i]` is token `i`).
+
+    The three shipped tasks share [VOCAB][jaxil.envs.tokens.VOCAB]; a task
+    that needs other words sets `vocab = VOCAB.extend([...])` on its
+    [TokenEnv][jaxil.envs.tokens.TokenEnv] subclass (the shipped ids stay
+    where they are, so [number][jaxil.envs.tokens.number] and the specials
+    keep their meaning). The vocabulary is per task: extending it never
+    changes another task's.
+    """
 
     def __init__(self, names: Sequence[str]):
         self.names = tuple(names)
-        if len(set(self.names)) != len(self.names):
-            raise ValueError("token names must be unique")
+        bad = [n for n in self.names if not isinstance(n, str) or not n or n != n.strip()
+               or len(n.split()) != 1]
+        if bad:
+            raise ValueError(f"token names must be non-empty words without spaces, got {bad}")
+        dup = sorted({n for n in self.names if self.names.count(n) > 1})
+        if dup:
+            raise ValueError(f"token names must be unique; repeated: {dup}")
         self._ids = {n: i for i, n in enumerate(self.names)}
 
     def __len__(self) -> int:
         return len(self.names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._ids
 
     def __getitem__(self, name: str) -> int:
         """The id of token `name` (`VOCAB["EDIT"]`)."""
         try:
             return self._ids[name]
         except KeyError:
-            raise KeyError(f"no token {name!r}; the vocabulary is {self.names}") from None
+            raise KeyError(
+                f"no token {name!r} in this vocabulary of {len(self)} tokens; a task brings its "
+                "own words with `vocab = VOCAB.extend([...])` on its TokenEnv subclass") from None
+
+    def extend(self, words: Sequence[str]) -> "Vocab":
+        """A new vocabulary: these names, then `words` (ids `len(self)`,
+        `len(self) + 1`, ...). This one is left as it is.
+
+        Raises:
+          ValueError: a word is already a token, repeated, empty or has spaces.
+        """
+        if isinstance(words, str):
+            raise ValueError(f"extend takes a list of words, got the string {words!r}")
+        words = tuple(words)
+        clash = [w for w in words if w in self._ids]
+        if clash:
+            raise ValueError(f"{clash} are already tokens of this vocabulary; extend it with new "
+                             "words only")
+        return Vocab(self.names + words)
 
     def encode(self, text: str) -> np.ndarray:
         """Whitespace-separated token names → int32 ids (`"EDIT 3 7 <eot>"`)."""
@@ -104,11 +143,11 @@ class Vocab:
         """Token ids (any int or float array) → their names joined by spaces;
         `<pad>` is left out unless `skip_pad=False`."""
         flat = np.asarray(ids).reshape(-1).astype(np.int64)
-        return " ".join(self.names[i] for i in flat if not (skip_pad and i == PAD))
+        return " ".join(self.names[i] for i in flat if not (skip_pad and i == 0))
 
 
 VOCAB = Vocab(
-    ("<pad>", "<bos>", "<eot>", "<wait>")  # specials
+    SPECIALS
     + ("repair", "arith", "exchange")  # task names (first prompt token)
     + ("TEST", "VIEW", "EDIT", "SUBMIT", "CALC", "SAY")  # commands
     + ("OK", "PASS", "FAIL", "WANT", "GOT", "=", "HEAR")  # answer words
@@ -227,9 +266,8 @@ class TokenEnv(MultiAgentEnv):
     """
 
     stochastic_step = False  # instances come from the reset key; steps are deterministic
-    vocab = VOCAB
-    eot_token = EOT
-    wait_token = WAIT
+    #: The task's words (a subclass sets its own, e.g. `VOCAB.extend([...])`).
+    vocab: Vocab = VOCAB
 
     def __init__(self, env_id: str, num_agents: int, prompt_len: int,
                  commands: Sequence[Command], num_features: int, max_turns: int,
@@ -238,6 +276,31 @@ class TokenEnv(MultiAgentEnv):
             raise ValueError(f"max_turns must be a positive int, got {max_turns!r}")
         if not score_weight >= 0:
             raise ValueError(f"score_weight must be >= 0, got {score_weight!r}")
+        vocab = self.vocab
+        if not isinstance(vocab, Vocab):
+            raise ValueError(f"{env_id}: vocab must be a Vocab (e.g. VOCAB.extend([...])), got "
+                             f"{type(vocab).__name__}")
+        if vocab.names[:len(SPECIALS)] != SPECIALS:
+            raise ValueError(f"{env_id}: a token vocabulary starts with {list(SPECIALS)}; "
+                             "build it with VOCAB.extend([...])")
+        V = len(vocab)
+        for c in commands:
+            if c.name not in vocab:
+                raise ValueError(
+                    f"{env_id}: command {c.name!r} is not a word of the task's vocabulary; add "
+                    f"it with `vocab = VOCAB.extend([{c.name!r}, ...])` on the TokenEnv subclass")
+            for i, ids in enumerate(c.args):
+                out = [t for t in ids if not 0 < int(t) < V]
+                if not ids or out:
+                    raise ValueError(
+                        f"{env_id}: argument {i + 1} of {c.name} allows token ids {list(ids)}; "
+                        f"each position needs at least one id in 1 … {V - 1} (vocab[word])")
+        #: The id of `<bos>`, which opens every prompt.
+        self.bos_token = vocab["<bos>"]
+        #: The id of `<eot>`, which ends a turn.
+        self.eot_token = vocab["<eot>"]
+        #: The id of `<wait>`, the only token of an agent off turn.
+        self.wait_token = vocab["<wait>"]
         self.commands = tuple(commands)
         self.prompt_len = int(prompt_len)
         self.max_turns = max_turns
@@ -262,22 +325,22 @@ class TokenEnv(MultiAgentEnv):
             num_agents=num_agents,
             obs_dim=self.token_width + priv,
             state_dim=num_agents * priv,
-            action=DiscreteActions(num_actions=len(VOCAB)),
+            action=DiscreteActions(num_actions=V),
             max_steps=max_turns * (self.cmd_width + 1),
             has_win=True,
         )
-        V, C = len(VOCAB), self.cmd_width
+        C = self.cmd_width
         first = np.zeros((V,), bool)
         grammar = np.zeros((V, C + 1, V), bool)  # [command, tokens so far, next]
         for c in self.commands:
-            tok = VOCAB[c.name]
+            tok = vocab[c.name]
             first[tok] = True
             need = len(c.args) if c.min_args is None else c.min_args
             for given in range(len(c.args) + 1):
                 if given < len(c.args):
                     grammar[tok, 1 + given, list(c.args[given])] = True
                 if given >= need:
-                    grammar[tok, 1 + given, EOT] = True
+                    grammar[tok, 1 + given, self.eot_token] = True
         assert not first[PAD] and not grammar[..., PAD].any()
         self._first, self._grammar = first, grammar
 
@@ -306,7 +369,7 @@ class TokenEnv(MultiAgentEnv):
         grammar, first = jnp.asarray(self._grammar), jnp.asarray(self._first)
         mid = grammar[s.cmd[:, 0], jnp.clip(s.cmd_len, 0, self.cmd_width)]  # [N, V]
         legal = jnp.where((s.cmd_len == 0)[:, None], first[None], mid)
-        wait = (jnp.arange(len(VOCAB)) == WAIT)[None]
+        wait = (jnp.arange(self.spec.num_actions) == self.wait_token)[None]
         return jnp.where(self._on_turn(s.task)[:, None], legal, wait)
 
     def _out(self, s: TokenState, tokens: jax.Array, reward=0.0, done=False,
@@ -320,7 +383,7 @@ class TokenEnv(MultiAgentEnv):
     def _reset(self, key: jax.Array) -> Step:
         n, K = self.spec.num_agents, self.token_width
         task, prompt = self._generate(key)
-        tokens = jnp.zeros((n, K), jnp.int32).at[:, 0].set(BOS)
+        tokens = jnp.zeros((n, K), jnp.int32).at[:, 0].set(self.bos_token)
         tokens = tokens.at[:, 1:1 + self.prompt_len].set(jnp.asarray(prompt, jnp.int32))
         s = TokenState(task=task, cmd=jnp.zeros((n, self.cmd_width), jnp.int32),
                        cmd_len=jnp.zeros((n,), jnp.int32), turns=jnp.int32(0), t=jnp.int32(0))
@@ -329,8 +392,8 @@ class TokenEnv(MultiAgentEnv):
     def _step(self, key: jax.Array, s: TokenState, actions: jax.Array) -> Step:
         n, K, C = self.spec.num_agents, self.token_width, self.cmd_width
         tok = actions.astype(jnp.int32)
-        ended = tok == EOT
-        grow = ~ended & (tok != WAIT)
+        ended = tok == self.eot_token
+        grow = ~ended & (tok != self.wait_token)
         rows = jnp.arange(n)
         at = jnp.minimum(s.cmd_len, C - 1)
         cmd = s.cmd.at[rows, at].set(jnp.where(grow, tok, s.cmd[rows, at]))
@@ -354,6 +417,41 @@ class TokenEnv(MultiAgentEnv):
         return self._out(state, tokens, reward, done, truncated, won)
 
 
+class TokenSpecials(NamedTuple):
+    """The special token ids a learner reads from a token environment."""
+
+    eot: int  # ends an agent's turn
+    wait: int  # the only legal token of an agent off turn
+
+
+def token_specials(env: Any) -> TokenSpecials:
+    """`env.eot_token` and `env.wait_token`, checked.
+
+    Every [TokenEnv][jaxil.envs.tokens.TokenEnv] has them; a token
+    environment written without the base class must set both (distinct
+    ints, legal action ids other than 0), or turns would be miscounted.
+
+    Raises:
+      ValueError: one is missing or out of range (one line, naming it).
+    """
+    spec = env.spec
+    V = spec.num_actions if spec.discrete else 0
+    ids = {}
+    for name in ("eot_token", "wait_token"):
+        v = getattr(env, name, None)
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) \
+                or not 0 < int(v) < V:
+            raise ValueError(
+                f"{spec.env_id} has no valid `{name}` (got {v!r}); a token environment sets "
+                f"`eot_token` and `wait_token` to token ids in 1 … {V - 1} "
+                "(TokenEnv does this from its vocabulary)")
+        ids[name] = int(v)
+    if ids["eot_token"] == ids["wait_token"]:
+        raise ValueError(f"{spec.env_id}: eot_token and wait_token are both {ids['eot_token']}; "
+                         "they must be different tokens")
+    return TokenSpecials(eot=ids["eot_token"], wait=ids["wait_token"])
+
+
 def transcript(env: TokenEnv, obs: Any, agent: int = 0, length: int | None = None,
                show_wait: bool = False) -> str:
     """One agent's view of one episode as text, a line per turn.
@@ -373,9 +471,9 @@ def transcript(env: TokenEnv, obs: Any, agent: int = 0, length: int | None = Non
     for t in range(1, steps + 1):
         row = obs[t, agent, :K].astype(np.int64)
         echo, answer = int(row[0]), row[1:]
-        if echo != WAIT or show_wait:
+        if echo != env.wait_token or show_wait:
             mine.append(echo)
-        if (answer != PAD).any() or echo == EOT:
+        if (answer != PAD).any() or echo == env.eot_token:
             if mine:
                 lines.append("> " + decode(mine))
                 mine = []
@@ -387,15 +485,28 @@ def transcript(env: TokenEnv, obs: Any, agent: int = 0, length: int | None = Non
 
 
 def _lazy(module: str, name: str):
-    """A registry factory that imports the task's module when first called."""
+    """A factory (of an environment or an expert) that imports the task's
+    module when first called."""
 
-    def make(**kwargs) -> MultiAgentEnv:
-        return getattr(importlib.import_module(module, __package__), name)(**kwargs)
+    def make(*args, **kwargs) -> Any:
+        return getattr(importlib.import_module(module, __package__), name)(*args, **kwargs)
 
     return make
 
 
-# The family's ids; each task lives in its own module.
-register("tokens:repair", _lazy(".token_repair", "RepairEnv"))
-register("tokens:arith", _lazy(".token_arith", "ArithEnv"))
-register("tokens:exchange", _lazy(".token_exchange", "ExchangeEnv"))
+# The family's ids and their experts; each task lives in its own module.
+register_token_task(
+    "tokens:repair", _lazy(".token_repair", "RepairEnv"),
+    expert=_lazy(".token_repair", "repair_expert"), source="repair-test-edit",
+    description="TEST, EDIT the reported location with the wanted value, repeat; SUBMIT after "
+                "PASS (envs.token_repair.repair_expert)")
+register_token_task(
+    "tokens:arith", _lazy(".token_arith", "ArithEnv"),
+    expert=_lazy(".token_arith", "arith_expert"), source="arith-calc-chain",
+    description="one CALC per chain step in order, copying the last result; SUBMIT the final "
+                "value (envs.token_arith.arith_expert)")
+register_token_task(
+    "tokens:exchange", _lazy(".token_exchange", "ExchangeEnv"),
+    expert=_lazy(".token_exchange", "exchange_expert"), source="exchange-say-submit",
+    description="on turn: SAY the own half, or SUBMIT both halves once the other's was heard "
+                "correctly (envs.token_exchange.exchange_expert)")

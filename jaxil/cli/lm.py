@@ -43,13 +43,13 @@ from jaxil.cli import lm_quickstart
 from jaxil.cli.interactive import add_method_knobs, knob_overrides
 
 
-def _token_env(env_id: str, knobs: list[str]):
+def _token_env(env_id: str, knobs: list[str], need_expert: bool = True):
+    """`(env, expert policy or None, knobs)` of a token task id: a
+    registered one (`tokens:repair`, a task of `envs.register_token_task`
+    or of a `jaxil.envs` entry point) or `MODULE:CALLABLE`."""
     from jaxil import envs
-    from jaxil.envs.experts import scripted_expert
+    from jaxil.envs.tokens import token_specials
 
-    if not env_id.startswith("tokens:"):
-        raise ValueError(f"{env_id} is not a token task; jaxil lm trains transformers on "
-                         "tokens:repair, tokens:arith or tokens:exchange (see `jaxil envs`)")
     kwargs = {}
     for item in knobs:
         name, sep, value = item.partition("=")
@@ -63,7 +63,13 @@ def _token_env(env_id: str, knobs: list[str]):
         env = envs.make(env_id, **kwargs)
     except TypeError as e:
         raise ValueError(f"{env_id} does not take {sorted(kwargs)}: {e}") from None
-    return env, scripted_expert(env)[0], kwargs
+    if not (hasattr(env, "token_width") and hasattr(env, "max_context")):
+        raise ValueError(f"{env_id} is not a token task; jaxil lm trains transformers on "
+                         "tokens:repair, tokens:arith, tokens:exchange or a task registered "
+                         "with envs.register_token_task (see `jaxil envs`)")
+    token_specials(env)  # <eot> / <wait>, which the learners count turns with
+    expert = envs.token_expert(env)[0] if need_expert else None
+    return env, expert, kwargs
 
 
 STUDENTS = "students"
@@ -80,30 +86,85 @@ def _save_students(out: str, env_id: str, knobs: dict, cfg, seeds: list[int], pa
         env_id=env_id, knobs=knobs, size=cfg.size, agent_ids=cfg.agent_ids, seeds=seeds)))
 
 
+def _students_meta(meta_path, flag: str) -> dict:
+    """The fields of a `students.json`, each checked (one line naming the
+    file, the field and the fix otherwise)."""
+    import json
+
+    from jaxil.nn.transformer import SIZES
+
+    redo = "; write it again with `jaxil lm sft --out DIR` (do not edit it)"
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{flag}: {meta_path} is not readable JSON ({e}){redo}") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{flag}: {meta_path} holds {type(meta).__name__}, not an object{redo}")
+    fields = {"env_id": "a token task id", "knobs": "an object of task knobs",
+              "size": f"one of {list(SIZES)}", "agent_ids": "true or false",
+              "seeds": "a non-empty list of seeds"}
+    missing = [f for f in fields if f not in meta]
+    if missing:
+        raise ValueError(f"{flag}: {meta_path} has no {', '.join(missing)}{redo}")
+    good = {
+        "env_id": isinstance(meta["env_id"], str) and ":" in meta["env_id"],
+        "knobs": isinstance(meta["knobs"], dict) and all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+            for k, v in meta["knobs"].items()),
+        "size": meta["size"] in SIZES,
+        "agent_ids": isinstance(meta["agent_ids"], bool),
+        "seeds": isinstance(meta["seeds"], list) and len(meta["seeds"]) > 0 and all(
+            isinstance(x, int) and not isinstance(x, bool) for x in meta["seeds"]),
+    }
+    for name, ok in good.items():
+        if not ok:
+            raise ValueError(f"{flag}: {meta_path} field `{name}` is {meta[name]!r}, not "
+                             f"{fields[name]}{redo}")
+    return meta
+
+
 def load_students(path: str, env, knobs: dict, flag: str = "--expert", alternative: str = ""):
     """`(TransformerPolicy, params stacked [S], students.json)` of the
-    students saved by `jaxil lm sft --out PATH` for `env` (refused in
+    students saved by `jaxil lm sft --out PATH` for `env`. Refused in
     one line, naming `flag` and offering `alternative`, when there are
-    none or they were trained on another task or setting)."""
-    import json
+    none, when a field of `students.json` is missing or malformed, when
+    they were trained on another task or setting, or when the saved
+    parameters do not have the shapes that setting needs."""
     from pathlib import Path
 
     import jax
+    import numpy as np
 
     from jaxil.nn.transformer import TransformerPolicy, config_for_env
-    from jaxil.runs.checkpoint import restore_tree
+    from jaxil.runs.checkpoint import CheckpointDamaged, CheckpointMismatch, restore_tree
 
     meta_path = Path(path) / f"{STUDENTS}.json"
     if not meta_path.is_file():
         raise ValueError(f"{flag} {path}: no {STUDENTS}.json there; pass {alternative}the --out "
                          "directory of a finished `jaxil lm sft` run")
-    meta = json.loads(meta_path.read_text())
+    meta = _students_meta(meta_path, flag)
     if meta["env_id"] != env.spec.env_id or meta["knobs"] != knobs:
         raise ValueError(f"{flag} {path} was trained on {meta['env_id']} {meta['knobs']}, not "
                          f"{env.spec.env_id} {knobs}; give the same --env and --task-knob")
     policy = TransformerPolicy(config_for_env(env, meta["size"], agent_ids=meta["agent_ids"]))
-    like = jax.vmap(policy.init)(jax.random.split(jax.random.PRNGKey(0), len(meta["seeds"])))
-    return policy, restore_tree(Path(path) / STUDENTS, like), meta
+    like = jax.eval_shape(jax.vmap(policy.init),
+                          jax.random.split(jax.random.PRNGKey(0), len(meta["seeds"])))
+    try:
+        params = restore_tree(Path(path) / STUDENTS, like)
+    except (CheckpointDamaged, CheckpointMismatch, FileNotFoundError) as e:
+        raise ValueError(f"{flag} {path}: the students' parameters cannot be read ({e}); "
+                         "train them again with `jaxil lm sft --out DIR`") from None
+    got = dict(jax.tree_util.tree_flatten_with_path(params)[0])
+    for key, want in jax.tree_util.tree_flatten_with_path(like)[0]:
+        have = tuple(np.shape(got[key]))
+        if have != tuple(want.shape):
+            name = "/".join(str(getattr(k, "key", k)) for k in key)
+            raise ValueError(
+                f"{flag} {path}: parameter {name} has shape {have[1:]} per student but "
+                f"{env.spec.env_id} {knobs} at size {meta['size']} needs {tuple(want.shape[1:])} "
+                f"({have[0]} vs {want.shape[0]} students); {STUDENTS}.json does not describe "
+                "these parameters, so train them again with `jaxil lm sft --out DIR`")
+    return policy, params, meta
 
 
 def load_expert_lm(path: str, env, knobs: dict, seed_index: int = 0):
@@ -115,8 +176,11 @@ def load_expert_lm(path: str, env, knobs: dict, seed_index: int = 0):
     from jaxil.runs.checkpoint import params_digest
 
     policy, stacked, meta = load_students(path, env, knobs, "--expert", "`scripted` or ")
-    if not 0 <= seed_index < len(meta["seeds"]):
-        raise ValueError(f"--expert-seed {seed_index}: {path} holds {len(meta['seeds'])} students")
+    n = len(meta["seeds"])
+    if not 0 <= seed_index < n:
+        raise ValueError(f"--expert-seed {seed_index}: {path} holds {n} student"
+                         f"{'s' if n > 1 else ''} (seeds {meta['seeds']}); give --expert-seed "
+                         f"0{f' … {n - 1}' if n > 1 else ''}")
     params = jax.tree.map(lambda x: x[seed_index], stacked)
     return policy.policy(deterministic=True), params, f"lm:{meta['size']}:{params_digest(params)}"
 
@@ -157,9 +221,12 @@ def _sft(args) -> int:
 
 
 def _interactive(args) -> int:
+    import warnings
+
     from jaxil.algorithms.lm import interactive as TI
 
-    env, expert, knobs = _token_env(args.env, args.task_knob)
+    env, expert, knobs = _token_env(args.env, args.task_knob,
+                                    need_expert=args.expert == "scripted")
     expert_params, expert_name = None, "scripted"
     if args.expert != "scripted":
         expert, expert_params, expert_name = load_expert_lm(args.expert, env, knobs,
@@ -174,10 +241,12 @@ def _interactive(args) -> int:
         over["entropy_gate"] = args.entropy_gate
     regime = TI.token_regime(args.method, args.budget, sft_tokens=args.sft_tokens, **over)
     name = args.name or f"{args.method}@{args.budget}"
-    res = TI.run(env, expert, expert_params, [(name, regime)], seeds=args.seeds, config=config,
-                 base_seed=args.seed, out_dir=args.out, resume=args.resume,
-                 overwrite=args.overwrite, eval_every=args.eval_every,
-                 progress=not args.no_progress, expert_name=expert_name)
+    with warnings.catch_warnings():  # the table below prints them
+        warnings.simplefilter("ignore", TI.BudgetUnderspent)
+        res = TI.run(env, expert, expert_params, [(name, regime)], seeds=args.seeds,
+                     config=config, base_seed=args.seed, out_dir=args.out, resume=args.resume,
+                     overwrite=args.overwrite, eval_every=args.eval_every,
+                     progress=not args.no_progress, expert_name=expert_name)
     print(TI.format_table(res.summary))
     print(f"wall time {res.summary['wall_seconds']:.1f}s"
           + (f"; results in {args.out}" if args.out else ""))
@@ -195,7 +264,9 @@ def _align(args) -> int:
     from jaxil.algorithms.lm import sft
     from jaxil.envs.policies import as_policy, epsilon_mixture
 
-    env, expert, knobs = _token_env(args.env, args.task_knob)
+    env, expert, knobs = _token_env(args.env, args.task_knob,
+                                    need_expert=args.reward != "r_c"
+                                    and "demo" in R.source_roles(args.reward))
     student, sft_params, meta = load_students(args.sft, env, knobs, "--sft")
     seeds = [int(x) for x in meta["seeds"]]
     init_params = jax.tree.map(lambda *xs: jnp.stack(xs),
@@ -252,7 +323,9 @@ def _align(args) -> int:
 def _common(p, size_default: str = "tiny") -> None:
     from jaxil.nn.transformer import SIZES
 
-    p.add_argument("--env", required=True, help="token task id, e.g. tokens:repair")
+    p.add_argument("--env", required=True,
+                   help="token task id, e.g. tokens:repair, a task registered by a jaxil.envs "
+                        "entry point, or MODULE:CALLABLE (e.g. mypkg.tasks:make_nav)")
     p.add_argument("--task-knob", action="append", default=[], metavar="NAME=VALUE",
                    help="a difficulty knob of the task, e.g. faults=4 (repeatable)")
     p.add_argument("--size", choices=list(SIZES), default=size_default,

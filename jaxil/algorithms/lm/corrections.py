@@ -25,7 +25,6 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from jaxil.envs.tokens import EOT
 from jaxil.algorithms.lm.turns import speaking
 from jaxil.losses.sequence import agent_token_mask
 
@@ -49,16 +48,17 @@ def token_loss_mask(valid: jax.Array, avail: jax.Array, expert_acted: jax.Array,
 
 
 def expert_tokens(valid: jax.Array, avail: jax.Array, expert_acted: jax.Array,
-                  label_every_step) -> jax.Array:
+                  label_every_step, *, wait: int) -> jax.Array:
     """int32 scalar: the expert tokens an episode cost (speaking agent
-    tokens the expert produced, or all of them with `label_every_step`)."""
+    tokens the expert produced, or all of them with `label_every_step`;
+    `wait`: the environment's `<wait>` id)."""
     chex.assert_rank([valid, avail, expert_acted], [1, 3, 1])
     asked = expert_acted | jnp.asarray(label_every_step, jnp.bool_)
-    return jnp.sum(speaking(avail, valid) & asked[:, None], dtype=jnp.int32)
+    return jnp.sum(speaking(avail, valid, wait=wait) & asked[:, None], dtype=jnp.int32)
 
 
 def _turn_hashes(after: jax.Array, actions: jax.Array, speak: jax.Array, width: int,
-                 vocab: int):
+                 vocab: int, eot: int):
     """Per agent and step: the running hash of the agent's current turn
     (its tokens with their position in the turn, and the environment's
     answer that enters the context after its `<eot>`) and whether the step
@@ -80,7 +80,7 @@ def _turn_hashes(after: jax.Array, actions: jax.Array, speak: jax.Array, width: 
             t, a, s = x
             pos = jnp.where(fresh, 0, pos)
             acc = jnp.where(fresh, 0.0, acc)
-            end = s & (a == EOT)
+            end = s & (a == eot)
             h = table_act[jnp.clip(pos, 0, width - 1), jnp.clip(a, 0, V - 1)]
             answer = jnp.sum(table_obs[cols, jnp.clip(t, 0, V - 1)], axis=0)
             acc = jnp.where(s, acc + h + jnp.where(end, answer, 0.0), acc)
@@ -95,7 +95,7 @@ def _turn_hashes(after: jax.Array, actions: jax.Array, speak: jax.Array, width: 
 
 
 def max_turn_repeats(after: jax.Array, actions: jax.Array, avail: jax.Array,
-                     valid: jax.Array, width: int = 8) -> jax.Array:
+                     valid: jax.Array, width: int = 8, *, eot: int, wait: int) -> jax.Array:
     """int32 scalar: the largest number of times one agent plays one and
     the same turn in the episode.
 
@@ -114,19 +114,23 @@ def max_turn_repeats(after: jax.Array, actions: jax.Array, avail: jax.Array,
       valid: `[T]` bool.
       width: the longest turn told apart by position (`env.cmd_width + 1`
         or more; later positions share a table row).
+      eot: the environment's `<eot>` id.
+      wait: its `<wait>` id.
     """
     chex.assert_rank([after, actions, avail, valid], [3, 2, 3, 1])
-    speak = speaking(avail, valid)
+    speak = speaking(avail, valid, wait=wait)
     h, end = _turn_hashes(after.astype(jnp.int32), actions.astype(jnp.int32), speak, width,
-                          avail.shape[-1])
+                          avail.shape[-1], eot)
     same = jnp.all(h[:, None] == h[None, :], axis=-1)  # [T, T, N]
     both = end[:, None] & end[None, :]
     counts = jnp.sum(same & both, axis=1)  # [T, N]
     return jnp.max(jnp.where(end, counts, 0)).astype(jnp.int32)
 
 
-def passes_repetition(after, actions, avail, valid, limit, width: int = 8) -> jax.Array:
+def passes_repetition(after, actions, avail, valid, limit, width: int = 8, *, eot: int,
+                      wait: int) -> jax.Array:
     """bool scalar: no agent plays one turn `limit` or more times
     ([`max_turn_repeats`][jaxil.algorithms.lm.corrections.max_turn_repeats]); `limit ≤ 0` turns the filter off."""
     limit = jnp.asarray(limit, jnp.int32)
-    return (limit <= 0) | (max_turn_repeats(after, actions, avail, valid, width) < limit)
+    return (limit <= 0) | (max_turn_repeats(after, actions, avail, valid, width, eot=eot,
+                                            wait=wait) < limit)

@@ -37,6 +37,7 @@ does both, returning columns for a results table
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -204,8 +205,9 @@ def mmd2_by_turn(
 
 def _turns_and_speaking(episodes: TokenEpisodes) -> tuple[jax.Array, jax.Array]:
     """`(turn [E, T], speaking [E, T, N])` of each episode."""
-    turn = jax.vmap(turn_index)(episodes.actions)
-    said = jax.vmap(speaking)(episodes.avail, episodes.mask)
+    turn = jax.vmap(functools.partial(turn_index, eot=episodes.eot))(episodes.actions)
+    said = jax.vmap(functools.partial(speaking, wait=episodes.wait))(episodes.avail,
+                                                                    episodes.mask)
     return turn, said
 
 

@@ -34,6 +34,8 @@ reproduces the uninterrupted run, and the non-finite guard.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import warnings
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -45,7 +47,7 @@ from flax import struct
 
 from jaxil.envs.core import MultiAgentEnv
 from jaxil.envs.rollout import run_episodes
-from jaxil.envs.tokens import EOT
+from jaxil.envs.tokens import token_specials
 from jaxil.algorithms.interactive import labels as L
 from jaxil.algorithms.interactive.buffer import mixed_draw
 from jaxil.algorithms.interactive.config import (METHODS, RegimeHParams, check_regime, regime,
@@ -70,6 +72,12 @@ TOKEN_METHODS = METHODS + ("gated",)
 DEFAULT_REPEAT_LIMIT = 3
 #: The entropy gate of `gated` in nats, unless given.
 DEFAULT_ENTROPY_GATE = 0.5
+
+
+class BudgetUnderspent(UserWarning):
+    """A regime ended its rounds more than one expert episode below its
+    expert-token budget (its comparison with the others is then not at an
+    equal budget)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,6 +268,7 @@ def make_round(env: MultiAgentEnv, student: TransformerPolicy, expert: Any,
     T, K = env.spec.max_steps, env.token_width
     width = env.cmd_width + 1
     E = config.episodes_per_round
+    eot, wait = token_specials(env)
     ep_axes = lambda *a: jax.vmap(*a)
 
     def round_fn(state: TokenRunState, demos: Demos, expert_params: Any):
@@ -271,13 +280,14 @@ def make_round(env: MultiAgentEnv, student: TransformerPolicy, expert: Any,
         ep = takeover_episodes(env, student, expert, state.params, expert_params, rule, k_roll, E)
         rec, valid = ep.carry, ep.mask
         avail, obs = ep.avail_actions[:, :T], ep.obs[:, :T, :, :K]
-        spent = ep_axes(expert_tokens, (0, 0, 0, None))(valid, avail, rec.expert_acted,
-                                                         hp.use_label)
+        spent = ep_axes(functools.partial(expert_tokens, wait=wait), (0, 0, 0, None))(
+            valid, avail, rec.expert_acted, hp.use_label)
         interactive = hp.budget - hp.demo_labels
         allowance = (interactive * (r + 1)) // config.rounds - state.spent
         within = L.within_allowance(spent, allowance)
         accepted = L.verify(ep.won, ep.episode_return, hp.verifier, hp.return_threshold)
-        accepted &= ep_axes(passes_repetition, (0, 0, 0, 0, None, None))(
+        accepted &= ep_axes(functools.partial(passes_repetition, eot=eot, wait=wait),
+                            (0, 0, 0, 0, None, None))(
             obs_tokens(ep.obs[:, 1:, :, :K], K), ep.actions, avail, valid, hp.repeat_limit,
             width)
         kept = within & accepted
@@ -285,8 +295,9 @@ def make_round(env: MultiAgentEnv, student: TransformerPolicy, expert: Any,
                                                             hp.mask_prefix, kept)
         targets = L.training_targets(rec.label, ep.actions, hp.use_label)
         buf = insert_episodes(state.buffer, obs, avail, targets, mask, kept)
-        asked = (rec.expert_acted | hp.use_label)[..., None] & ep_axes(speaking)(avail, valid)
-        turns = jnp.sum(asked & (ep.actions == EOT), axis=(1, 2), dtype=jnp.int32)
+        asked = (rec.expert_acted | hp.use_label)[..., None] & ep_axes(
+            functools.partial(speaking, wait=wait))(avail, valid)
+        turns = jnp.sum(asked & (ep.actions == eot), axis=(1, 2), dtype=jnp.int32)
         paid = lambda x: jnp.sum(jnp.where(within, x, 0), dtype=jnp.int32)
         new = state.replace(buffer=buf, key=key, round=r + 1, spent=state.spent + paid(spent),
                             expert_turns=state.expert_turns + paid(turns),
@@ -308,10 +319,11 @@ def make_round(env: MultiAgentEnv, student: TransformerPolicy, expert: Any,
 
 def demo_accounting(env: MultiAgentEnv, demos: TokenEpisodes) -> dict[str, np.ndarray]:
     """Cumulative expert tokens, turns and episodes after each demonstration."""
+    eot, wait = token_specials(env)
     valid, avail = np.asarray(demos.mask), np.asarray(demos.avail)
-    speak = np.asarray(jax.vmap(speaking)(avail, valid))
+    speak = np.asarray(jax.vmap(functools.partial(speaking, wait=wait))(avail, valid))
     tokens = speak.sum(axis=(1, 2))
-    turns = (speak & (np.asarray(demos.actions) == EOT)).sum(axis=(1, 2))
+    turns = (speak & (np.asarray(demos.actions) == eot)).sum(axis=(1, 2))
     return dict(tokens=np.cumsum(tokens), turns=np.cumsum(turns),
                 episodes=np.arange(1, len(tokens) + 1))
 
@@ -395,7 +407,30 @@ def run(env: MultiAgentEnv, expert: Any, expert_params: Any,
         if rd is not None:
             rd.close()
         raise
-    return engine.run(program, rundir=rd, progress=progress, stop_after_chunks=stop_after_rounds)
+    res = engine.run(program, rundir=rd, progress=progress, stop_after_chunks=stop_after_rounds)
+    for line in res.summary.get("budget_warnings", []):
+        warnings.warn(line, BudgetUnderspent, stacklevel=2)
+    return res
+
+
+def budget_warnings(table: Sequence[dict], budgets: dict[str, int], episode_tokens: float,
+                    config: TokenInteractiveConfig) -> list[str]:
+    """One line per regime of a summary `table` whose mean expert tokens
+    fall more than one expert episode (`episode_tokens`) short of its
+    budget, with the numbers and the fix."""
+    out = []
+    for g in table:
+        budget, spent = budgets.get(g["regime"]), g.get("expert_tokens_mean")
+        if budget is None or spent is None or budget - spent <= episode_tokens:
+            continue
+        seeds = f"{g['seeds']} seed{'s' if g['seeds'] != 1 else ''}"
+        out.append(
+            f"{g['regime']} spent {spent:.0f} of its {budget} expert tokens (mean over {seeds}; "
+            f"one expert episode is {episode_tokens:.0f}): its {config.episodes_per_round} rollouts "
+            f"per round × {config.rounds} rounds could not use the allowance; raise "
+            "--episodes-per-round (episodes_per_round) or --rounds so that every regime spends "
+            "its budget")
+    return out
 
 
 def _program(env, expert, expert_params, regimes, seeds, config, base_seed, eval_every):
@@ -430,14 +465,28 @@ def _program(env, expert, expert_params, regimes, seeds, config, base_seed, eval
 
     evaluate = jax.jit(jax.vmap(evaluate_one))
     hp = stack_regimes(hps)
+    seed_keys = lambda: jnp.stack([jax.random.PRNGKey(base_seed + s) for s in range(seeds)])
+    initial_params = lambda key: student.init(jax.random.split(key)[0])
+
+    def untrained() -> list[dict]:
+        """The students before any training (before the SFT start), scored
+        like the others: one row per seed, evaluated in the runs' shape so
+        that the compiled evaluation is shared."""
+        params = jax.vmap(initial_params)(seed_keys())
+        pick = jnp.asarray([s for _, s in runs])
+        vals = jax.device_get(evaluate(jax.tree.map(lambda x: x[pick], params)))
+        first = [i for i, (n, _) in enumerate(runs) if n == runs[0][0]]
+        return [dict(round=0, run=i, seed=runs[i][1],
+                     eval_win_rate=float(np.mean(vals["eval_win_rate"][i])),
+                     eval_return=float(np.mean(vals["eval_return"][i]))) for i in first]
 
     def init():
         uniq = list(range(seeds))
-        keys = jnp.stack([jax.random.PRNGKey(base_seed + s) for s in uniq])
+        keys = seed_keys()
 
         def one(key):
-            k_init, k_run = jax.random.split(key)
-            params = student.init(k_init)
+            k_run = jax.random.split(key)[1]
+            params = initial_params(key)
             return TokenRunState(
                 params=params, opt_state=tx.init(params), hp=jax.tree.map(lambda x: x[0], hp),
                 buffer=empty_buffer(env, config.buffer_episodes), spent=jnp.int32(0),
@@ -468,9 +517,23 @@ def _program(env, expert, expert_params, regimes, seeds, config, base_seed, eval
         step, table = summarize_step(rows, "round", group=lambda r: r["regime"],
                                      group_name="regime", order=names,
                                      means=("expert_tokens", "expert_turns", "expert_episodes"))
+        episode_tokens = float(acc["tokens"][-1] / len(acc["tokens"]))
+        # Reference rows: the students before any training, and the shared
+        # SFT start (round 0, the same for every regime of a seed).
+        _, before = summarize_step(untrained(), "round", group=lambda r: "untrained student",
+                                   group_name="regime")
+        start = [r for r in rows if r["round"] == 0 and r["regime"] == names[0]]
+        _, sft_start = summarize_step(start, "round", group=lambda r: "SFT start (round 0)",
+                                      group_name="regime")
+        for g, tokens in ((before, 0.0), (sft_start, float(acc["tokens"][sft_eps - 1]))):
+            for entry in g:
+                entry["expert_tokens_mean"] = tokens
+        budgets = {n: int(h["budget"]) for n, h in regimes}
         return {"env_id": env.spec.env_id, "round": step, "regimes": table,
+                "reference": before + sft_start,
+                "budget_warnings": budget_warnings(table, budgets, episode_tokens, config),
                 "demos": dict(sft_episodes=sft_eps, expert_turns_mean=turns_mean,
-                              expert_tokens_mean=float(acc["tokens"][-1] / len(acc["tokens"])))}
+                              expert_tokens_mean=episode_tokens)}
 
     names = [n for n, _ in regimes]
     return engine.Program(
@@ -488,9 +551,13 @@ def _program(env, expert, expert_params, regimes, seeds, config, base_seed, eval
 
 
 def format_table(summary: dict) -> str:
-    """The results table of [`run`][jaxil.algorithms.lm.interactive.run]: one line per regime."""
-    return fmt_table(summary["regimes"], [("regime", "regime", "{}", "<"),
-                                          ("seeds", "seeds", "{}"),
-                                          ("expert_tokens_mean", "expert tokens", "{:.3f}"),
-                                          mean_std("win", "win rate"),
-                                          mean_std("return", "return")])
+    """The results table of [`run`][jaxil.algorithms.lm.interactive.run]:
+    the reference rows (the untrained students, the SFT start), one line per
+    regime, then a `warning:` line per regime that did not spend its budget."""
+    rows = list(summary.get("reference", [])) + list(summary["regimes"])
+    table = fmt_table(rows, [("regime", "regime", "{}", "<"),
+                             ("seeds", "seeds", "{}"),
+                             ("expert_tokens_mean", "expert tokens", "{:.3f}"),
+                             mean_std("win", "win rate"),
+                             mean_std("return", "return")])
+    return "\n".join([table] + [f"warning: {w}" for w in summary.get("budget_warnings", [])])

@@ -74,6 +74,7 @@ r_c = analytic_reward(student, sft_params, init_params, episodes)   # [E]
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -94,7 +95,6 @@ from jaxil.algorithms.lm.sft import (
     from_episodes,
 )
 from jaxil.algorithms.lm.turns import speaking
-from jaxil.envs.tokens import EOT
 from jaxil.losses import discriminator_loss
 from jaxil.nn.transformer import SIZES, TransformerPolicy, config_for_env
 from jaxil.runs import engine
@@ -226,7 +226,7 @@ def stacked_sources(sources: Sequence[str], roles: dict[str, TokenEpisodes]
 
 
 def read_mask(avail: jax.Array, actions: jax.Array, valid: jax.Array,
-              read: str = "token") -> jax.Array:
+              read: str = "token", *, eot: int, wait: int) -> jax.Array:
     """`[T, N]` bool: where a reward model reads one episode's rewards.
 
         ρ_ti = speaking_ti                    (read="token")
@@ -241,14 +241,16 @@ def read_mask(avail: jax.Array, actions: jax.Array, valid: jax.Array,
       avail: `[T, N, V]` legal-token masks.
       actions: `[T, N]` int tokens emitted.
       valid: `[T]` bool, the episode's valid steps.
-      read: `"token"` or `"turn"`.
+      read: `"token"`, `"turn"` or `"last"`.
+      eot: the environment's `<eot>` id (`TokenEpisodes.eot`).
+      wait: its `<wait>` id (`TokenEpisodes.wait`).
     """
     chex.assert_rank([avail, actions, valid], [3, 2, 1])
     if read not in READS:
         raise ValueError(f"read must be one of {READS}, got {read!r}")
-    on_turn = speaking(avail, valid)
+    on_turn = speaking(avail, valid, wait=wait)
     if read == "turn":
-        return on_turn & (actions == EOT)
+        return on_turn & (actions == eot)
     if read == "last":  # the last step at which any agent speaks
         t = jnp.arange(on_turn.shape[0])
         last = jnp.max(jnp.where(jnp.any(on_turn, axis=1), t, -1))
@@ -336,7 +338,8 @@ class SequenceRewardModel:
 
     def read_masks(self, episodes: TokenEpisodes) -> jax.Array:
         """`[E, T, N]` the reads ([`read_mask`][jaxil.algorithms.lm.reward.read_mask] with `config.read`)."""
-        return jax.vmap(read_mask, in_axes=(0, 0, 0, None))(
+        reads = functools.partial(read_mask, eot=episodes.eot, wait=episodes.wait)
+        return jax.vmap(reads, in_axes=(0, 0, 0, None))(
             episodes.avail, episodes.actions, episodes.mask, self.config.read)
 
     def scores(self, params: Any, episodes: TokenEpisodes) -> jax.Array:

@@ -43,6 +43,7 @@ import optax
 from flax import struct
 
 from jaxil import envs
+from jaxil.envs.tokens import EOT, WAIT, TokenSpecials, token_specials
 from jaxil.losses.sequence import agent_token_mask, masked_sequence_nll
 from jaxil.nn import distributions as D
 from jaxil.nn.transformer import SIZES, TransformerPolicy, config_for_env
@@ -68,6 +69,8 @@ class TokenEpisodes:
       won: `[E]` whether each episode was solved.
       episode_return: `[E]` each episode's return.
       env_id: the environment the episodes come from.
+      eot: the environment's `<eot>` id (`env.eot_token`), which ends a turn.
+      wait: its `<wait>` id (`env.wait_token`), an off-turn agent's token.
     """
 
     obs: jax.Array
@@ -77,6 +80,8 @@ class TokenEpisodes:
     won: jax.Array
     episode_return: jax.Array
     env_id: str = struct.field(pytree_node=False, default="")
+    eot: int = struct.field(pytree_node=False, default=EOT)
+    wait: int = struct.field(pytree_node=False, default=WAIT)
 
     @property
     def num_episodes(self) -> int:
@@ -99,7 +104,7 @@ class TokenEpisodes:
 def from_episodes(env: envs.MultiAgentEnv, episodes: envs.Episodes) -> TokenEpisodes:
     """The [`TokenEpisodes`][jaxil.algorithms.lm.sft.TokenEpisodes] of [`envs.run_episodes`][jaxil.envs.rollout.run_episodes]' output on a
     token environment (the acted-on steps, token columns only)."""
-    _check_token_env(env)
+    specials = _check_token_env(env)
     T, K = env.spec.max_steps, env.token_width
     return TokenEpisodes(
         obs=jnp.asarray(episodes.obs[:, :T, :, :K], jnp.float32),
@@ -108,7 +113,7 @@ def from_episodes(env: envs.MultiAgentEnv, episodes: envs.Episodes) -> TokenEpis
         mask=jnp.asarray(episodes.mask, bool),
         won=jnp.asarray(episodes.won, jnp.float32),
         episode_return=jnp.asarray(episodes.episode_return, jnp.float32),
-        env_id=env.spec.env_id)
+        env_id=env.spec.env_id, eot=specials.eot, wait=specials.wait)
 
 
 def collect_demos(env: envs.MultiAgentEnv, policy: Any, params: Any, key: jax.Array,
@@ -190,16 +195,19 @@ def initial_params(student: TransformerPolicy, seed: int) -> Any:
 
 
 def _check_token_env(env: envs.MultiAgentEnv,
-                     why: str = "SFT trains a transformer on token episodes") -> None:
+                     why: str = "SFT trains a transformer on token episodes") -> TokenSpecials:
+    """The environment's special tokens, after checking it is a token
+    environment (one-line `ValueError` otherwise)."""
     if not (hasattr(env, "token_width") and hasattr(env, "max_context")):
         raise ValueError(f"{env.spec.env_id} is not a token environment (tokens:repair, "
                          f"tokens:arith, tokens:exchange); {why}")
+    return token_specials(env)
 
 
 def check_demos(env: envs.MultiAgentEnv, demos: TokenEpisodes, what: str = "demos") -> None:
     """Raise a one-line `ValueError` unless `demos` are token episodes of
     `env` in its configuration (widths, agents, vocabulary, episode length)."""
-    _check_token_env(env)
+    specials = _check_token_env(env)
     if not isinstance(demos, TokenEpisodes):
         raise ValueError(f"{what} must be TokenEpisodes (collect_demos / from_episodes), got "
                          f"{type(demos).__name__}")
@@ -208,6 +216,10 @@ def check_demos(env: envs.MultiAgentEnv, demos: TokenEpisodes, what: str = "demo
     if demos.env_id != eid:
         raise ValueError(f"{what} come from {demos.env_id or 'an unnamed environment'} but the "
                          f"environment is {eid}; collect them on this environment")
+    if (demos.eot, demos.wait) != tuple(specials):
+        raise ValueError(f"{what} mark turns with <eot>={demos.eot} / <wait>={demos.wait} but "
+                         f"{eid} uses {specials.eot} / {specials.wait}; build them with "
+                         "from_episodes(env, ...)")
     E = demos.actions.shape[0] if demos.actions.ndim else 0
     want = {"obs": (E, spec.max_steps, spec.num_agents, env.token_width),
             "avail": (E, spec.max_steps, spec.num_agents, spec.num_actions),

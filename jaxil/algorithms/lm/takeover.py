@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from jaxil.envs.core import MultiAgentEnv
 from jaxil.envs.policies import Policy, as_policy
 from jaxil.envs.rollout import Episodes, run_episodes
-from jaxil.envs.tokens import EOT, WAIT
+from jaxil.envs.tokens import TokenSpecials, token_specials
 from jaxil.algorithms.interactive.schedule import sample_switch
 from jaxil.nn import distributions as D
 from jaxil.nn.transformer import TransformerPolicy
@@ -75,10 +75,13 @@ class _Carry(NamedTuple):
     record: TakeoverStep
 
 
-def takeover_policy(student: TransformerPolicy, expert: Any, rule: TakeoverRule) -> Policy:
+def takeover_policy(student: TransformerPolicy, expert: Any, rule: TakeoverRule,
+                    specials: TokenSpecials) -> Policy:
     """The shared-control policy; its params are `(student_params,
     expert_params)`. Per-step records are in the carry's `record`
-    ([`recorded`][jaxil.algorithms.lm.takeover.recorded])."""
+    ([`recorded`][jaxil.algorithms.lm.takeover.recorded]). `specials`: the environment's `<eot>` / `<wait>`
+    ([token_specials][jaxil.envs.tokens.token_specials])."""
+    eot, wait = specials
     x = as_policy(expert)
     beta = lambda: jnp.asarray(rule.beta, jnp.float32)
 
@@ -100,11 +103,11 @@ def takeover_policy(student: TransformerPolicy, expert: Any, rule: TakeoverRule)
         a_x, cx = x.act(params[1], obs, avail, kx, c.expert)
         a_x = a_x.astype(jnp.int32)
         gate = jnp.asarray(rule.gate, jnp.float32)
-        speaking = ~(avail[:, WAIT] & (jnp.sum(avail, axis=-1) == 1))
+        speaking = ~(avail[:, wait] & (jnp.sum(avail, axis=-1) == 1))
         gated = c.gated | ((gate >= 0) & jnp.any(speaking & (entropy > gate)))
         expert_now = (c.turn >= c.switch) | c.coin | gated
         a = jnp.where(expert_now, a_x, a_s)
-        ended = jnp.any(a == EOT)
+        ended = jnp.any(a == eot)
         coin = jnp.where(ended, jax.random.uniform(kc) < beta(), c.coin)
         rec = TakeoverStep(c.turn, c.switch, a_x, a_s, entropy, expert_now)
         return a, _Carry(c.turn + ended.astype(jnp.int32), c.switch, coin, gated, cs, cx, rec)
@@ -122,6 +125,6 @@ def takeover_episodes(env: MultiAgentEnv, student: TransformerPolicy, expert: An
                       key: jax.Array, num_episodes: int) -> Episodes:
     """One shared-control episode per environment: [`envs.Episodes`][jaxil.envs.rollout.Episodes]
     whose `carry` is a [`TakeoverStep`][jaxil.algorithms.lm.takeover.TakeoverStep] (`[E, T, ...]`)."""
-    return run_episodes(env, takeover_policy(student, expert, rule),
+    return run_episodes(env, takeover_policy(student, expert, rule, token_specials(env)),
                         (student_params, expert_params), key, num_episodes,
                         record_carry=recorded)

@@ -15,7 +15,9 @@ tokens `actions [T, N]`:
   valid steps whose legal mask is not `<wait>` alone (an agent off turn
   in `tokens:exchange` may only wait; that token costs no one anything).
 
-Pure functions of arrays; `vmap` them over episodes.
+Pure functions of arrays; `vmap` them over episodes. The special tokens
+are the environment's (`env.eot_token`, `env.wait_token`, checked by
+[token_specials][jaxil.envs.tokens.token_specials]), passed in by keyword.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from jaxil.envs.tokens import EOT, WAIT
 
 
 def _exclusive_cumsum(x: jax.Array, axis: int = 0) -> jax.Array:
@@ -32,31 +33,33 @@ def _exclusive_cumsum(x: jax.Array, axis: int = 0) -> jax.Array:
     return c - x.astype(jnp.int32)
 
 
-def turn_index(actions: jax.Array) -> jax.Array:
+def turn_index(actions: jax.Array, *, eot: int) -> jax.Array:
     """`[T]` int32: how many turns (of any agent) ended before each step.
 
     Args:
       actions: `[T, N]` integer tokens of one episode.
+      eot: the environment's `<eot>` id.
     """
     chex.assert_rank(actions, 2)
-    return _exclusive_cumsum(jnp.any(actions == EOT, axis=1))
+    return _exclusive_cumsum(jnp.any(actions == eot, axis=1))
 
 
-def agent_turn_index(actions: jax.Array) -> jax.Array:
+def agent_turn_index(actions: jax.Array, *, eot: int) -> jax.Array:
     """`[T, N]` int32: how many of its own turns each agent ended before
-    each step."""
+    each step (`eot`: the environment's `<eot>` id)."""
     chex.assert_rank(actions, 2)
-    return _exclusive_cumsum(actions == EOT, axis=0)
+    return _exclusive_cumsum(actions == eot, axis=0)
 
 
-def speaking(avail: jax.Array, valid: jax.Array) -> jax.Array:
+def speaking(avail: jax.Array, valid: jax.Array, *, wait: int) -> jax.Array:
     """`[T, N]` bool: valid steps at which the agent is on turn (its legal
     tokens are not `<wait>` alone).
 
     Args:
       avail: `[T, N, V]` legal-token masks.
       valid: `[T]` bool, the episode's valid steps.
+      wait: the environment's `<wait>` id.
     """
     chex.assert_rank([avail, valid], [3, 1])
-    only_wait = avail[..., WAIT] & (jnp.sum(avail.astype(jnp.int32), axis=-1) == 1)
+    only_wait = avail[..., wait] & (jnp.sum(avail.astype(jnp.int32), axis=-1) == 1)
     return valid.astype(bool)[:, None] & ~only_wait

@@ -6,6 +6,7 @@ the per-turn MMD against the per-time-step one of the interactive
 diagnostics; its floor; and the whole driver on ``tokens:arith`` with two
 operations against a reference recomputed from its own episodes."""
 
+import functools
 import json
 
 import jax
@@ -86,7 +87,7 @@ def test_disagreement_by_turn_matches_float64_numpy_reference(jit):
     assert turn.max() > B  # the last bin collects several turns
     pred, target = rng.integers(0, 3, (E, T, N)), rng.integers(0, 3, (E, T, N))
     mask = (rng.random((E, T, N)) < 0.7) & (turn != 1)[..., None]  # bin 1 left empty
-    turn_jax = jax.vmap(turn_index)(jnp.asarray(actions))
+    turn_jax = jax.vmap(functools.partial(turn_index, eot=EOT))(jnp.asarray(actions))
     np.testing.assert_array_equal(turn_jax, turn)
     fn = jax.jit(dg.disagreement_by_turn, static_argnums=4) if jit else dg.disagreement_by_turn
     rate, count = fn(jnp.asarray(pred), jnp.asarray(target), jnp.asarray(turn),

@@ -2,6 +2,8 @@
 of interactive imitation on token tasks, on hand-built token episodes and
 on short real rollouts. Each test names the mutations it kills."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -51,7 +53,8 @@ def test_turn_indices_match_a_python_loop(jit):
     rng = np.random.default_rng(0)
     for _ in range(5):
         actions = rng.choice([EOT, VOCAB["TEST"], VOCAB["3"], WAIT], size=(30, 2))
-        f, g = turns.turn_index, turns.agent_turn_index
+        f = functools.partial(turns.turn_index, eot=EOT)
+        g = functools.partial(turns.agent_turn_index, eot=EOT)
         if jit:
             f, g = jax.jit(f), jax.jit(g)
         glob, per = _numpy_turns(actions)
@@ -69,10 +72,10 @@ def test_speaking_leaves_out_waiting_and_padding():
     only_wait[:2, 1] = only_wait[2, 0] = True
     avail = _avail(actions, only_wait)
     valid = np.asarray([True, True, True, False])
-    got = np.asarray(turns.speaking(jnp.asarray(avail), jnp.asarray(valid)))
+    got = np.asarray(turns.speaking(jnp.asarray(avail), jnp.asarray(valid), wait=WAIT))
     np.testing.assert_array_equal(got, [[1, 0], [1, 0], [0, 1], [0, 0]])
     avail[2, 0, VOCAB["SAY"]] = True  # <wait> plus another legal token: a choice
-    assert bool(turns.speaking(jnp.asarray(avail), jnp.asarray(valid))[2, 0])
+    assert bool(turns.speaking(jnp.asarray(avail), jnp.asarray(valid), wait=WAIT)[2, 0])
 
 
 def test_token_loss_mask_keeps_the_expert_tokens_with_a_choice():
@@ -111,8 +114,8 @@ def test_expert_tokens_pay_for_speaking_expert_tokens_or_every_label():
     avail = jnp.asarray(_avail(actions, only_wait))
     valid = jnp.asarray([1, 1, 1, 1, 0], bool)
     acted = jnp.asarray([0, 0, 1, 1, 1], bool)
-    assert int(C.expert_tokens(valid, avail, acted, False)) == 2
-    assert int(C.expert_tokens(valid, avail, acted, True)) == 4
+    assert int(C.expert_tokens(valid, avail, acted, False, wait=WAIT)) == 2
+    assert int(C.expert_tokens(valid, avail, acted, True, wait=WAIT)) == 4
 
 
 def _after(actions, answers):
@@ -129,7 +132,7 @@ def _after(actions, answers):
     return out
 
 
-_max_turn_repeats = jax.jit(C.max_turn_repeats)
+_max_turn_repeats = jax.jit(functools.partial(C.max_turn_repeats, eot=EOT, wait=WAIT))
 
 
 def _repeats(text, answers, T=12):
@@ -157,7 +160,7 @@ def test_repetition_counts_identical_turns_with_identical_answers():
     actions = tok("VIEW 3 <eot> VIEW 3 <eot> VIEW 3 <eot>")[:, None]
     args = (jnp.asarray(_after(actions, ["3"] * 3)), jnp.asarray(actions),
             jnp.asarray(_avail(actions)), jnp.ones(len(actions), bool))
-    passes = jax.jit(C.passes_repetition)  # the limit is traced: one program for the three
+    passes = jax.jit(functools.partial(C.passes_repetition, eot=EOT, wait=WAIT))  # the limit is traced: one program for the three
     assert not bool(passes(*args, 3))
     assert bool(passes(*args, 4)) and bool(passes(*args, 0))
 
@@ -171,7 +174,8 @@ def test_the_scripted_experts_never_loop():
         ep = envs.run_episodes(env, scripted_expert(env)[0], None, jax.random.PRNGKey(0), 64)
         T, K = env.spec.max_steps, env.token_width
         after = jnp.round(ep.obs[:, 1:, :, :K]).astype(jnp.int32)
-        ok = jax.vmap(C.passes_repetition, in_axes=(0, 0, 0, 0, None, None))(
+        ok = jax.vmap(functools.partial(C.passes_repetition, eot=env.eot_token,
+                                        wait=env.wait_token), in_axes=(0, 0, 0, 0, None, None))(
             after, ep.actions, ep.avail_actions[:, :T], ep.mask, TI.DEFAULT_REPEAT_LIMIT,
             env.cmd_width + 1)
         assert bool(jnp.all(ok)), eid
@@ -233,7 +237,7 @@ def test_the_fixed_switch_hands_over_exactly_at_turn_k(repair, roll):
     ep = roll(kind=5, lo=2)
     T = ep.mask.shape[1]
     for e in range(16):
-        t_idx = np.asarray(turns.turn_index(jnp.asarray(ep.actions[e])))
+        t_idx = np.asarray(turns.turn_index(jnp.asarray(ep.actions[e]), eot=EOT))
         valid = ep.mask[e]
         np.testing.assert_array_equal(ep.carry.expert_acted[e][valid], (t_idx >= 2)[valid])
         if t_idx[valid].max() >= 2:
@@ -258,7 +262,7 @@ def test_dagger_coins_fall_per_turn_and_the_gate_is_sticky(roll):
     acted = half.carry.expert_acted
     assert acted[half.mask].any() and (~acted)[half.mask].any()
     for e in range(16):
-        t_idx = np.asarray(turns.turn_index(jnp.asarray(half.actions[e])))[half.mask[e]]
+        t_idx = np.asarray(turns.turn_index(jnp.asarray(half.actions[e]), eot=EOT))[half.mask[e]]
         a = acted[e][half.mask[e]]
         for k in np.unique(t_idx):
             assert len(set(a[t_idx == k].tolist())) == 1
