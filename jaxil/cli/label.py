@@ -17,6 +17,7 @@ import numpy as np
 from jaxil.cli.args import (add_hidden, add_loggers, add_progress, make_loggers, nonneg_int,
                             positive_float, positive_int, probability)
 from jaxil.runs.loggers import LoggerFactory, prefixed
+from jaxil.cli import stop
 from jaxil.data.format import Dataset
 from jaxil.runs.io_atomic import atomic_write_text, check_file_writable
 from jaxil.algorithms.labelling.label import (
@@ -157,8 +158,9 @@ def _cached_answers(path: str) -> int:
         return 0
 
 
-def _interrupted(args, written_at_end: str) -> int:
-    """Ctrl-C: one line saying what was kept and how to go on, exit status 130."""
+def _interrupted(args, written_at_end: str, e: KeyboardInterrupt) -> int:
+    """Ctrl-C or SIGTERM: one line saying what was kept and how to go on,
+    exit status 130 or 143 ([`jaxil.cli.stop`][jaxil.cli.stop])."""
     command = getattr(args, "command", None) or "label"
     if args.oracle == "external" and args.cache:
         hint = (f"the cache {args.cache} holds {_cached_answers(args.cache)} answers; rerun the "
@@ -168,9 +170,9 @@ def _interrupted(args, written_at_end: str) -> int:
                 "runs)")
     else:
         hint = "rerun the same command to start again"
-    print(f"jaxil {command}: interrupted; {written_at_end} is written only at the end; {hint}",
-          file=sys.stderr)
-    return 130
+    print(f"jaxil {command}: {stop.what(e)}; {written_at_end} is written only at the end; "
+          f"{hint}", file=sys.stderr)
+    return stop.exit_status(e)
 
 
 def _provenance(ds: Dataset, args, source: str) -> dict:
@@ -183,10 +185,10 @@ def _provenance(ds: Dataset, args, source: str) -> dict:
 def _label_cmd(args) -> int:
     try:
         return _label(args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if getattr(args, "debug", False):
             raise
-        return _interrupted(args, "the labelled copy")
+        return _interrupted(args, "the labelled copy", e)
 
 
 def _label(args) -> int:
@@ -216,10 +218,10 @@ def _label(args) -> int:
 def _pipeline_cmd(args) -> int:
     try:
         return _pipeline(args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if getattr(args, "debug", False):
             raise
-        return _interrupted(args, "pipeline.json")
+        return _interrupted(args, "pipeline.json", e)
 
 
 def _pipeline(args) -> int:

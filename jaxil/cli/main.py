@@ -11,6 +11,8 @@ import errno
 import importlib
 import sys
 
+from jaxil.cli import stop
+
 # module -> the subcommands it registers
 _MODULES = (
     "jaxil.cli.environments",  # envs, quickstart
@@ -64,9 +66,11 @@ def main(argv=None) -> int:
         parser.print_help()
         return 2
     if args.debug:
-        return _result(args.func(args))
+        with stop.sigterm_as_interrupt():
+            return _result(args.func(args))
     try:
-        out = args.func(args)
+        with stop.sigterm_as_interrupt():
+            out = args.func(args)
     except (ValueError, KeyError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"jaxil {args.command}: error: {msg}", file=sys.stderr)
@@ -74,13 +78,13 @@ def main(argv=None) -> int:
     except OSError as e:  # FileExistsError, PermissionError, IsADirectoryError, disk full ...
         print(f"jaxil {args.command}: error: {_os_message(e)}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (jaxil.cli.stop)
         if hasattr(args, "resume"):
             hint = "a run directory keeps its last checkpoint (continue with --resume)"
         else:
             hint = "nothing was written past the last complete file (rerun the command)"
-        print(f"jaxil {args.command}: interrupted; {hint}", file=sys.stderr)
-        return 130
+        print(f"jaxil {args.command}: {stop.what(e)}; {hint}", file=sys.stderr)
+        return stop.exit_status(e)
     return _result(out)
 
 

@@ -16,11 +16,11 @@ import jax
 import numpy as np
 from jaxil import envs
 from jaxil.envs.core import EnvSpec
-from jaxil.runs.checkpoint import Checkpointer
+from jaxil.runs.checkpoint import Checkpointer, restore_newest_intact
 from jaxil.algorithms.offline import LEARNERS, LearnerData, make_learner
 from jaxil.cli.args import (add_hidden, add_loggers, add_progress, add_run_dir, add_seeds,
                             make_loggers, nonneg_int, positive_int)
-from jaxil.runs.rundir import check_run_dir
+from jaxil.runs.rundir import check_run_dir, note
 from jaxil.nn.policy import BOX_HEADS
 from jaxil.runs.precision import PRECISIONS
 
@@ -111,7 +111,9 @@ def _eval(args) -> int:
         raise FileNotFoundError(f"{out} holds no run.json: pass a directory written by "
                                 "`jaxil train --out` or `jaxil sweep --out`") from None
     except json.JSONDecodeError as e:
-        raise ValueError(f"{out / 'run.json'} is not valid JSON ({e.msg})") from None
+        raise ValueError(f"{out / 'run.json'} is not valid JSON ({e}): it was cut short or "
+                         "edited; restore it from a copy of the run, or retrain the run with "
+                         "--overwrite") from None
     info = doc.get("identity")
     if info is None:
         raise ValueError(f"{out / 'run.json'} records no identity (written by an older jaxil); "
@@ -142,7 +144,16 @@ def _eval(args) -> int:
     runs = [RunSpec(r["index"], r["seed"], tuple(map(tuple, r["grid"]))) for r in info["runs"]]
     like = init_runs(learner, runs, info["base_seed"])
     ckpt = Checkpointer(out / "checkpoints")
-    states = ckpt.restore(like)
+    latest = ckpt.latest_step()
+    if latest is None:
+        raise FileNotFoundError(f"{out} holds no checkpoint yet: wait for the run's first "
+                                "evaluation (--eval-every), or pass another run directory")
+    states, _, notice = restore_newest_intact(
+        ckpt, lambda step: ckpt.restore(like, step), latest,
+        describe=lambda step: f"update {step}", using="evaluating",
+        fix="retrain the run with --overwrite")
+    if notice:
+        note(notice)
     ev = jax.jit(jax.vmap(lambda p, k: envs.run_episodes(
         env, learner.policy(args.deterministic), p, k, args.episodes), in_axes=(0, None)))
     ep = ev(states.params, jax.random.PRNGKey(args.seed))

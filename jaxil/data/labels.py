@@ -55,9 +55,28 @@ def expert_labels(dataset, labels: str) -> Optional[np.ndarray]:
     return arr.astype(bool)
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict:
+    """A JSON object's `dict`, refusing a key given twice (`json` would keep
+    the last one silently)."""
+    seen = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen.add(key)
+    return dict(pairs)
+
+
 def _labels_json(path: Path, dataset) -> Any:
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(path.read_text(), object_pairs_hook=_refuse_duplicates)
+    except _DuplicateKey as e:
+        raise ValueError(f"--labels {path} gives the key `{e.args[0]}` twice, and only one can "
+                         "be meant; keep the right one, or pass the .labels.json that "
+                         "`jaxil label` wrote") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"--labels {path} is not valid JSON ({e.msg} at line {e.lineno}); "
                          "pass the .labels.json that `jaxil label` wrote") from None

@@ -26,6 +26,7 @@ refuses a run whose checkpoint cannot fit before any work is done.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import hashlib
@@ -33,8 +34,9 @@ import json
 import logging
 import os
 import shutil
+import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -49,6 +51,124 @@ SPACE_MARGIN_BYTES = 1 << 20
 class CheckpointWriteError(OSError):
     """A checkpoint could not be written; the message names the step, the
     directory and what to do. Earlier checkpoints are untouched."""
+
+
+class CheckpointDamaged(ValueError):
+    """A checkpoint's files are missing or cut short (a crash, a full disk, a
+    deleted file): its state cannot be read, and an older one may be.
+
+    Attributes:
+      path: the checkpoint's directory.
+      reason: what is wrong with it, in a few words.
+    """
+
+    def __init__(self, path: Path, reason: str, cause: BaseException, fix: str = ""):
+        self.path, self.reason, self.cause = path, reason, cause
+        super().__init__(f"checkpoint {path} cannot be read: {reason} ({_first_line(cause)})"
+                         + (f"; {fix}" if fix else ""))
+
+
+class CheckpointMismatch(ValueError):
+    """A checkpoint is intact but holds another state than the one asked
+    for (the run's settings were changed after it was written); no other
+    checkpoint of the run can match either."""
+
+
+def _first_line(e: Optional[BaseException]) -> str:
+    """`Type: first line of the message` (160 characters at most)."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:160]}" if text else type(e).__name__
+
+
+def _hush_closed_loop_reports() -> None:
+    """Drop the "Event loop is closed" reports of a failed orbax read.
+
+    When a read fails, orbax closes its asyncio loop while tensorstore still
+    completes the other reads of the step; each completion then reports a
+    `RuntimeError: Event loop is closed` through `sys.unraisablehook`, a
+    traceback apiece, around the one line that says what is wrong. Only
+    those reports are dropped; every other one reaches the hook that was
+    installed before.
+    """
+    previous = sys.unraisablehook
+    if getattr(previous, "jaxil_hushes_closed_loops", False):
+        return
+
+    def hook(report):
+        if isinstance(report.exc_value, RuntimeError) and \
+                str(report.exc_value) == "Event loop is closed":
+            return
+        previous(report)
+
+    hook.jaxil_hushes_closed_loops = True
+    sys.unraisablehook = hook
+
+
+def _damage(path: Path, abstract: Any) -> Optional[str]:
+    """Why a failed read of the orbax tree in directory `path` is damage
+    rather than another state, or None: its metadata is missing or
+    unreadable, or it lists exactly the arrays of `abstract` (so the data
+    files are at fault)."""
+    try:
+        meta = json.loads((path / "_METADATA").read_text())["tree_metadata"]
+        values = [v["value_metadata"] for v in meta.values()]
+        stored = [v.get("write_shape") for v in values if not v.get("skip_deserialize")]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return "its metadata (_METADATA) is missing or damaged"
+    want = collections.Counter(tuple(np.shape(x)) for x in jax.tree.leaves(abstract))
+    # numpy leaves (save_tree's) record no shape: their number must match
+    known = collections.Counter(tuple(w) for w in stored if w is not None)
+    same = len(stored) == sum(want.values()) and not known - want
+    return "a data file in it is missing or cut short" if same else None
+
+
+def restore_newest_intact(checkpoints: Any, restore: Callable[[int], Any], latest: int, *,
+                          describe: Callable[[int], str] = lambda s: f"step {s}",
+                          using: str = "resuming from",
+                          fix: str = "pass --overwrite to start afresh",
+                          ) -> tuple[Any, int, Optional[str]]:
+    """`(state, step, notice)` from the newest checkpoint at or before
+    `latest` that can be read: what `--resume` and `jaxil eval` both use.
+
+    `checkpoints` lists the steps (`all_steps()`) and names the place
+    (`directory`); `restore(step)` reads one. A damaged checkpoint
+    ([`CheckpointDamaged`][jaxil.runs.checkpoint.CheckpointDamaged]) is passed
+    over for the next older one, and `notice` is then one line naming the
+    step passed over, why, and the step taken (`using` says what is done
+    with it); None when `latest` itself was read. `describe` names a step
+    as the run does (`"update 400"`).
+
+    Raises:
+      CheckpointMismatch: an intact checkpoint holds another state (older
+        ones are not tried: they were written by the same settings).
+      CheckpointDamaged: no checkpoint can be read; the message ends with
+        `fix`.
+      ValueError: another failure to read, as one line.
+    """
+    _hush_closed_loop_reports()
+    older = getattr(checkpoints, "all_steps", list)()
+    steps = [latest] + sorted((s for s in older if s < latest), reverse=True)
+    where = getattr(checkpoints, "directory", "the run directory")
+    first: Optional[BaseException] = None
+    for step in steps:
+        try:
+            state = restore(step)
+        except CheckpointMismatch:
+            raise
+        except Exception as e:  # noqa: BLE001 - orbax raises bare Exceptions for damaged files
+            first = first or e
+            continue
+        notice = None
+        if step != latest:
+            why = first.reason if isinstance(first, CheckpointDamaged) else _first_line(first)
+            notice = (f"checkpoint {describe(latest)} in {where} cannot be read "
+                      f"({why}); {using} the intact {describe(step)}")
+        return state, step, notice
+    older = " and no older one is intact" if len(steps) > 1 else ""
+    if isinstance(first, CheckpointDamaged):
+        raise CheckpointDamaged(first.path, first.reason + older, first.cause, fix) from first
+    raise ValueError(f"no checkpoint in {where} can be read (the newest, "
+                     f"{describe(latest)}: {_first_line(first)}); {fix}") from first
 
 
 @contextlib.contextmanager
@@ -137,8 +257,9 @@ def restore_tree(path: str | os.PathLike, like: Any) -> Any:
 
     Raises:
       FileNotFoundError: `path` does not exist.
-      ValueError: the stored arrays do not match `like` (another config or
-        environment wrote them).
+      CheckpointDamaged: a file of it is missing or cut short.
+      CheckpointMismatch: the stored arrays do not match `like` (another
+        config or environment wrote them).
     """
     path = os.path.abspath(path)
     if not os.path.isdir(path):
@@ -149,10 +270,14 @@ def restore_tree(path: str | os.PathLike, like: Any) -> Any:
         for i, x in enumerate(leaves)
         if np.prod(np.shape(x), dtype=np.int64) > 0
     }
+    _hush_closed_loop_reports()
     try:
         flat = ocp.StandardCheckpointer().restore(path, abstract)
     except Exception as e:  # noqa: BLE001 - re-raised with context
-        raise ValueError(
+        damage = _damage(Path(path), abstract)
+        if damage:
+            raise CheckpointDamaged(Path(path), damage, e) from e
+        raise CheckpointMismatch(
             f"checkpoint {path} does not match the expected structure "
             f"({len(abstract)} arrays); was it written with another config or env?"
         ) from e
@@ -221,6 +346,14 @@ class Checkpointer:
         """Every committed step, oldest first."""
         return sorted(self.manager.all_steps())
 
+    def drop_after(self, step: Optional[int]) -> None:
+        """Delete every step newer than `step` (all of them for None): a run
+        resumed from an older step writes them again, and orbax would skip
+        a save at a step it already holds."""
+        for s in self.all_steps():
+            if step is None or s > step:
+                self.manager.delete(s)
+
     def save(self, step: int, state: Any) -> None:
         """Write `state` as `step` and wait until it is complete.
 
@@ -252,10 +385,16 @@ class Checkpointer:
         restored one is uncommitted too: orbax returns committed arrays,
         whose programs do not match the persistent compilation cache's
         entries of the original run, so a resumed run recompiled everything.
+
+        Raises:
+          FileNotFoundError: the directory holds no checkpoint.
+          CheckpointDamaged: a file of the step is missing or cut short.
+          CheckpointMismatch: the step is intact but holds another state.
         """
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        _hush_closed_loop_reports()
         if sharding is None:
             abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
         else:
@@ -269,28 +408,15 @@ class Checkpointer:
             return got
         except Exception as e:  # noqa: BLE001 - orbax raises bare Exceptions for damaged files
             where = self.directory / str(step)
-            damage = self._damage(step, abstract)
+            damage = _damage(where / "default", _without_empty(abstract))
             if damage:
-                first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-                raise ValueError(f"checkpoint {where} cannot be read: {damage} "
-                                 f"({type(e).__name__}: {first})") from e
-            raise ValueError(
-                f"checkpoint {where} does not match the state this run "
-                f"expects ({len(jax.tree.leaves(like))} arrays): it was written with another "
-                "learner, network shape, number of runs or environment") from e
-
-    def _damage(self, step: int, abstract: Any) -> Optional[str]:
-        """Why a failed restore of `step` is damage rather than another
-        state, or None: its metadata is missing or unreadable, or it lists
-        exactly the arrays of `abstract` (so the data files are at fault)."""
-        path = self.directory / str(step) / "default" / "_METADATA"
-        try:
-            meta = json.loads(path.read_text())["tree_metadata"]
-            stored = sorted(tuple(v["value_metadata"]["write_shape"]) for v in meta.values())
-        except (OSError, ValueError, KeyError, TypeError):
-            return "its metadata (_METADATA) is missing or damaged"
-        want = sorted(tuple(np.shape(x)) for x in jax.tree.leaves(_without_empty(abstract)))
-        return "a data file in it is missing or cut short" if stored == want else None
+                raise CheckpointDamaged(where, damage, e) from e
+            raise CheckpointMismatch(
+                f"checkpoint {where} is intact, but it holds another state than the run's "
+                f"run.json describes ({len(jax.tree.leaves(like))} arrays expected): run.json "
+                "was changed after training (another learner, network shape, number of runs "
+                "or environment), or another jaxil wrote it; restore the run.json that trained "
+                "it (the checkpoints are good, keep them)") from e
 
     def close(self) -> None:
         """Finish pending work and release the manager. After a failed save

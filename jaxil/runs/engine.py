@@ -35,7 +35,7 @@ import jax
 import numpy as np
 
 from jaxil.runs import guard
-from jaxil.runs.checkpoint import Checkpointer
+from jaxil.runs.checkpoint import Checkpointer, restore_newest_intact
 from jaxil.runs.loggers import Logger, LoggerFactory
 from jaxil.runs.rundir import RunDir, note, open_run_dir
 
@@ -48,36 +48,31 @@ def _same(x: Any) -> Any:
     return x
 
 
-def _restore_newest_intact(p: "Program", ckpt: Checkpointer, like: Any,
-                           latest: int) -> tuple[Any, int]:
-    """`(state, step)` from the newest checkpoint at or before `latest`
-    that restores. A damaged newest one (a file cut or deleted by a crash or
-    a full disk) is passed over with a one-line notice naming the step taken;
-    when none restores, the newest one's error is raised as one line."""
-    steps = [latest]
-    if hasattr(ckpt, "all_steps"):
-        steps += sorted((s for s in ckpt.all_steps() if s < latest), reverse=True)
-    first: Optional[BaseException] = None
-    for step in steps:
-        try:
-            state = p.restore(ckpt, like, step)
-        except Exception as e:  # noqa: BLE001 - orbax raises bare Exceptions for damaged files
-            first = first or e
-            continue
-        if step != latest:
-            note(f"checkpoint {p.step_key} {latest} in {getattr(ckpt, 'directory', '?')} cannot "
-                 f"be read ({_first_line(first)}); resuming from the intact {p.step_key} {step}")
-        return state, step
-    if isinstance(first, ValueError):
-        raise first
-    raise ValueError(f"no checkpoint in {getattr(ckpt, 'directory', '?')} can be read (the newest, "
-                     f"{p.step_key} {latest}: {_first_line(first)}); pass --overwrite to start "
-                     "afresh") from first
+def _rows_due(p: "Program", step: int) -> int:
+    """How many metrics rows a run of `p` has written once it reaches `step`."""
+    evaluated = (set(p.eval_chunks).__contains__ if p.eval_chunks is not None
+                 else lambda n: n % p.eval_every == 0)
+    chunks = sum(1 for c in range(1, step // p.step_unit + 1) if p.row_every_chunk or evaluated(c))
+    return len(p.run_ids) * (chunks + bool(p.eval_at_start))
 
 
-def _first_line(e: Optional[BaseException]) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0][:160]}" if text else type(e).__name__
+def _newest_with_rows(p: "Program", ckpt: Checkpointer, rows: list[dict], latest: int,
+                      describe: Callable[[int], str], where: Path) -> Optional[int]:
+    """The newest checkpoint at or before `latest` whose metrics rows are all
+    kept (`latest` itself unless a row of it was lost, e.g. a last line cut
+    short), or None for the start: resuming from there rewrites the lost
+    rows exactly. A move is reported in one line."""
+    def complete(s: int) -> bool:
+        return sum(1 for r in rows if r[p.step_key] <= s) >= _rows_due(p, s)
+
+    if complete(latest):
+        return latest
+    older = [s for s in getattr(ckpt, "all_steps", list)() if s < latest and complete(s)]
+    step = max(older) if older else None
+    note(f"{where / 'metrics.jsonl'} lacks rows of {describe(latest)}, the newest checkpoint; "
+         f"resuming from {describe(step) if step is not None else 'the start'} to write them "
+         "again")
+    return step
 
 
 @dataclasses.dataclass
@@ -214,16 +209,24 @@ def run(program: Program, *, rundir: Optional[RunDir] = None,
     ckpt = rundir.checkpointer if rundir is not None else checkpointer
     latest = rundir.latest if rundir is not None else resume_step
     rows: list[dict] = list(rundir.rows) if rundir is not None else []
+    describe = p.describe_step or (lambda s: f"{p.step_key} {s}")
     state = p.init()
     start = 0
-    if latest is not None:
-        state, restored = _restore_newest_intact(p, ckpt, state, latest)
-        if restored != latest:
-            rows = [r for r in rows if r[p.step_key] <= restored]
-            if rundir is not None:
-                rundir.keep_rows(rows, restored)
-            latest = restored
-        start = latest // p.step_unit
+    restored = latest
+    if latest is not None and rundir is not None:
+        restored = _newest_with_rows(p, ckpt, rows, latest, describe, rundir.path)
+    if restored is not None:
+        like = state
+        state, restored, notice = restore_newest_intact(
+            ckpt, lambda s: p.restore(ckpt, like, s), restored, describe=describe)
+        if notice:
+            note(notice)
+        start = restored // p.step_unit
+    if restored != latest:
+        rows = [r for r in rows if restored is not None and r[p.step_key] <= restored]
+        if rundir is not None:
+            rundir.keep_rows(rows, restored)
+        latest = restored
     if ckpt is not None and start < p.num_chunks:
         ckpt.check_space(p.checkpoint_view(state))
     names = list(log_names or p.run_labels)
@@ -253,7 +256,6 @@ def run(program: Program, *, rundir: Optional[RunDir] = None,
         return values
 
     last_saved = start * p.step_unit if latest is not None else None
-    describe = p.describe_step or (lambda s: f"{p.step_key} {s}")
     evaluated = (set(p.eval_chunks).__contains__ if p.eval_chunks is not None
                  else lambda n: n % p.eval_every == 0)
     wall = float(rows[-1].get("wall_time_s") or 0.0) if p.timed and rows else 0.0

@@ -105,8 +105,9 @@ def load_run(path: Union[str, Path]) -> Run:
     try:
         info = json.loads(info_path.read_text()) if info_path.is_file() else {}
     except json.JSONDecodeError as e:
-        raise ValueError(f"{info_path} is not valid JSON ({e.msg}); restore it or pass "
-                         "env_name/task_name and algorithm_names explicitly") from None
+        raise ValueError(f"{info_path} is not valid JSON ({e}): it was cut short or edited; "
+                         "restore it from a copy of the run, or move it aside to read "
+                         "metrics.jsonl alone") from None
     return Run(path, "train" if train else "interactive", "update" if train else "round",
                info, rows)
 

@@ -221,11 +221,14 @@ class RunDir:
     def save(self, step: int, state: Any) -> None:
         self.checkpointer.save(step, state)
 
-    def keep_rows(self, rows: list[dict], step: int) -> None:
-        """Resume from `step` instead of `latest` (its newer checkpoint
-        was damaged): keep only `rows` in `metrics.jsonl`."""
+    def keep_rows(self, rows: list[dict], step: Optional[int]) -> None:
+        """Resume from `step` (None: the start) instead of
+        [`latest`][jaxil.runs.rundir.RunDir] (a newer checkpoint was damaged,
+        or lost rows): keep only `rows` in `metrics.jsonl` and drop the
+        newer checkpoints, which the resumed run writes again."""
         self.rows, self.latest = rows, step
         write_jsonl_atomic(self.path / "metrics.jsonl", rows)
+        self.checkpointer.drop_after(step)
 
     def write_results(self, summary: dict) -> None:
         atomic_write_text(self.path / "results.json", json.dumps(summary, indent=2))

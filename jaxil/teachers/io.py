@@ -8,7 +8,7 @@ out_dir/teacher.json         env id, algo, config, spec, random baseline,
 out_dir/metrics.jsonl        one line per chunk (training-rollout stats)
 out_dir/checkpoints/<env_steps>/actor/      the actor's parameters
 out_dir/checkpoints/<env_steps>/runner/     the full RunnerState
-                                            (latest checkpoint only)
+                                            (every checkpoint)
 out_dir/checkpoints/<env_steps>/checkpoint.json   its evaluation
 ```
 

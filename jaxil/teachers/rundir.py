@@ -11,12 +11,16 @@ asks for checkpoints; this module decides where they go.
 - [`open_teacher_dir`][jaxil.teachers.rundir.open_teacher_dir] checks the directory before any compilation:
   writable, holding no other kind of run, and on `resume` the same
   settings as the recorded run (one line naming the first that differs).
-- A checkpoint writes the actor, the full runner state (kept for the newest
-  checkpoint only), `checkpoint.json` with the evaluation of the row the
-  engine has just appended, and refreshes `teacher.json`.
+- A checkpoint writes the actor, the full runner state, `checkpoint.json`
+  with the evaluation of the row the engine has just appended, and
+  refreshes `teacher.json`. Every checkpoint keeps its runner state, so a
+  run stays resumable when its newest checkpoint is lost or damaged: the
+  engine resumes from the newest one it can read.
 - On resume, checkpoints past the newest runner state and metrics rows past
   its chunk are dropped (a line cut by a kill included), so the resumed run
-  rewrites them exactly.
+  rewrites them exactly; a lost row of a checkpointed chunk (a cut last
+  line of a finished run) moves the resume back to the checkpoint before
+  it, so that row is written again too.
 """
 
 from __future__ import annotations
@@ -77,10 +81,18 @@ class _Checkpoints:
         info = dict(step=step, update=row["update"], chunk=row["chunk"],
                     wall_time_s=row["wall_time_s"], **_nested_evaluation(row))
         write_json(d / "checkpoint.json", info)
-        for s in list_checkpoints(self.rundir.path):
-            if s != step:
-                shutil.rmtree(self.directory / str(s) / "runner", ignore_errors=True)
         self.rundir.write_teacher(complete=False, session_elapsed_s=None)
+
+    def all_steps(self) -> list[int]:
+        """The complete checkpoints that hold a runner state, oldest first."""
+        return [s for s in list_checkpoints(self.rundir.path)
+                if (self.directory / str(s) / "runner").is_dir()]
+
+    def drop_after(self, step: Optional[int]) -> None:
+        """Delete the checkpoints newer than `step` (all for None)."""
+        for s in list_checkpoints(self.rundir.path):
+            if step is None or s > step:
+                shutil.rmtree(self.directory / str(s))
 
     def restore(self, like: Any, step: int) -> Any:
         return restore_tree(self.directory / str(step) / "runner", like)
@@ -123,6 +135,11 @@ class TeacherRunDir(RunDir):
     def append(self, rows: list[dict]) -> None:
         super().append(rows)
         self.last_row = rows[-1]
+
+    def keep_rows(self, rows: list[dict], step: Optional[int]) -> None:
+        super().keep_rows(rows, step)
+        self.last_row = rows[-1] if rows else None
+        self.write_teacher(complete=False, session_elapsed_s=None)
 
     def write_teacher(self, complete: bool, session_elapsed_s: Optional[float]) -> dict:
         """`teacher.json`: the header, every checkpoint with its evaluation,
@@ -217,8 +234,11 @@ def open_teacher_dir(out_dir: str | os.PathLike, header: dict, *, resume: bool,
     old = _check_resumable(path, header, existing)
     with_state = [s for s in existing if (path / CKPT_DIR / str(s) / "runner").is_dir()]
     if not with_state:
-        raise FileNotFoundError(f"no runner state to resume from in {path / CKPT_DIR}; "
-                                f"choose an empty out_dir")
+        raise FileNotFoundError(
+            f"no runner state to resume from in {path / CKPT_DIR}: its checkpoints {existing} "
+            "hold the actors only (an earlier jaxil kept the runner state in the newest "
+            "checkpoint alone, and that one is gone); they still load as teachers, but train "
+            "a new run in an empty out_dir to continue training")
     latest = with_state[-1]
     for s in existing:
         if s > latest:

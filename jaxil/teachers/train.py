@@ -223,7 +223,7 @@ def train_teacher(
                                  the evaluation too at checkpoints)
     out_dir/checkpoints/<env_steps>/actor/      orbax: actor params
     out_dir/checkpoints/<env_steps>/runner/     orbax: full RunnerState
-                                                (latest checkpoint only)
+                                                (every checkpoint)
     out_dir/checkpoints/<env_steps>/checkpoint.json   its evaluation
     ```
 
@@ -233,8 +233,9 @@ def train_teacher(
     the stochastic policy (the one used to generate data) and
     deterministically (greedy action / squashed Gaussian mean).
 
-    `resume=True` continues from the latest checkpoint's runner state; the
-    result is bit-identical to an uninterrupted run. Without it, an `out_dir`
+    `resume=True` continues from the runner state of the newest checkpoint
+    that can be read (and whose metrics rows are all kept); the result is
+    bit-identical to an uninterrupted run. Without it, an `out_dir`
     that already holds checkpoints is an error; with it, any difference in
     the env, seed, config, checkpoint schedule or `eval_episodes` is. An
     `out_dir` holding another kind of run (a `jaxil train` run directory)
