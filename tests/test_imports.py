@@ -43,6 +43,7 @@ PACKAGES = {"envs": "jaxil.envs", "jaxil": "jaxil"}
 LAYERS = (
     "jaxil.envs",                    # environments; imports nothing else of jaxil
     "jaxil.losses",                  # pure maths
+    "jaxil.pretrained",              # checkpoint I/O: configs, parameter tables, tokenizers (numpy)
     "jaxil.nn",                      # networks, distributions, the policy, mixing
     "jaxil.runs",                    # the engine: run directories, guard, checkpoints, loggers
     "jaxil.data",                    # the dataset format, sampling, preferences, interchange
