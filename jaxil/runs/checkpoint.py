@@ -16,6 +16,15 @@
 Orbax writes into a temporary directory and renames it when complete, so a
 kill mid-save leaves the previous checkpoint loadable.
 
+A read that fails says why in one line:
+[`CheckpointDamaged`][jaxil.runs.checkpoint.CheckpointDamaged] (a file is
+missing or cut short) or
+[`CheckpointMismatch`][jaxil.runs.checkpoint.CheckpointMismatch] (the files
+are intact but hold another state: the run's settings changed after it was
+written). [`restore_newest_intact`][jaxil.runs.checkpoint.restore_newest_intact]
+passes a damaged checkpoint over for the newest one that reads; `--resume`
+and `jaxil eval` both go through it.
+
 A save that fails (a full disk, a permission change) raises one
 [`CheckpointWriteError`][jaxil.runs.checkpoint.CheckpointWriteError] naming the step, the directory and the fix; the
 tracebacks that orbax's background threads log meanwhile are held back (the

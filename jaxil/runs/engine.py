@@ -9,8 +9,13 @@ re-implements it:
 - the run directory ([`jaxil.runs.rundir`][jaxil.runs.rundir]): identity, `resume` (refused
   when a setting differs), `overwrite`, metrics rows past the newest
   checkpoint dropped on resume;
-- restore from the newest checkpoint, and a checkpoint after every
-  evaluation ([`jaxil.runs.checkpoint`][jaxil.runs.checkpoint]);
+- restore from the newest checkpoint that can be read and whose metrics
+  rows are all kept (a damaged checkpoint, or a row lost to a cut line, moves
+  the resume back, in one line, and the newer checkpoints are written
+  again;
+  [`restore_newest_intact`][jaxil.runs.checkpoint.restore_newest_intact]),
+  and a checkpoint after every evaluation
+  ([`jaxil.runs.checkpoint`][jaxil.runs.checkpoint]);
 - the non-finite guard after every chunk, before anything of that chunk is
   written ([`jaxil.runs.guard`][jaxil.runs.guard]);
 - the evaluation cadence, one metrics row per evaluation and run, the
@@ -222,8 +227,9 @@ def run(program: Program, *, rundir: Optional[RunDir] = None,
         if notice:
             note(notice)
         start = restored // p.step_unit
-    if restored != latest:
-        rows = [r for r in rows if restored is not None and r[p.step_key] <= restored]
+    if restored != latest or restored == 0 and rows:
+        # From step 0 the run writes its first row again (eval_at_start).
+        rows = [r for r in rows if restored and r[p.step_key] <= restored]
         if rundir is not None:
             rundir.keep_rows(rows, restored)
         latest = restored

@@ -141,3 +141,61 @@ def test_a_labels_file_with_a_key_given_twice_is_refused_naming_it(trained, tmp_
     line = _one_line(capsys.readouterr().err)
     assert "gives the key `expert` twice" in line and str(labels) in line, line
     assert not (out / "metrics.jsonl").exists()
+
+
+def _cut_data_files(step_dir):
+    for f in step_dir.rglob("*"):
+        if f.is_file() and f.parent.name == "d":
+            f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+
+
+def test_a_damaged_final_checkpoint_is_written_again_on_resume(tmp_path, capsys):
+    """A finished run whose final checkpoint is damaged: --resume falls back
+    to the one before, trains the last chunk again and writes the final
+    checkpoint anew, which then reads as the uninterrupted run's state. Bug
+    caught: the damaged step stayed on disk, so orbax skipped the new save
+    at that step ("already saved") and `jaxil eval` kept falling back."""
+    import numpy as np
+
+    from jaxil.runs import engine
+    from helpers.engine import make_program
+
+    full = engine.run(make_program(eval_every=1), progress=False)
+    rd = engine.open_run(tmp_path / "r", {"toy": 1}, step_key="update")
+    engine.run(make_program(eval_every=1), rundir=rd, progress=False)
+    _cut_data_files(tmp_path / "r" / "checkpoints" / "18")
+    capsys.readouterr()
+    rd = engine.open_run(tmp_path / "r", {"toy": 1}, step_key="update", resume=True)
+    rest = engine.run(make_program(eval_every=1), rundir=rd, progress=False)
+    line = _one_line(capsys.readouterr().err)
+    assert "update 18" in line and "intact update 15" in line, line
+    assert rest.rows == full.rows
+    rd = engine.open_run(tmp_path / "r", {"toy": 1}, step_key="update", resume=True)
+    got = rd.checkpointer.restore(full.state, 18)
+    rd.close()
+    np.testing.assert_array_equal(np.asarray(got.x), np.asarray(full.state.x))
+
+
+def test_a_cut_last_row_of_a_finished_run_is_written_again(tmp_path, capsys):
+    """A finished run whose last metrics line is cut (a row of its final
+    checkpoint): --resume goes back to the checkpoint before, so the row is
+    written again and the rows are the uninterrupted run's. Bug caught: the
+    notice said "the resumed run rewrites them" while the run, already at
+    its end, ran nothing and the row stayed lost (and results.json was
+    computed without it)."""
+    from jaxil.runs import engine
+    from helpers.engine import make_program
+
+    full = engine.run(make_program(eval_every=1), progress=False)
+    out = tmp_path / "r"
+    rd = engine.open_run(out, {"toy": 1}, step_key="update")
+    engine.run(make_program(eval_every=1), rundir=rd, progress=False)
+    text = (out / "metrics.jsonl").read_text()
+    (out / "metrics.jsonl").write_text(text[: len(text) - 10])
+    capsys.readouterr()
+    rd = engine.open_run(out, {"toy": 1}, step_key="update", resume=True)
+    rest = engine.run(make_program(eval_every=1), rundir=rd, progress=False)
+    err = capsys.readouterr().err
+    assert "dropped 1 unreadable line(s)" in err and "resuming from update 15" in err, err
+    assert rest.rows == full.rows
+    assert [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()] == full.rows
