@@ -411,3 +411,30 @@ def test_bad_settings_and_sources_raise_one_line_errors(env, episodes):
         R.source_episodes("init-sft", {"init": rn, "demo": ex})
     pair = R.source_episodes("sft-demo", {"sft": rn, "demo": ex})
     assert pair.positive is ex and pair.negative is rn
+
+
+def test_the_reward_models_loss_scores_the_positive_batch_as_positive(env, episodes,
+                                                                     sharp_params):
+    """``SequenceRewardModel.loss(params, positive, negative)`` is the
+    logistic loss with the POSITIVE episodes' scores as the positives,
+    ``mean softplus(−S(τ⁺)) + mean softplus(S(τ⁻))`` over the model's own
+    episode scores, and its metrics name the two batches the same way
+    (float64 reference on random sharp weights; the reference with the
+    batches swapped is checked to be far off). Kills the positive and
+    negative batches (or their read masks) swapped at the call of
+    sequence_reward_loss, which the loss's own numpy test cannot see and
+    only the slow ranking test did."""
+    rm = R.SequenceRewardModel(env, CFG)
+    params = sharp_params(4)
+    ex, rn = episodes
+    pos = jax.tree.map(lambda a: np.asarray(a)[:4], ex)
+    neg = jax.tree.map(lambda a: np.asarray(a)[:4], rn)
+    (loss, metrics), s_p, s_n = fast_call(
+        lambda p, a, b: (rm.loss(p, a, b), rm.scores(p, a), rm.scores(p, b)), params, pos, neg)
+    s_p, s_n = np.asarray(s_p, np.float64), np.asarray(s_n, np.float64)
+    want = _softplus(-s_p).mean() + _softplus(s_n).mean()
+    swapped = _softplus(-s_n).mean() + _softplus(s_p).mean()
+    np.testing.assert_allclose(float(loss), want, rtol=1e-4)
+    assert abs(swapped - want) > 1e-2 * abs(want), (want, swapped)
+    np.testing.assert_allclose([float(metrics["score_positive"]), float(metrics["score_negative"])],
+                               [s_p.mean(), s_n.mean()], rtol=1e-4)
