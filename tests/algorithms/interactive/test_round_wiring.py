@@ -18,7 +18,8 @@ import pytest
 
 from jaxil.algorithms.interactive.buffer import empty_buffer
 from jaxil.algorithms.interactive.config import InteractiveConfig, regime, stack_regimes
-from jaxil.algorithms.interactive.loop import Demos, InteractiveState, make_round, make_student
+from jaxil.algorithms.interactive.loop import (Demos, InteractiveState, make_round, make_student,
+                                               sample_batch)
 from jaxil.algorithms.offline.bc import BCHParams
 from jaxil.envs.policies import Policy
 
@@ -45,7 +46,7 @@ REGIMES = {
 
 @pytest.fixture(scope="module")
 def rounds():
-    """``{regime: (state after round 0, metrics)}``."""
+    """``{regime: (state after round 0, metrics)}`` and ``"demos"``."""
     student = make_student(ENV, CONFIG)
     hps = stack_regimes(list(REGIMES.values()))
     rng = np.random.default_rng(0)
@@ -67,6 +68,7 @@ def rounds():
     for name, s in zip(REGIMES, states):
         new, metrics, _ = round_fn(s, demos, None)
         out[name] = jax.device_get((new, metrics))
+    out["demos"] = demos
     return out
 
 
@@ -110,3 +112,33 @@ def test_dagger_trains_on_every_step_with_the_experts_labels(rounds):
     assert len(obs) == 3 * T
     np.testing.assert_array_equal(targets, obs[..., :A].argmax(-1))
     assert float(metrics["beta"]) == 0.5
+
+
+def test_the_students_batches_carry_the_legal_masks_of_their_steps(rounds):
+    """The buffer keeps each step's legal-action mask (toy:masked makes
+    about half the actions unavailable, never the target), and the
+    student's minibatches (``sample_batch``, demonstrations ∪ buffer) pair
+    every step with its own mask: the demonstrations' (all legal here) or
+    the buffer row's. Kills an all-legal mask stored or drawn (the BC loss
+    would then score the labels against illegal actions too, which
+    test_policy_loss_masks.py shows changes it) and masks drawn from the
+    other source."""
+    state, _ = rounds["oec"]
+    demos = rounds["demos"]
+    b = state.buffer
+    n = int(b.size)
+    obs, avail, targets = (np.asarray(x)[:n] for x in (b.obs, b.avail, b.actions))
+    assert np.take_along_axis(avail, targets[..., None], -1).all()
+    assert avail.mean() < 0.9
+    state = jax.tree.map(jnp.asarray, state)
+    batch = jax.device_get(sample_batch(jax.random.PRNGKey(5), state, demos, 64))
+    d_obs = np.asarray(demos.obs)
+    from_demos = 0
+    for o, av in zip(batch.obs, batch.avail):
+        if (d_obs == o).all(axis=(1, 2)).any():
+            from_demos += 1
+            assert av.all()
+        else:
+            rows = np.flatnonzero((obs == o).all(axis=(1, 2)))  # steps look alike here
+            assert len(rows) and (avail[rows] == av).all(axis=(1, 2)).any()
+    assert 0 < from_demos < 64
