@@ -126,6 +126,18 @@ def test_a_command_outside_the_vocabulary_is_refused_with_the_fix():
         TokenEnv_with(Vocab(["BEEP", "<pad>", "<bos>", "<eot>", "<wait>", "OK"]))()
 
 
+def test_the_docs_page_shows_this_task_verbatim():
+    """The complete example of docs/concepts/custom-token-tasks.md is this
+    helper's code, line for line (the page's snippet test runs it; these
+    tests run it through the learners). Kills a docs example that drifts
+    from the task the tests check."""
+    page = (TESTS.parent / "docs" / "concepts" / "custom-token-tasks.md").read_text()
+    start = page.index("```python\n") + len("```python\n")
+    block = page[start:page.index("```\n", start)]
+    helper = Path(nav_task.__file__).read_text()
+    assert block == helper[helper.index("import jax\n"):]
+
+
 # -- one registration, found by a fresh process ------------------------------------------
 
 

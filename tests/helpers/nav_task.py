@@ -102,7 +102,7 @@ def nav_expert(env: NavEnv) -> Policy:
 
 
 def make_nav(**knobs) -> NavEnv:
-    """The `module:callable` entry of the task (`--env helpers.nav_task:make_nav`)."""
+    """The task as a `module:callable` id names it (`--env mytasks:make_nav`)."""
     return NavEnv(**knobs)
 
 
