@@ -35,9 +35,14 @@ PRE_TOKENIZER_SPLITS = {
     "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT,
     "smaug-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT,
 }
-# Pre-tokenizers that isolate every digit before GPT-2's regex (llama.cpp's
-# `smollm`, SmolLM's own tokenizer.json: Digits(individual) + ByteLevel).
+# Pre-tokenizers that isolate every digit before GPT-2's regex: llama.cpp's
+# `smollm` (llama-vocab.cpp splits on \p{N} first), as SmolLM's own
+# tokenizer.json (Digits(individual) + ByteLevel). transformers' GGUF
+# converter has no entry for them and uses GPT-2's regex alone, which
+# differs on whitespace before a digit ("  4" -> "Ġ", "Ġ", "4" against "ĠĠ", "4").
 DIGIT_SPLIT_PRE = ("smollm",)
+# Whose reading of `tokenizer.ggml.pre` gguf_tokenizer follows.
+PRE_TOKENIZER_READINGS = ("transformers", "llama.cpp")
 
 _CONTROL, _USER_DEFINED = 3, 4
 
@@ -104,13 +109,26 @@ def _special(tok: Tokenizer, bos, eos, pad, unk, add_bos) -> SpecialTokens:
                          unk_id=ident(unk), end_of_turn_id=ident(eot), add_bos=bool(add_bos))
 
 
-def gguf_tokenizer(meta: Mapping[str, Any], where: str = "GGUF") -> tuple[Tokenizer, SpecialTokens]:
+def gguf_tokenizer(meta: Mapping[str, Any], where: str = "GGUF",
+                   reading: str = "transformers") -> tuple[Tokenizer, SpecialTokens]:
     """The byte-level BPE tokenizer and special tokens of GGUF metadata.
+
+    Args:
+        meta: the file's metadata.
+        where: the file, for messages.
+        reading: `transformers` builds what transformers' GGUF converter
+            builds (the same ids as a transformers model loaded from the same
+            file); `llama.cpp` also isolates digits for the pre-tokenizers of
+            [DIGIT_SPLIT_PRE][jaxil.pretrained.tokenizer.DIGIT_SPLIT_PRE], as
+            llama.cpp and SmolLM's own `tokenizer.json` do.
 
     Raises:
         CheckpointError: the metadata has no tokenizer, or one other than
             byte-level BPE (`tokenizer.ggml.model` other than `gpt2`).
     """
+    if reading not in PRE_TOKENIZER_READINGS:
+        raise CheckpointError(f"reading {reading!r} is not one of "
+                              f"{', '.join(PRE_TOKENIZER_READINGS)}")
     kind = meta.get("tokenizer.ggml.model")
     if kind != "gpt2":
         raise CheckpointError(f"{where}: tokenizer.ggml.model {kind!r} is not supported; "
@@ -131,7 +149,7 @@ def gguf_tokenizer(meta: Mapping[str, Any], where: str = "GGUF") -> tuple[Tokeni
         tok.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(PRE_TOKENIZER_SPLITS[pre]), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    elif pre in DIGIT_SPLIT_PRE:
+    elif pre in DIGIT_SPLIT_PRE and reading == "llama.cpp":
         tok.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Digits(individual_digits=True),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])

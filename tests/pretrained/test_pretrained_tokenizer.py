@@ -43,13 +43,16 @@ def reference(digits: bool) -> Tokenizer:
     return tok
 
 
-@pytest.mark.parametrize("pre,digits", [("smollm", True), ("gpt2", False), (None, False)])
-def test_gguf_bpe_equals_the_tokenizers_bpe_of_the_same_vocabulary(pre, digits):
+@pytest.mark.parametrize("pre,reading,digits", [
+    ("smollm", "llama.cpp", True), ("smollm", "transformers", False), ("gpt2", "llama.cpp", False),
+    (None, "transformers", False)])
+def test_gguf_bpe_equals_the_tokenizers_bpe_of_the_same_vocabulary(pre, reading, digits):
     """Fails when the GGUF tokenizer pre-tokenizes other than its `pre` asks
-    (SmolLM isolates digits, so its merge `1 2` never applies; GPT-2's regex
-    lets it), splits a control token such as `<|im_end|>` into pieces, cuts
-    the user-defined `<think>`, or does not decode back to the text."""
-    tok, _ = gguf_tokenizer(meta(pre))
+    under each reading (llama.cpp's SmolLM isolates digits, so the merge `1 2`
+    never applies; transformers' GPT-2 regex lets it), splits a control token
+    such as `<|im_end|>` into pieces, cuts the user-defined `<think>`, or does
+    not decode back to the text."""
+    tok, _ = gguf_tokenizer(meta(pre), reading=reading)
     ref = reference(digits)
     for s in STRINGS:
         ids = tok.encode(s, add_special_tokens=False).ids
@@ -57,6 +60,8 @@ def test_gguf_bpe_equals_the_tokenizers_bpe_of_the_same_vocabulary(pre, digits):
         assert tok.decode(ids, skip_special_tokens=False) == s
     ids = tok.encode("<|im_end|>123").ids
     assert ids[0] == 2 and (len(ids) == 4) == digits
+    if digits:  # whitespace before a digit: its own piece once digits are isolated
+        assert tok.encode("  1").ids != reference(False).encode("  1").ids
     assert tok.get_vocab_size() == len(bpe_vocab()[0])
 
 
