@@ -24,6 +24,9 @@ from jaxil.pretrained.hf import output_dtype
 from jaxil.pretrained.names import GGUF_TABLES, to_canonical
 
 MAGIC = b"GGUF"
+# gguf's table of the types it has a (de)quantizer for; dequantize's own
+# NotImplementedError is caught as well, should the table move.
+_TRAITS = getattr(quants, "_type_traits", {})
 
 
 def is_gguf(path: Path) -> bool:
@@ -58,7 +61,7 @@ def metadata(reader: gguf.GGUFReader) -> dict[str, Any]:
 
 def dequantizable() -> list[str]:
     """The GGML types `gguf` can turn into float32."""
-    return ["F32", "F16"] + sorted(t.name for t in quants._type_traits)
+    return ["F32", "F16"] + sorted(t.name for t in _TRAITS)
 
 
 def dequantize(tensor, where: str) -> np.ndarray:
@@ -68,8 +71,8 @@ def dequantize(tensor, where: str) -> np.ndarray:
         CheckpointError: `gguf` cannot dequantize the tensor's type.
     """
     kind = tensor.tensor_type
-    if kind not in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16) \
-            and kind not in quants._type_traits:
+    if _TRAITS and kind not in _TRAITS and kind not in (gguf.GGMLQuantizationType.F32,
+                                                        gguf.GGMLQuantizationType.F16):
         raise CheckpointError(
             f"{where}: tensor {tensor.name} is {kind.name}, which gguf {_version()} cannot "
             f"dequantize; supported: {', '.join(dequantizable())} (re-quantize the file, e.g. "
