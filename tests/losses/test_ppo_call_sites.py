@@ -41,7 +41,7 @@ def _recording(monkeypatch, name, calls):
 def recorded():
     """``{name: [(args, output), ...]}`` of one MAPPO update, and
     ``"runners"``: the runner state before and after it."""
-    calls = {k: [] for k in ("normalize_advantages", "gae")}
+    calls = {k: [] for k in ("normalize_advantages", "gae", "clipped_surrogate_loss")}
     with pytest.MonkeyPatch.context() as mp:
         for name, c in calls.items():
             _recording(mp, name, c)
@@ -137,3 +137,19 @@ def test_the_kl_penalty_subtracts_the_reference_from_the_policy(monkeypatch):
     ((r, logp, ref, coef),) = seen
     assert r is made["reward"] and ref is made["ref"] and coef == 0.25
     assert logp is not made["ref"] and logp.shape == ref.shape
+
+
+def test_the_first_minibatch_rescores_the_rollouts_own_actions(recorded):
+    """Before its first gradient step the update scores each minibatch's
+    actions under the very policy that sampled them: the current and the
+    stored log-probabilities passed to clipped_surrogate_loss agree (ratio
+    1), on legal actions of a masked environment. Kills the minibatch
+    rescored without its legal-action masks (``avail`` dropped or
+    all-legal: another softmax), or with observations, masks and actions
+    drawn from different permutations."""
+    (log_prob, old_log_prob, adv, clip_eps), _ = recorded["clipped_surrogate_loss"][0]
+    assert log_prob.shape == old_log_prob.shape == adv.shape
+    np.testing.assert_allclose(log_prob, old_log_prob, rtol=1e-5, atol=1e-5)
+    assert np.isfinite(log_prob).all() and (log_prob <= 0).all()
+    # an untrained policy is near uniform over the LEGAL actions (1 to 4 of 4)
+    assert (log_prob > -np.log(4) + 0.1).mean() > 0.5
