@@ -216,3 +216,60 @@ def test_preference_loss_scores_the_first_segment_against_the_second_with_its_la
     assert hard.any()
     for bad in (reference(-logit, label, mask), reference(logit, 1 - label, mask)):
         assert abs(bad - want) > 1e-3 * abs(want) + 1e-4, (bad, want)
+
+
+def test_actor_loss_is_the_weighted_likelihood_under_the_legal_masks():
+    """The update's actor loss equals −Σ_b m_b Σ_i ω_bi log π_i(a_bi | o_bi)
+    / Σ_b m_b over every valid step of both segments, with ω the Gumbel
+    weights of the TARGET Q and mixer and log π the policy's masked
+    log-probability under each step's legal actions (here about a third of
+    the actions are made unavailable, never the recorded one; the other
+    O-MAPL data are all legal). Kills the actor's log-probabilities scored
+    without the segments' ``avail`` (another softmax) or with the masks
+    read one step late (``avail[:, 1:]``); both references are checked to
+    be far off. (These segments have no padding: the step mask is checked
+    by agent_weighted_bc_loss's own test only.) Same state and batch shapes
+    as the value-step test (its compiled update is reused)."""
+    from jaxil.losses import gumbel_weights
+
+    ds = _dataset(2, 6, 10)
+    pairs = sample_query_pairs(ds, 20, 4, seed=1)
+    data = PreferenceData.from_pairs(ds, pairs, _gt_prefs(ds, pairs))
+    learner = make_learner("omapl", SPEC, hidden=(16,), mixer_hidden=8, batch_size=4)
+    s0 = _init(learner)
+    target = jax.tree.map(lambda x: x * 1.5 + 0.1, s0.params["target"])
+    state = s0.replace(params=dict(s0.params, target=target),
+                       hparams=s0.hparams.replace(beta=jnp.float32(0.5)))
+    x, y, label = learner.sample(jax.random.PRNGKey(3), data)
+    rng = np.random.default_rng(7)
+
+    def masked(seg):
+        avail = rng.random(seg.avail.shape) < 0.6
+        acts = np.asarray(seg.actions)
+        np.put_along_axis(avail[:, :-1], acts[..., None], True, -1)
+        return seg.replace(avail=jnp.asarray(avail & np.asarray(seg.avail)))
+
+    batch = (masked(x), masked(y), label)
+    _, m = fast_call(learner.update, state, batch)
+
+    nets = _Nets(SPEC, learner.config)
+    both = jax.tree.map(lambda a, b: jnp.concatenate([a, b], 0), batch[0], batch[1])
+    obs, st = both.obs[:, :-1], both.global_state[:, :-1]
+    q = np.take_along_axis(np.asarray(nets.q.apply(target["q"], obs)),
+                           np.asarray(both.actions)[..., None], -1)[..., 0]
+    w = np.asarray(nets.mixer.apply(target["mixer"], st)[0])
+    v = np.asarray(nets.v.apply(state.params["v"], obs))[..., 0]
+    flat = lambda a: a.reshape(-1, N)  # noqa: E731
+    omega = np.asarray(gumbel_weights(flat(q), flat(v), flat(w), 0.5, learner.config.value_clip),
+                       np.float64).reshape(q.shape)
+    policy = learner.policy(False)
+    mask = np.asarray(both.mask, bool)
+
+    def reference(avail):
+        logp = np.asarray(policy.log_prob(state.params, obs, avail, both.actions), np.float64)
+        return -(omega * logp).sum(-1)[mask].sum() / mask.sum()
+
+    want = reference(both.avail[:, :-1])
+    np.testing.assert_allclose(float(m["actor_loss"]), want, rtol=1e-4)
+    for bad in (reference(jnp.ones_like(both.avail[:, :-1])), reference(both.avail[:, 1:])):
+        assert abs(bad - want) > 1e-2 * abs(want), (bad, want)
