@@ -593,3 +593,34 @@ def test_gail_discriminator_and_reward_favour_the_demonstrations():
 
     r_demo, r_play = map(float, fast_call(run, jax.random.PRNGKey(2)))
     assert r_demo > r_play + 1.0, (r_demo, r_play)
+
+
+def test_the_sft_warm_start_scores_the_demonstrations_under_their_legal_masks():
+    """The first BC step of π_SFT (``Adversarial.pretrain``) reports the
+    demonstrations' negative log-likelihood under their own legal-action
+    masks: on demonstrations that repeat one step of toy:masked (about
+    half its actions unavailable), −Σ_i log π_i(a_i | o_i) of the actor
+    at its initial parameters. Kills the warm start scored without the
+    demonstrations' ``avail`` (the reference over all actions is checked to
+    be far off), which no default test saw (the learning tests start from
+    ``sft_updates=0`` or are slow)."""
+    from jaxil.algorithms.irl.adversarial import Adversarial
+    from jaxil.algorithms.rl.ppo import make_actor
+
+    spec = envs.make("toy:masked").spec
+    actor = make_actor(spec, tt.TINY)
+    cfg = AdversarialConfig(method="gail", mixing="sum", hidden=(16,), sft_updates=1)
+    adv = Adversarial(spec, actor, tt.TINY, cfg)
+    one = _masked_toy_steps(0, 8, expert=True)
+    one = jax.tree.map(lambda x: jnp.repeat(x[1:2], 64, axis=0), one)
+    assert not bool(one.avail[0].all())
+
+    def run(key):
+        params = actor.init(key)
+        _, losses = adv.pretrain(params, one, jax.random.PRNGKey(1))
+        ref = lambda av: -jnp.sum(actor.log_prob(params, one.obs[:1], av, one.actions[:1]))  # noqa: E731
+        return losses[0], ref(one.avail[:1]), ref(jnp.ones_like(one.avail[:1]))
+
+    loss, want, unmasked = map(float, fast_call(run, jax.random.PRNGKey(0)))
+    np.testing.assert_allclose(loss, want, rtol=1e-5)
+    assert abs(unmasked - want) > 0.2, (want, unmasked)
