@@ -14,7 +14,6 @@ from .registry import make, register
 from .wrappers import ActionNoise, AutoReset
 from .rollout import Episodes, Trajectory, episode_summary, rollout, run_episodes
 from .token_tasks import register_token_task, token_expert
-from .token_check import TokenTaskReport, check_token_task
 
 __all__ = [
     "ActionNoise",
@@ -26,10 +25,8 @@ __all__ = [
     "Episodes",
     "MultiAgentEnv",
     "TimeStep",
-    "TokenTaskReport",
     "Trajectory",
     "check_actions",
-    "check_token_task",
     "episode_summary",
     "list",
     "make",

@@ -32,7 +32,7 @@ shipped in one of two ways:
 The expert is `expert(env) -> policy`: given the environment, a
 [Policy][jaxil.envs.policies.Policy] (or a plain
 `policy(params, obs, avail, key) -> actions` function) over it. What it must guarantee is in the docs page "Custom
-token tasks"; [check_token_task][jaxil.envs.token_check.check_token_task]
+token tasks"; [check_token_task][jaxil.algorithms.lm.task_check.check_token_task]
 checks it.
 """
 

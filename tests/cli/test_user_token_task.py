@@ -27,6 +27,7 @@ import pytest
 
 from jaxil import envs
 from jaxil.algorithms.lm import interactive as TI
+from jaxil.algorithms.lm import check_token_task
 from jaxil.algorithms.lm.sft import TokenEpisodes
 from jaxil.cli.main import main
 from jaxil.envs import registry, token_tasks
@@ -245,7 +246,7 @@ def test_check_token_task_passes_nav_and_names_a_broken_expert():
         stop = jnp.where(p.cmd_len == 0, nav_task.STOP, env.eot_token)
         return jnp.where(broken, stop, good.act(None, obs, avail, key, None)[0]).astype(jnp.int32)
 
-    check = functools.partial(envs.check_token_task, env, expert, episodes=150,
+    check = functools.partial(check_token_task, env, expert, episodes=150,
                               final_words=("STOP",))
     report = check(jnp.bool_(False))
     assert report.ok, str(report)

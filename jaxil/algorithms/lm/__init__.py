@@ -50,6 +50,7 @@ from jaxil.algorithms.lm.sft import (
     sft_program,
     train_sft,
 )
+from jaxil.algorithms.lm.task_check import TokenTaskReport, check_token_task
 
 __all__ = [
     "RewardEpisodes",
@@ -58,10 +59,12 @@ __all__ = [
     "SequenceRewardConfig",
     "SequenceRewardModel",
     "SequenceRewardState",
+    "TokenTaskReport",
     "ShiftEpisodes",
     "TokenEpisodes",
     "analytic_reward",
     "check_demos",
+    "check_token_task",
     "collect_demos",
     "covariate_shift",
     "covariate_shift_rows",

@@ -1,6 +1,6 @@
 """The check of a token task and its expert, before any learner sees them.
 
-[check_token_task][jaxil.envs.token_check.check_token_task] plays one
+[check_token_task][jaxil.algorithms.lm.task_check.check_token_task] plays one
 compiled batch of episodes of three kinds, drawn per episode:
 
 - **expert**: the expert alone. It must win (`min_expert_success`), type
@@ -30,17 +30,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .core import MultiAgentEnv
-from .policies import Policy, as_policy, uniform_available
-from .rollout import run_episodes
-from .tokens import token_specials
+from jaxil.algorithms.lm.corrections import max_turn_repeats
+from jaxil.envs.core import MultiAgentEnv
+from jaxil.envs.policies import Policy, as_policy, uniform_available
+from jaxil.envs.rollout import run_episodes
+from jaxil.envs.tokens import token_specials
 
 EXPERT, RANDOM, TAKEOVER = 0, 1, 2
 
 
 @dataclasses.dataclass(frozen=True)
 class TokenTaskReport:
-    """What [check_token_task][jaxil.envs.token_check.check_token_task] found.
+    """What [check_token_task][jaxil.algorithms.lm.task_check.check_token_task] found.
 
     Attributes:
       env_id: the task.
@@ -153,16 +154,13 @@ def check_token_task(env: MultiAgentEnv, expert: Any, params: Any = None, *,
         are ignored).
 
     Returns:
-      A [TokenTaskReport][jaxil.envs.token_check.TokenTaskReport]; `ok` is
+      A [TokenTaskReport][jaxil.algorithms.lm.task_check.TokenTaskReport]; `ok` is
       whether every check passed, `problems` says which did not.
 
     Raises:
       ValueError: `env` is not a token environment (no `token_width`,
         `max_context`, `<eot>` or `<wait>`), or a bad setting.
     """
-    # The learners' repetition count, so that the check is the filter itself.
-    from jaxil.algorithms.lm.corrections import max_turn_repeats
-
     if episodes < 3 or switch_hi < 1:
         raise ValueError(f"episodes must be >= 3 and switch_hi >= 1, got {episodes} and "
                          f"{switch_hi}")
