@@ -104,7 +104,12 @@ def make(env_id: str, **kwargs) -> MultiAgentEnv:
         if env_id not in _FACTORIES:
             factory = _from_callable(env_id)
             if factory is not None:
-                return factory(**kwargs)
+                env = factory(**kwargs)
+                if not isinstance(env, MultiAgentEnv):
+                    raise ValueError(f"environment id {env_id!r}: the callable returned a "
+                                     f"{type(env).__name__}, not an environment (a "
+                                     "MultiAgentEnv such as a TokenEnv subclass)")
+                return env
     if env_id not in _FACTORIES:
         _load()  # the suggestions come from every family
         close = difflib.get_close_matches(env_id, list(_FACTORIES), n=5, cutoff=0.4)

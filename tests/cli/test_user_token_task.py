@@ -145,8 +145,9 @@ def test_the_docs_page_shows_this_task_verbatim():
 def test_the_task_is_found_by_its_id_and_by_module_callable():
     """The helper's one `register_token_task` call makes `tokens:nav` and its
     expert known; `helpers.nav_task:make_nav` builds it with knobs and its
-    expert is found by the id it reports. Kills a registration that forgets
-    the expert, and a `module:callable` id that drops the knobs."""
+    expert is found by the id it reports; a callable that builds something
+    else is refused. Kills a registration that forgets the expert, and a
+    `module:callable` id that drops the knobs."""
     env = envs.make("tokens:nav")
     policy, source, _ = envs.token_expert(env)
     assert source == "nav-look-go" and policy is not None
@@ -155,6 +156,8 @@ def test_the_task_is_found_by_its_id_and_by_module_callable():
     assert envs.token_expert(small)[1] == "nav-look-go"
     with pytest.raises(KeyError, match="has no 'make_nothing'"):
         envs.make("helpers.nav_task:make_nothing")
+    with pytest.raises(ValueError, match="returned a JSONDecoder, not an environment"):
+        envs.make("json:JSONDecoder")
 
 
 def test_an_entry_point_plugin_registers_its_tasks(tmp_path, monkeypatch, private_registry):
