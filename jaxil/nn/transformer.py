@@ -9,10 +9,29 @@ at reset BOS and the prompt; afterwards the agent's own previous token,
 followed by tool-output tokens when its turn ended. Columns after `K` are
 privileged features for scripted experts and are never read here.
 
-[`Transformer`][jaxil.nn.transformer.Transformer] is the network (flax linen): token and learned absolute
-position embeddings, `num_layers` pre-LayerNorm blocks (causal multi-head
-self-attention, GELU MLP), a final LayerNorm and an untied output head. It
-has two paths over the same parameters:
+[`Transformer`][jaxil.nn.transformer.Transformer] is the network (flax
+linen): a token embedding, `num_layers` pre-norm blocks (causal
+self-attention, then an MLP), a final norm and an output head. Its
+[`TransformerConfig`][jaxil.nn.transformer.TransformerConfig] chooses the
+family; the defaults are jaxil's from-scratch architecture (the `SIZES`):
+
+| option | default (from scratch, GPT-2) | Llama family |
+|---|---|---|
+| `norm` | `layernorm` (scale and bias) | `rmsnorm` (scale) |
+| `positions` | `learned` absolute embeddings | `rope` (`rope_theta`, `rope_scaling`) |
+| `mlp`, `activation` | `gelu`, `gelu_tanh` (`up`, act, `down`) | `swiglu`, `silu` (`down(act(gate) * up)`) |
+| `num_kv_heads` | all heads (fused `qkv`) | fewer: grouped-query attention |
+| biases | on q/k/v, attention output and MLP | none; q/k/v only (Qwen2) |
+| `qk_norm` | off | per-head RMSNorms of q and k (Qwen3) |
+| `tie_head` | an untied `head` | tied or untied |
+
+Pretrained checkpoints become configurations and parameters of this one
+network through [`jaxil.nn.pretrained_params`][jaxil.nn.pretrained_params].
+Parameters are stored in `param_dtype` (`float32` or `bfloat16`) and the
+forward pass runs in `dtype`; attention softmaxes, norm statistics and the
+returned logits are float32.
+
+The network has two paths over the same parameters:
 
 - [`Transformer.step`][jaxil.nn.transformer.Transformer.step] — append up to `K` new tokens of one agent to
   its [`KVCache`][jaxil.nn.transformer.KVCache] and return the next-token logits at the last of them
@@ -21,18 +40,20 @@ has two paths over the same parameters:
   sequence (`O(T²)`), the training path; it also serves, re-run on the
   growing prefix every step, as the cache-free reference
   ([`TransformerPolicy.recompute_policy`][jaxil.nn.transformer.TransformerPolicy.recompute_policy]).
+  [`Transformer.logits`][jaxil.nn.transformer.Transformer.logits] is the same over a batch, `[B, T] -> [B, T, V]`.
 
-PAD slots may appear anywhere in either input: they neither advance the
-position nor are attended to, so the logits of a real token depend only on
-the real tokens up to it. The two paths agree to float32 rounding.
+PAD slots (token `pad_id`, 0 by default) may appear anywhere in either
+input: they neither advance the position (learned or rotary) nor are
+attended to, so the logits of a real token depend only on the real tokens up
+to it. The two paths agree to float32 rounding. A pretrained vocabulary has a
+real token at id 0: with `pad_id=None` every token is real and the position
+of a token is its index.
 
-Positions are learned absolute embeddings (GPT-2). The context of a token
-episode is bounded by `max_context` (the cache length), so there is no
-longer sequence to extrapolate to, which is what rotary encodings buy; a
-position table is one gather in both paths, so cached and full logits are
-the same computation. A context longer than `max_context` is truncated:
-tokens past it are not stored and the logits stay those of the last stored
-token (both paths alike); environments keep their episodes within it.
+The context is bounded by `max_context` (the cache length; for learned
+positions also the size of the position table). A context longer than
+`max_context` is truncated: tokens past it are not stored and the logits
+stay those of the last stored token (both paths alike); environments keep
+their episodes within it.
 
 [`TransformerPolicy`][jaxil.nn.transformer.TransformerPolicy] turns the network into an
 [`envs.policies.Policy`][jaxil.envs.policies.Policy] for N agents with shared parameters (an
@@ -64,7 +85,7 @@ policy (an empty context), silently, so the Policy leaves both `None`
 
 [`TransformerPolicy.chunk_features`][jaxil.nn.transformer.TransformerPolicy.chunk_features] is the same teacher-forced pass
 stopped before the head: the final hidden states `[T, N, d_model]` (after
-the final LayerNorm) at the positions `chunk_logits` reads, which
+the final norm) at the positions `chunk_logits` reads, which
 [`Transformer.read_out`][jaxil.nn.transformer.Transformer.read_out] maps to those logits — the student's
 representation of its context, for diagnostics such as covariate shift.
 """
@@ -73,17 +94,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxil.envs.policies import Policy
 from jaxil.nn import distributions as D
+from jaxil.pretrained.config import ROPE_SCALING, rope_inv_freq
 
-#: The padding token: never legal, never attended to, never a position.
+#: The padding token of the token tasks: never legal, never attended to,
+#: never a position (`TransformerConfig.pad_id`'s default).
 PAD = 0
 
 #: Architectures by name; vocabulary, token width and context come from the
@@ -102,24 +126,66 @@ SIZES: dict[str, dict[str, int]] = {
 # with nothing before it) is uniform instead of NaN, in values and gradients.
 _MASKED = -1e9
 
+# The choices of each string option (the first is the default).
+_CHOICES = {
+    "norm": ("layernorm", "rmsnorm"),
+    "positions": ("learned", "rope"),
+    "mlp": ("gelu", "swiglu"),
+    "activation": ("gelu_tanh", "gelu", "silu"),
+    "param_dtype": ("float32", "bfloat16"),
+    "dtype": ("float32", "bfloat16"),
+}
+_ACTIVATIONS = {"gelu_tanh": lambda x: nn.gelu(x, approximate=True),
+                "gelu": lambda x: nn.gelu(x, approximate=False), "silu": nn.silu}
+
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
     """Static structure of a [`Transformer`][jaxil.nn.transformer.Transformer] (hashable; no dropout).
 
+    The defaults after `num_agents` are jaxil's from-scratch architecture;
+    the other choices are those of pretrained families (see the module
+    docstring's table).
+
     Attributes:
       vocab_size: V, the number of token ids (the environment's
-        `num_actions`); id 0 is `PAD`.
+        `num_actions`).
       token_width: K, how many leading `obs` columns are token ids.
-      max_context: C, the KV-cache length and the number of positions.
+      max_context: C, the KV-cache length (and the number of learned
+        positions).
       d_model: residual width.
       num_layers: number of transformer blocks.
-      num_heads: attention heads (`d_model` must be a multiple).
-      mlp_ratio: MLP hidden width as a multiple of `d_model`.
+      num_heads: query heads.
+      mlp_ratio: MLP hidden width as a multiple of `d_model` (when `d_ff`
+        is 0).
       num_agents: 0 for no agent-id embedding; N for a learned embedding of
         the agent index added to every token (agents then may differ while
         sharing all other parameters).
-      ln_eps: LayerNorm epsilon.
+      ln_eps: the norms' epsilon (LayerNorm or RMSNorm).
+      norm: `layernorm` or `rmsnorm`.
+      positions: `learned` (a `[C, d]` table added to the embedding) or
+        `rope` (rotary, HF's half-split layout).
+      rope_theta: the rotary base.
+      rope_scaling: None, or the sorted `(key, value)` items of an HF
+        `rope_scaling` (`rope_type` `linear` or `llama3`).
+      mlp: `gelu` (`mlp_out(act(mlp_in x))`) or `swiglu`
+        (`mlp_out(act(mlp_gate x) * mlp_in x)`).
+      activation: `gelu_tanh`, `gelu` (erf) or `silu`.
+      d_ff: the MLP hidden width; 0 for `mlp_ratio * d_model`.
+      num_kv_heads: key/value heads (grouped-query attention when fewer than
+        `num_heads`); 0 for `num_heads`.
+      head_size: the width of one head; 0 for `d_model // num_heads`.
+      fused_qkv: one `qkv` projection `[d, 3, H, D]` (needs as many key/value
+        heads as query heads) instead of `q`, `k`, `v`.
+      qkv_bias: the q/k/v projections have biases.
+      out_bias: the attention output projection has a bias.
+      mlp_bias: the MLP projections have biases.
+      qk_norm: per-head RMSNorms of q and k before the rotation.
+      tie_head: the head is the transposed token embedding (no `head`).
+      param_dtype: the parameters' dtype, `float32` or `bfloat16`.
+      dtype: the compute dtype of the forward pass (and of the KV cache).
+      pad_id: the padding token (never attended to, never a position), or
+        None when every id is a real token (pretrained vocabularies).
     """
 
     vocab_size: int
@@ -131,31 +197,98 @@ class TransformerConfig:
     mlp_ratio: int = 4
     num_agents: int = 0
     ln_eps: float = 1e-5
+    norm: str = "layernorm"
+    positions: str = "learned"
+    rope_theta: float = 10000.0
+    rope_scaling: Optional[tuple[tuple[str, Any], ...]] = None
+    mlp: str = "gelu"
+    activation: str = "gelu_tanh"
+    d_ff: int = 0
+    num_kv_heads: int = 0
+    head_size: int = 0
+    fused_qkv: bool = True
+    qkv_bias: bool = True
+    out_bias: bool = True
+    mlp_bias: bool = True
+    qk_norm: bool = False
+    tie_head: bool = False
+    param_dtype: str = "float32"
+    dtype: str = "float32"
+    pad_id: Optional[int] = PAD
 
     def __post_init__(self):
         for name in ("vocab_size", "token_width", "max_context", "d_model", "num_layers",
                      "num_heads", "mlp_ratio"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"TransformerConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("d_ff", "num_kv_heads", "head_size"):
+            if int(getattr(self, name)) < 0:
+                raise ValueError(f"TransformerConfig.{name} must be >= 0 (0: derived), "
+                                 f"got {getattr(self, name)}")
+        for name, choices in _CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise ValueError(f"TransformerConfig.{name}={getattr(self, name)!r}; "
+                                 f"choose one of {list(choices)}")
         if self.vocab_size < 2:
             raise ValueError(f"TransformerConfig.vocab_size must be >= 2 (PAD and one token), "
                              f"got {self.vocab_size}")
+        if self.pad_id is not None and not 0 <= self.pad_id < self.vocab_size:
+            raise ValueError(f"TransformerConfig.pad_id={self.pad_id} is not a token id of the "
+                             f"vocabulary of {self.vocab_size}; use None for no padding token")
         if self.num_agents < 0:
             raise ValueError(f"TransformerConfig.num_agents must be >= 0, got {self.num_agents}")
-        if self.d_model % self.num_heads:
+        if not self.head_size and self.d_model % self.num_heads:
             raise ValueError(f"TransformerConfig.d_model={self.d_model} is not a multiple of "
                              f"num_heads={self.num_heads}")
+        if self.num_heads % self.kv_heads:
+            raise ValueError(f"TransformerConfig.num_heads={self.num_heads} is not a multiple of "
+                             f"num_kv_heads={self.kv_heads}")
+        if self.fused_qkv and self.kv_heads != self.num_heads:
+            raise ValueError(f"TransformerConfig.fused_qkv needs num_kv_heads == num_heads "
+                             f"({self.kv_heads} != {self.num_heads}); set fused_qkv=False")
+        if self.positions == "rope" and self.head_dim % 2:
+            raise ValueError(f"TransformerConfig: rotary positions need an even head width, "
+                             f"got {self.head_dim}")
+        if self.rope_scaling is not None:
+            kind = dict(self.rope_scaling).get("rope_type")
+            missing = [k for k in ROPE_SCALING.get(kind, ()) if k not in dict(self.rope_scaling)]
+            if kind not in ROPE_SCALING or missing:
+                raise ValueError(f"TransformerConfig.rope_scaling={dict(self.rope_scaling)}: "
+                                 f"rope_type must be one of {list(ROPE_SCALING)} with its keys "
+                                 f"{dict(ROPE_SCALING)}")
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.num_heads
+        """The width of one head."""
+        return self.head_size or self.d_model // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """The number of key/value heads."""
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def mlp_width(self) -> int:
+        """The MLP hidden width."""
+        return self.d_ff or self.mlp_ratio * self.d_model
+
+    @property
+    def rope_scaling_dict(self) -> Optional[dict]:
+        """`rope_scaling` as a dict (None without scaling)."""
+        return None if self.rope_scaling is None else dict(self.rope_scaling)
 
     def num_params(self) -> int:
         """The number of parameters, counted from the architecture."""
-        d, r = self.d_model, self.mlp_ratio
-        block = (4 + 2 * r) * d * d + (5 + r) * d + 4 * d  # attn, MLP, two LayerNorms
-        embed = (self.vocab_size + self.max_context + self.num_agents) * d
-        return embed + self.num_layers * block + 2 * d + d * self.vocab_size
+        d, f, D_, H, G = self.d_model, self.mlp_width, self.head_dim, self.num_heads, self.kv_heads
+        norm = 2 * d if self.norm == "layernorm" else d
+        attn = d * (H + 2 * G) * D_ + H * D_ * d
+        attn += self.qkv_bias * (H + 2 * G) * D_ + self.out_bias * d + self.qk_norm * 2 * D_
+        mats = 3 if self.mlp == "swiglu" else 2
+        mlp = mats * d * f + self.mlp_bias * ((mats - 1) * f + d)
+        embed = (self.vocab_size + self.num_agents
+                 + self.max_context * (self.positions == "learned")) * d
+        head = 0 if self.tie_head else d * self.vocab_size
+        return embed + self.num_layers * (2 * norm + attn + mlp) + norm + head
 
 
 def transformer_config(size: str, *, vocab_size: int, token_width: int, max_context: int,
@@ -192,11 +325,12 @@ class KVCache(NamedTuple):
     """One agent's context (leading batch axes, e.g. `[N]`, allowed).
 
     Attributes:
-      k, v: `[..., L, C, H, D]` keys and values of every layer; entries at
-        and past `length` are unused.
+      k, v: `[..., L, C, H_kv, D]` keys (rotated, with rotary positions) and
+        values of every layer, in the compute dtype; entries at and past
+        `length` are unused.
       length: `[...]` int32, the number of tokens in the context.
-      logits: `[..., V]` next-token logits at the last token (zeros for an
-        empty context), returned again by a step that brings no token.
+      logits: `[..., V]` float32 next-token logits at the last token (zeros
+        for an empty context), returned again by a step that brings no token.
     """
 
     k: jax.Array
@@ -206,39 +340,88 @@ class KVCache(NamedTuple):
 
 
 def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Softmax attention `[Q, H, D] × [M, H, D] -> [Q, H, D]` under `mask [Q, M]`."""
-    scores = jnp.einsum("qhd,mhd->hqm", q, k) / math.sqrt(q.shape[-1])
-    scores = jnp.where(mask[None], scores, jnp.asarray(_MASKED, scores.dtype))
-    return jnp.einsum("hqm,mhd->qhd", jax.nn.softmax(scores, axis=-1), v)
+    """Softmax attention `[Q, H, D] × [M, G, D] -> [Q, H, D]` under `mask
+    [Q, M]`; query head `h` reads key/value head `h // (H / G)`."""
+    Q, H, Dh = q.shape
+    G = k.shape[1]
+    q = q.reshape(Q, G, H // G, Dh)
+    scores = jnp.einsum("qgrd,mgd->grqm", q, k).astype(jnp.float32) / math.sqrt(Dh)
+    scores = jnp.where(mask[None, None], scores, jnp.float32(_MASKED))
+    weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum("grqm,mgd->qgrd", weights, v).reshape(Q, H, Dh)
+
+
+def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotary positions on `x [Q, H, D]` with `cos, sin [Q, D / 2]` (HF's
+    `rotate_half` layout: dimension `i` pairs with `i + D / 2`)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    cos, sin = cos[:, None, :].astype(x.dtype), sin[:, None, :].astype(x.dtype)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def _norm(c: TransformerConfig, **kw) -> nn.Module:
+    cls = nn.LayerNorm if c.norm == "layernorm" else nn.RMSNorm
+    return cls(epsilon=c.ln_eps, dtype=c.dtype, param_dtype=c.param_dtype, **kw)
 
 
 class _Block(nn.Module):
-    """Pre-LayerNorm block: `x + Attn(LN(x))`, then `x + MLP(LN(x))`."""
+    """Pre-norm block: `x + Attn(norm(x))`, then `x + MLP(norm(x))`."""
 
     config: TransformerConfig
 
     def setup(self):
         c = self.config
-        self.ln_attn = nn.LayerNorm(epsilon=c.ln_eps)
-        self.qkv = nn.DenseGeneral((3, c.num_heads, c.head_dim))
-        self.attn_out = nn.DenseGeneral(c.d_model, axis=(-2, -1))
-        self.ln_mlp = nn.LayerNorm(epsilon=c.ln_eps)
-        self.mlp_in = nn.Dense(c.mlp_ratio * c.d_model)
-        self.mlp_out = nn.Dense(c.d_model)
+        H, G, Dh = c.num_heads, c.kv_heads, c.head_dim
 
-    def __call__(self, x, mask, cache_k=None, cache_v=None, write=None):
-        """`x [Q, d]`; keys are `x`'s own (`cache_k is None`, `mask
-        [Q, Q]`) or the cache `[C, H, D]` after writing `x`'s keys at
+        def dense(features, **kw):
+            return nn.DenseGeneral(features, dtype=c.dtype, param_dtype=c.param_dtype, **kw)
+
+        self.ln_attn = _norm(c)
+        if c.fused_qkv:
+            self.qkv = dense((3, H, Dh), use_bias=c.qkv_bias)
+        else:
+            self.q = dense((H, Dh), use_bias=c.qkv_bias)
+            self.k = dense((G, Dh), use_bias=c.qkv_bias)
+            self.v = dense((G, Dh), use_bias=c.qkv_bias)
+        if c.qk_norm:
+            self.q_norm = nn.RMSNorm(epsilon=c.ln_eps, dtype=c.dtype, param_dtype=c.param_dtype)
+            self.k_norm = nn.RMSNorm(epsilon=c.ln_eps, dtype=c.dtype, param_dtype=c.param_dtype)
+        self.attn_out = dense(c.d_model, axis=(-2, -1), use_bias=c.out_bias)
+        self.ln_mlp = _norm(c)
+        if c.mlp == "swiglu":
+            self.mlp_gate = dense(c.mlp_width, use_bias=c.mlp_bias)
+        self.mlp_in = dense(c.mlp_width, use_bias=c.mlp_bias)
+        self.mlp_out = dense(c.d_model, use_bias=c.mlp_bias)
+
+    def __call__(self, x, mask, rope=None, cache_k=None, cache_v=None, write=None):
+        """`x [Q, d]`; `rope`: None or `(cos, sin) [Q, D / 2]` of the
+        queries' positions; keys are `x`'s own (`cache_k is None`, `mask
+        [Q, Q]`) or the cache `[C, H_kv, D]` after writing `x`'s keys at
         slots `write [Q]` (out of range: dropped; `mask [Q, C]`).
         Returns `(x, keys, values)`."""
-        qkv = self.qkv(self.ln_attn(x))
-        q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+        c = self.config
+        h = self.ln_attn(x)
+        if c.fused_qkv:
+            qkv = self.qkv(h)
+            q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+        else:
+            q, k, v = self.q(h), self.k(h), self.v(h)
+        if c.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = _rotate(q, *rope), _rotate(k, *rope)
         if cache_k is not None:
-            k = cache_k.at[write].set(k, mode="drop")
-            v = cache_v.at[write].set(v, mode="drop")
+            k = cache_k.at[write].set(k.astype(cache_k.dtype), mode="drop")
+            v = cache_v.at[write].set(v.astype(cache_v.dtype), mode="drop")
         x = x + self.attn_out(_attend(q, k, v, mask))
-        x = x + self.mlp_out(nn.gelu(self.mlp_in(self.ln_mlp(x))))
-        return x, k, v
+        h = self.ln_mlp(x)
+        act = _ACTIVATIONS[c.activation]
+        if c.mlp == "swiglu":
+            h = act(self.mlp_gate(h)) * self.mlp_in(h)
+        else:
+            h = act(self.mlp_in(h))
+        return x + self.mlp_out(h), k, v
 
 
 class _Decoder(nn.Module):
@@ -247,61 +430,78 @@ class _Decoder(nn.Module):
     def setup(self):
         c = self.config
         emb_init = nn.initializers.normal(0.02)
-        self.token_embed = nn.Embed(c.vocab_size, c.d_model, embedding_init=emb_init)
-        self.pos_embed = self.param("pos_embed", emb_init, (c.max_context, c.d_model))
+        self.token_embed = nn.Embed(c.vocab_size, c.d_model, embedding_init=emb_init,
+                                    dtype=c.dtype, param_dtype=c.param_dtype)
+        if c.positions == "learned":
+            self.pos_embed = self.param("pos_embed", emb_init, (c.max_context, c.d_model),
+                                        c.param_dtype)
         if c.num_agents:
-            self.agent_embed = self.param("agent_embed", emb_init, (c.num_agents, c.d_model))
+            self.agent_embed = self.param("agent_embed", emb_init, (c.num_agents, c.d_model),
+                                          c.param_dtype)
         self.blocks = [_Block(c) for _ in range(c.num_layers)]
-        self.ln_final = nn.LayerNorm(epsilon=c.ln_eps)
-        self.head = nn.Dense(c.vocab_size, use_bias=False)
+        self.ln_final = _norm(c)
+        if not c.tie_head:
+            self.head = nn.Dense(c.vocab_size, use_bias=False, dtype=c.dtype,
+                                 param_dtype=c.param_dtype)
 
     def _embed(self, tokens, positions, agent):
-        x = self.token_embed(tokens) + self.pos_embed[positions]
-        if self.config.num_agents:
-            x = x + self.agent_embed[agent]
-        return x
+        """`(x [T, d], rope)`: the input of the first block and the rotary
+        `(cos, sin)` of `positions` (None for learned positions)."""
+        c = self.config
+        x = self.token_embed(tokens)
+        rope = None
+        if c.positions == "learned":
+            x = x + self.pos_embed[jnp.minimum(positions, c.max_context - 1)].astype(c.dtype)
+        else:
+            inv_freq = jnp.asarray(rope_inv_freq(c), jnp.float32)
+            angles = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]
+            rope = (jnp.cos(angles), jnp.sin(angles))
+        if c.num_agents:
+            x = x + self.agent_embed[agent].astype(c.dtype)
+        return x, rope
 
-    def _logits(self, h):
-        return self.head(self.ln_final(h))
+    def read_out(self, features):
+        if self.config.tie_head:
+            return self.token_embed.attend(features).astype(jnp.float32)
+        return self.head(features).astype(jnp.float32)
 
     def sequence_features(self, tokens, agent):
-        """`[T, d]` the final LayerNorm's output: what the head reads."""
+        """`[T, d]` the final norm's output: what the head reads."""
         c = self.config
-        kept, pos = _kept_positions(tokens, 0, c.max_context)
-        x = self._embed(tokens, jnp.minimum(pos, c.max_context - 1), agent)
+        kept, pos = _kept_positions(tokens, 0, c.max_context, c.pad_id)
+        x, rope = self._embed(tokens, pos, agent)
         t = jnp.arange(tokens.shape[0])
         mask = kept[None, :] & (t[None, :] <= t[:, None])
         for block in self.blocks:
-            x, _, _ = block(x, mask)
+            x, _, _ = block(x, mask, rope)
         return self.ln_final(x)
 
     def sequence(self, tokens, agent):
-        return self.head(self.sequence_features(tokens, agent))
-
-    def read_out(self, features):
-        return self.head(features)
+        return self.read_out(self.sequence_features(tokens, agent))
 
     def step(self, tokens, cache: KVCache, agent):
         c = self.config
-        kept, pos = _kept_positions(tokens, cache.length, c.max_context)
-        x = self._embed(tokens, jnp.minimum(pos, c.max_context - 1), agent)
+        kept, pos = _kept_positions(tokens, cache.length, c.max_context, c.pad_id)
+        x, rope = self._embed(tokens, pos, agent)
         write = jnp.where(kept, pos, c.max_context)
         mask = jnp.arange(c.max_context)[None, :] <= pos[:, None]
         ks, vs = [], []
         for layer, block in enumerate(self.blocks):
-            x, k, v = block(x, mask, cache.k[layer], cache.v[layer], write)
+            x, k, v = block(x, mask, rope, cache.k[layer], cache.v[layer], write)
             ks.append(k)
             vs.append(v)
         n = jnp.sum(kept)
         last = tokens.shape[0] - 1 - jnp.argmax(kept[::-1])
-        logits = jnp.where(n > 0, self._logits(x[last]), cache.logits)
+        logits = jnp.where(n > 0, self.read_out(self.ln_final(x[last])), cache.logits)
         return logits, KVCache(jnp.stack(ks), jnp.stack(vs), cache.length + n, logits)
 
 
-def _kept_positions(tokens: jax.Array, start: jax.Array, max_context: int):
+def _kept_positions(tokens: jax.Array, start: jax.Array, max_context: int,
+                    pad_id: Optional[int] = PAD):
     """`(kept [T], positions [T])`: non-PAD tokens that fit in the context,
-    and the position of each (PAD slots do not advance it)."""
-    real = tokens != PAD
+    and the position of each (PAD slots do not advance it; with `pad_id`
+    None every token is real)."""
+    real = jnp.ones(tokens.shape, bool) if pad_id is None else tokens != pad_id
     pos = start + jnp.cumsum(real) - 1
     return real & (pos < max_context), pos
 
@@ -310,9 +510,11 @@ class Transformer:
     """The network of [`jaxil.nn.transformer`][jaxil.nn.transformer] as pure functions of one
     agent's tokens (`vmap` them over agents and batches).
 
-    Parameters: `{"params": {"token_embed", "pos_embed" [C, d], ("agent_embed"
-    [N, d]), "blocks_i" {ln_attn, qkv, attn_out, ln_mlp, mlp_in, mlp_out},
-    "ln_final", "head"}}`.
+    Parameters: `{"params": {"token_embed", ("pos_embed" [C, d]), ("agent_embed"
+    [N, d]), "blocks_i" {ln_attn, qkv (or q, k, v), (q_norm, k_norm), attn_out,
+    ln_mlp, (mlp_gate), mlp_in, mlp_out}, "ln_final", ("head")}}`; the
+    parenthesised entries exist under their options (learned positions, agent
+    ids, `fused_qkv` or not, `qk_norm`, `swiglu`, an untied head).
     """
 
     def __init__(self, config: TransformerConfig):
@@ -329,8 +531,8 @@ class Transformer:
     def empty_cache(self, batch_shape: tuple[int, ...] = ()) -> KVCache:
         """An empty context (zeros, length 0) with leading `batch_shape`."""
         c = self.config
-        kv = jnp.zeros(batch_shape + (c.num_layers, c.max_context, c.num_heads, c.head_dim),
-                       jnp.float32)
+        kv = jnp.zeros(batch_shape + (c.num_layers, c.max_context, c.kv_heads, c.head_dim),
+                       c.dtype)
         return KVCache(kv, kv, jnp.zeros(batch_shape, jnp.int32),
                        jnp.zeros(batch_shape + (c.vocab_size,), jnp.float32))
 
@@ -372,10 +574,20 @@ class Transformer:
         chex.assert_type(tokens, int)
         return self.module.apply(params, tokens, agent, method=_Decoder.sequence)
 
+    def logits(self, params: Any, tokens: jax.Array) -> jax.Array:
+        """Next-token logits of a batch of token sequences, `[B, T] -> [B, T, V]`
+        float32: row `t` of sequence `b` given its tokens up to `t`
+        ([`sequence_logits`][jaxil.nn.transformer.Transformer.sequence_logits]
+        of each, agent 0). Causal, so right-padding a shorter sequence with
+        any token leaves its rows unchanged."""
+        chex.assert_rank(tokens, 2)
+        chex.assert_type(tokens, int)
+        return jax.vmap(self.sequence_logits, in_axes=(None, 0))(params, tokens)
+
     def sequence_features(self, params: Any, tokens: jax.Array,
                           agent: jax.Array | int = 0) -> jax.Array:
         """Teacher-forced final hidden states `[T, d_model]` of one token
-        sequence: the final LayerNorm's output, which the head maps to
+        sequence: the final norm's output, which the head maps to
         [`sequence_logits`][jaxil.nn.transformer.Transformer.sequence_logits] (`read_out(params, features)`)."""
         chex.assert_rank(tokens, 1)
         chex.assert_type(tokens, int)
@@ -486,7 +698,7 @@ class TransformerPolicy:
                                jnp.zeros((num_agents,), jnp.int32))
 
         def one_agent(params, tokens, buf, agent):
-            kept, pos = _kept_positions(tokens, buf.length, c.max_context)
+            kept, pos = _kept_positions(tokens, buf.length, c.max_context, c.pad_id)
             ctx = buf.tokens.at[jnp.where(kept, pos, c.max_context)].set(tokens, mode="drop")
             length = buf.length + jnp.sum(kept)
             logits = self.net.sequence_logits(params, ctx, agent)[jnp.maximum(length - 1, 0)]
@@ -518,8 +730,8 @@ class TransformerPolicy:
         tokens = jnp.swapaxes(obs_tokens(obs, K), 0, 1).reshape(n, T * K)  # [N, T·K]
 
         def one_agent(tokens, agent):
-            kept, pos = _kept_positions(tokens, 0, C)
-            context = jnp.full((C,), PAD, jnp.int32).at[jnp.where(kept, pos, C)].set(
+            kept, pos = _kept_positions(tokens, 0, C, self.config.pad_id)
+            context = jnp.full((C,), self.config.pad_id or 0, jnp.int32).at[jnp.where(kept, pos, C)].set(
                 tokens, mode="drop")
             out = per_token(context, agent)
             # Each chunk reads the last stored token at or before its end.
@@ -555,7 +767,7 @@ class TransformerPolicy:
 
         Returns:
           `[T, N, d_model]`: at the positions [`chunk_logits`][jaxil.nn.transformer.TransformerPolicy.chunk_logits] reads,
-          the final LayerNorm's output, which the head maps to those logits
+          the final norm's output, which the head maps to those logits
           (`self.net.read_out(params, features)`); zeros where an agent
           has no token yet. The student's representation of its context,
           e.g. for measuring covariate shift
@@ -583,10 +795,12 @@ class TransformerPolicy:
         """`log π(targets[t] | tokens[:t+1])`, `[T]`, for one flat token
         sequence (`tokens`, `targets` `[T]`; usually `targets[t] =
         tokens[t+1]`), under the legal mask `avail [T, V]` (None: every
-        token but PAD). Weight by a loss mask for SFT; `vmap` over
+        token but `pad_id`). Weight by a loss mask for SFT; `vmap` over
         sequences."""
         chex.assert_rank([tokens, targets], 1)
         logits = self.net.sequence_logits(params, tokens, agent)
         if avail is None:
-            avail = jnp.broadcast_to(jnp.arange(self.config.vocab_size) != PAD, logits.shape)
+            pad = self.config.pad_id
+            legal = jnp.arange(self.config.vocab_size) != (-1 if pad is None else pad)
+            avail = jnp.broadcast_to(legal, logits.shape)
         return D.categorical_log_prob(logits, avail, targets)
