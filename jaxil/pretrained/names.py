@@ -348,10 +348,11 @@ def to_canonical(arch: ArchConfig, table: Table, tensors, where: str, dtype) -> 
             raise CheckpointError(f"{where}: extra tensor {name} ({unexpected[0]}): the config's "
                                   f"{arch.model_type} has no such parameter")
         stored = get()
-        if "split3" in rule.steps and stored.shape[-1] % 3:
-            raise CheckpointError(f"{where}: tensor {name} has shape {list(stored.shape)}, whose "
-                                  "last axis does not split into q, k and v")
-        values = apply_steps(stored, rule.steps, arch)
+        try:
+            values = apply_steps(stored, rule.steps, arch)
+        except ValueError as e:  # np.split / reshape: the shape does not divide
+            raise CheckpointError(f"{where}: tensor {name} has shape {list(stored.shape)}, which "
+                                  f"does not {'split into q, k and v' if 'split3' in rule.steps else 'split into the config heads'}") from e
         for target, value in zip(*((targets, values) if isinstance(targets, tuple)
                                    else ((targets,), (values,)))):
             if tuple(value.shape) != shapes[target]:

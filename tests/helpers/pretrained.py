@@ -88,6 +88,55 @@ def hf_tensors(kind: str, seed: int = 0, config=None) -> dict[str, np.ndarray]:
     return out
 
 
+def expected_llama(hf, c):
+    """The canonical table of Llama-family HF tensors, mapped by hand."""
+    out = {"embed.embedding": hf["model.embed_tokens.weight"],
+           "final_norm.scale": hf["model.norm.weight"]}
+    if "lm_head.weight" in hf:
+        out["lm_head.kernel"] = hf["lm_head.weight"].T
+    for i in range(c["num_hidden_layers"]):
+        p, a = f"model.layers.{i}.", f"layers.{i}."
+        out[a + "attn_norm.scale"] = hf[p + "input_layernorm.weight"]
+        out[a + "mlp_norm.scale"] = hf[p + "post_attention_layernorm.weight"]
+        for x in "qkvo":
+            out[a + f"attn.{x}.kernel"] = hf[p + f"self_attn.{x}_proj.weight"].T
+            if p + f"self_attn.{x}_proj.bias" in hf:
+                out[a + f"attn.{x}.bias"] = hf[p + f"self_attn.{x}_proj.bias"]
+        for x in "qk":
+            if p + f"self_attn.{x}_norm.weight" in hf:
+                out[a + f"attn.{x}_norm.scale"] = hf[p + f"self_attn.{x}_norm.weight"]
+        for x in ("gate", "up", "down"):
+            out[a + f"mlp.{x}.kernel"] = hf[p + f"mlp.{x}_proj.weight"].T
+    return out
+
+
+def expected_gpt2(hf, c):
+    """The canonical table of GPT-2 HF tensors (Conv1D, fused c_attn), by hand."""
+    t, d = "transformer.", c["n_embd"]
+    out = {"embed.embedding": hf[t + "wte.weight"], "pos_embed.embedding": hf[t + "wpe.weight"],
+           "final_norm.scale": hf[t + "ln_f.weight"], "final_norm.bias": hf[t + "ln_f.bias"]}
+    for i in range(c["n_layer"]):
+        h, a = f"{t}h.{i}.", f"layers.{i}."
+        for j, x in enumerate("qkv"):
+            out[a + f"attn.{x}.kernel"] = hf[h + "attn.c_attn.weight"][:, j * d:(j + 1) * d]
+            out[a + f"attn.{x}.bias"] = hf[h + "attn.c_attn.bias"][j * d:(j + 1) * d]
+        out[a + "attn.o.kernel"] = hf[h + "attn.c_proj.weight"]
+        out[a + "attn.o.bias"] = hf[h + "attn.c_proj.bias"]
+        for n, src in (("attn_norm", "ln_1"), ("mlp_norm", "ln_2")):
+            out[a + f"{n}.scale"] = hf[h + f"{src}.weight"]
+            out[a + f"{n}.bias"] = hf[h + f"{src}.bias"]
+        out[a + "mlp.up.kernel"] = hf[h + "mlp.c_fc.weight"]
+        out[a + "mlp.up.bias"] = hf[h + "mlp.c_fc.bias"]
+        out[a + "mlp.down.kernel"] = hf[h + "mlp.c_proj.weight"]
+        out[a + "mlp.down.bias"] = hf[h + "mlp.c_proj.bias"]
+    return out
+
+
+def canonical_of_hf(kind: str, hf, config) -> dict[str, np.ndarray]:
+    """The canonical table of HF tensors, mapped by hand (not with jaxil's tables)."""
+    return (expected_gpt2 if kind == "gpt2" else expected_llama)(hf, config)
+
+
 def write_hf(directory: Path, kind: str, tensors=None, config=None, shards: int = 1) -> Path:
     """An HF directory of a tiny model (`shards > 1`: an index and shards)."""
     directory = Path(directory)
@@ -119,6 +168,15 @@ def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 # The GGUF model: d 32 (Q8_0 blocks are 32 wide), the BPE vocabulary's 270 rows.
 GGUF_LLAMA = {**CONFIGS["llama"], "vocab_size": 270, "hidden_size": 32, "intermediate_size": 64}
 
+# GGUF GPT-2 and Qwen models of the same vocabulary (GPT-2 ties its head).
+GGUF_MODELS = {
+    "llama": GGUF_LLAMA,
+    "gpt2": {**CONFIGS["gpt2"], "vocab_size": 270, "n_embd": 32, "n_inner": 128,
+             "n_positions": 1024},
+    "qwen2": {**CONFIGS["qwen2"], "vocab_size": 270, "hidden_size": 32, "intermediate_size": 64},
+    "qwen3": {**CONFIGS["qwen3"], "vocab_size": 270, "hidden_size": 32, "intermediate_size": 64},
+}
+
 # A byte-level BPE of a few merges (byte-level spelling, `Ġ` is the space).
 BPE_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 BPE_MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "1 2", "12 3", "Ġ 1", "e r", "Ġ w"]
@@ -140,54 +198,89 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}{{ bos_token + 'assistant\n' }}{% endif %}")
 
 
+def gguf_layout(hf: dict[str, np.ndarray], config: dict, kind: str) -> dict[str, np.ndarray]:
+    """`{GGUF name: array}` of HF tensors, converted as llama.cpp's
+    convert_hf_to_gguf converts them: Llama's q/k permuted, GPT-2's Conv1D
+    weights transposed to `[d_out, d_in]`, its causal-mask buffers dropped."""
+    out = {}
+    if kind == "gpt2":
+        top = {"wte.weight": "token_embd.weight", "wpe.weight": "position_embd.weight",
+               "ln_f.weight": "output_norm.weight", "ln_f.bias": "output_norm.bias"}
+        sub = {"ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output",
+               "ln_2": "ffn_norm", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
+        for name, value in hf.items():
+            name = name.removeprefix("transformer.")
+            if name in top:
+                out[top[name]] = value
+            elif not name.endswith(".attn.bias"):  # the mask buffer, not c_attn.bias
+                _, i, rest = name.split(".", 2)
+                part, _, leaf = rest.rpartition(".")
+                transpose = leaf == "weight" and part != "ln_1" and part != "ln_2"
+                out[f"blk.{i}.{sub[part]}.{leaf}"] = value.T.copy() if transpose else value
+        return out
+    heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
+    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight":
+           "output_norm.weight", "lm_head.weight": "output.weight"}
+    sub = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+           "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+           "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+           "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate",
+           "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    for name, value in hf.items():
+        if name in top:
+            g = top[name]
+        else:
+            _, _, i, rest = name.split(".", 3)
+            part, _, leaf = rest.rpartition(".")
+            g = f"blk.{i}.{sub[part]}.{leaf}"
+        if kind == "llama" and ".attn_q." in g:
+            value = llama_cpp_permute(value, heads)
+        elif kind == "llama" and ".attn_k." in g:
+            value = llama_cpp_permute(value, kv)
+        out[g] = value
+    return out
+
+
 def write_gguf(path: Path, hf: dict[str, np.ndarray], config: dict, quantize=(),
-               extra=None, pre="smollm", drop=()) -> dict[str, np.ndarray]:
-    """A Llama GGUF of HF-layout tensors the way llama.cpp converts them.
+               extra=None, pre="smollm", drop=(), kind: str = "llama") -> dict[str, np.ndarray]:
+    """A GGUF of HF-layout tensors the way llama.cpp converts them.
 
     Args:
         path: the file.
-        hf: HF tensors of a llama config (`hf_tensors("llama")`).
+        hf: HF tensors of `config` (`hf_tensors(kind, config=config)`).
         config: its config.json.
         quantize: GGUF names stored as Q8_0.
         extra: `{GGUF name: (raw bytes array, GGMLQuantizationType)}` stored as given.
         pre: `tokenizer.ggml.pre`.
         drop: GGUF names left out.
+        kind: `llama`, `qwen2`, `qwen3` or `gpt2` (`general.architecture`).
 
     Returns:
         `{GGUF name: what a reader should dequantize}` (the Q8_0 round trip
         for quantized tensors).
     """
     c = config
-    heads, kv = c["num_attention_heads"], c["num_key_value_heads"]
-    rename = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight":
-              "output_norm.weight", "lm_head.weight": "output.weight"}
-    sub = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-           "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-           "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-           "mlp.down_proj": "ffn_down"}
-    stored = {}
-    for name, value in hf.items():
-        if name in rename:
-            g = rename[name]
-        else:
-            _, _, i, rest = name.split(".", 3)
-            part, _, leaf = rest.rpartition(".")
-            g = f"blk.{i}.{sub[part]}.{leaf}"
-        if ".attn_q." in g:
-            value = llama_cpp_permute(value, heads)
-        elif ".attn_k." in g:
-            value = llama_cpp_permute(value, kv)
-        if g not in drop:
-            stored[g] = value
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(c["num_hidden_layers"])
-    w.add_context_length(c["max_position_embeddings"])
-    w.add_embedding_length(c["hidden_size"])
-    w.add_feed_forward_length(c["intermediate_size"])
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv)
-    w.add_rope_freq_base(c["rope_theta"])
-    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    stored = {g: v for g, v in gguf_layout(hf, c, kind).items() if g not in drop}
+    w = gguf.GGUFWriter(str(path), kind)
+    if kind == "gpt2":
+        w.add_block_count(c["n_layer"])
+        w.add_context_length(c["n_positions"])
+        w.add_embedding_length(c["n_embd"])
+        w.add_feed_forward_length(c["n_inner"])
+        w.add_head_count(c["n_head"])
+        w.add_layer_norm_eps(c["layer_norm_epsilon"])
+    else:
+        w.add_block_count(c["num_hidden_layers"])
+        w.add_context_length(c["max_position_embeddings"])
+        w.add_embedding_length(c["hidden_size"])
+        w.add_feed_forward_length(c["intermediate_size"])
+        w.add_head_count(c["num_attention_heads"])
+        w.add_head_count_kv(c["num_key_value_heads"])
+        w.add_rope_freq_base(c["rope_theta"])
+        w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+        if "head_dim" in c:
+            w.add_key_length(c["head_dim"])
+            w.add_value_length(c["head_dim"])
     w.add_vocab_size(c["vocab_size"])
     tokens, merges, types = bpe_vocab()
     w.add_tokenizer_model("gpt2")

@@ -8,7 +8,7 @@ import gguf
 import numpy as np
 import pytest
 
-from helpers.pretrained import GGUF_LLAMA, hf_tensors, write_gguf
+from helpers.pretrained import GGUF_LLAMA, GGUF_MODELS, canonical_of_hf, hf_tensors, write_gguf
 from jaxil.pretrained import CheckpointError, load_checkpoint, read_gguf, resolve
 from jaxil.pretrained import load as load_module
 
@@ -38,6 +38,24 @@ def test_gguf_llama_loads_as_the_hf_tensors_it_was_converted_from(tmp_path):
     # Q8_0 is close to, not equal to, the float weights it quantized.
     err = np.abs(params["embed.embedding"] - hf["model.embed_tokens.weight"]).max()
     assert 0 < err < 0.05
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "qwen2", "qwen3"])
+def test_gguf_gpt2_and_qwen_load_as_the_hf_tensors(tmp_path, kind):
+    """Fails when GPT-2's GGUF attn_qkv ([3d, d]) is split before its
+    transpose or its Conv1D matrices are left [d_out, d_in], when Qwen's q/k
+    get Llama's permutation (llama.cpp stores them as HF does), or Qwen2's
+    biases, Qwen3's q/k norms or its key_length (head_dim) are not read."""
+    config = GGUF_MODELS[kind]
+    hf = hf_tensors(kind, seed=5, config=config)
+    write_gguf(tmp_path / "m.gguf", hf, config, kind=kind)
+    arch, params, _ = read_gguf(tmp_path / "m.gguf")
+    want = canonical_of_hf(kind, hf, config)
+    assert sorted(params) == sorted(want)
+    for name, value in want.items():
+        np.testing.assert_array_equal(params[name], value, err_msg=name)
+    assert arch.tie_embeddings == (kind != "qwen3") and arch.head_dim == (6 if kind == "qwen3" else 8)
+    assert arch.qkv_bias == (kind != "qwen3") and arch.o_bias == (kind == "gpt2")
 
 
 def test_gguf_tied_head_bf16_and_the_shipped_metadata_keys(tmp_path):

@@ -11,52 +11,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from helpers.pretrained import CONFIGS, hf_tensors, write_hf
+from helpers.pretrained import CONFIGS, canonical_of_hf, hf_tensors, write_hf
 from jaxil.pretrained import CheckpointError, export_hf, load_checkpoint, param_shapes, read_hf
-
-
-def expected_llama(hf, c):
-    """The canonical table of Llama-family HF tensors, mapped by hand."""
-    out = {"embed.embedding": hf["model.embed_tokens.weight"],
-           "final_norm.scale": hf["model.norm.weight"]}
-    if "lm_head.weight" in hf:
-        out["lm_head.kernel"] = hf["lm_head.weight"].T
-    for i in range(c["num_hidden_layers"]):
-        p, a = f"model.layers.{i}.", f"layers.{i}."
-        out[a + "attn_norm.scale"] = hf[p + "input_layernorm.weight"]
-        out[a + "mlp_norm.scale"] = hf[p + "post_attention_layernorm.weight"]
-        for x in "qkvo":
-            out[a + f"attn.{x}.kernel"] = hf[p + f"self_attn.{x}_proj.weight"].T
-            if p + f"self_attn.{x}_proj.bias" in hf:
-                out[a + f"attn.{x}.bias"] = hf[p + f"self_attn.{x}_proj.bias"]
-        for x in "qk":
-            if p + f"self_attn.{x}_norm.weight" in hf:
-                out[a + f"attn.{x}_norm.scale"] = hf[p + f"self_attn.{x}_norm.weight"]
-        for x in ("gate", "up", "down"):
-            out[a + f"mlp.{x}.kernel"] = hf[p + f"mlp.{x}_proj.weight"].T
-    return out
-
-
-def expected_gpt2(hf, c):
-    """The canonical table of GPT-2 HF tensors (Conv1D, fused c_attn), by hand."""
-    t, d = "transformer.", c["n_embd"]
-    out = {"embed.embedding": hf[t + "wte.weight"], "pos_embed.embedding": hf[t + "wpe.weight"],
-           "final_norm.scale": hf[t + "ln_f.weight"], "final_norm.bias": hf[t + "ln_f.bias"]}
-    for i in range(c["n_layer"]):
-        h, a = f"{t}h.{i}.", f"layers.{i}."
-        for j, x in enumerate("qkv"):
-            out[a + f"attn.{x}.kernel"] = hf[h + "attn.c_attn.weight"][:, j * d:(j + 1) * d]
-            out[a + f"attn.{x}.bias"] = hf[h + "attn.c_attn.bias"][j * d:(j + 1) * d]
-        out[a + "attn.o.kernel"] = hf[h + "attn.c_proj.weight"]
-        out[a + "attn.o.bias"] = hf[h + "attn.c_proj.bias"]
-        for n, src in (("attn_norm", "ln_1"), ("mlp_norm", "ln_2")):
-            out[a + f"{n}.scale"] = hf[h + f"{src}.weight"]
-            out[a + f"{n}.bias"] = hf[h + f"{src}.bias"]
-        out[a + "mlp.up.kernel"] = hf[h + "mlp.c_fc.weight"]
-        out[a + "mlp.up.bias"] = hf[h + "mlp.c_fc.bias"]
-        out[a + "mlp.down.kernel"] = hf[h + "mlp.c_proj.weight"]
-        out[a + "mlp.down.bias"] = hf[h + "mlp.c_proj.bias"]
-    return out
 
 
 @pytest.mark.parametrize("kind,shards", [("gpt2", 1), ("llama", 1), ("qwen2", 3), ("qwen3", 1)])
@@ -67,7 +23,7 @@ def test_hf_checkpoints_load_exactly_as_mapped_by_hand(tmp_path, kind, shards):
     reads only one shard of an index."""
     hf = hf_tensors(kind)
     arch, params = read_hf(write_hf(tmp_path, kind, hf, shards=shards))
-    want = (expected_gpt2 if kind == "gpt2" else expected_llama)(hf, CONFIGS[kind])
+    want = canonical_of_hf(kind, hf, CONFIGS[kind])
     assert sorted(params) == sorted(want) == sorted(param_shapes(arch))
     for name, value in want.items():
         np.testing.assert_array_equal(params[name], value, err_msg=name)

@@ -23,6 +23,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from helpers.pretrained import GGUF_MODELS, hf_tensors, write_gguf  # noqa: E402
 from jaxil.pretrained import (CheckpointError, export_hf, load_checkpoint, read_hf,  # noqa: E402
                               resolve, rope_inv_freq)
 from jaxil.pretrained.gguf_file import metadata, open_gguf  # noqa: E402
@@ -178,3 +179,22 @@ def test_random_transformers_checkpoints_load_and_export(tmp_path, kind):
     ids = torch.arange(10)[None] % 96
     with torch.no_grad():
         np.testing.assert_array_equal(back(ids).logits.numpy(), model(ids).logits.numpy())
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "qwen2", "qwen3"])
+def test_tiny_ggufs_load_as_transformers_loads_them(tmp_path, kind):
+    """Fails when jaxil's GGUF conventions (Llama's q/k permutation, GPT-2's
+    transposed Conv1D and fused attn_qkv, Qwen's unpermuted q/k, biases and
+    norms) differ from transformers' GGUF loader on the same file, written the
+    way llama.cpp converts an HF model."""
+    config = dict(GGUF_MODELS[kind])
+    if kind == "qwen3":  # transformers ignores qwen3.attention.key_length: its default 128
+        config["head_dim"] = 128
+    hf = hf_tensors(kind, seed=1, config=config)
+    write_gguf(tmp_path / "m.gguf", hf, config, kind=kind)
+    ckpt = load_checkpoint(tmp_path / "m.gguf")
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), gguf_file="m.gguf", dtype=torch.float32)
+    diff, n = _compare(ckpt.arch, ckpt.params, _state(model))
+    print(f"tiny {kind} GGUF: {n} tensors, max |jaxil - transformers| = {diff:.3g}")
+    assert diff == 0.0
