@@ -42,7 +42,7 @@ import numpy as np
 from jaxil.runs import guard
 from jaxil.runs.checkpoint import Checkpointer, restore_newest_intact
 from jaxil.runs.loggers import Logger, LoggerFactory
-from jaxil.runs.rundir import RunDir, note, open_run_dir
+from jaxil.runs.rundir import RunDir, note, open_run_dir, read_jsonl
 
 
 def _restore(ckpt: Checkpointer, like: Any, step: int) -> Any:
@@ -62,11 +62,12 @@ def _rows_due(p: "Program", step: int) -> int:
 
 
 def _newest_with_rows(p: "Program", ckpt: Checkpointer, rows: list[dict], latest: int,
-                      describe: Callable[[int], str], where: Path) -> Optional[int]:
+                      describe: Callable[[int], str], where: Path,
+                      report: bool) -> Optional[int]:
     """The newest checkpoint at or before `latest` whose metrics rows are all
     kept (`latest` itself unless a row of it was lost, e.g. a last line cut
     short), or None for the start: resuming from there rewrites the lost
-    rows exactly. A move is reported in one line."""
+    rows exactly. A move is reported in one line (`report`)."""
     def complete(s: int) -> bool:
         return sum(1 for r in rows if r[p.step_key] <= s) >= _rows_due(p, s)
 
@@ -74,9 +75,10 @@ def _newest_with_rows(p: "Program", ckpt: Checkpointer, rows: list[dict], latest
         return latest
     older = [s for s in getattr(ckpt, "all_steps", list)() if s < latest and complete(s)]
     step = max(older) if older else None
-    note(f"{where / 'metrics.jsonl'} lacks rows of {describe(latest)}, the newest checkpoint; "
-         f"resuming from {describe(step) if step is not None else 'the start'} to write them "
-         "again")
+    if report:
+        note(f"{where / 'metrics.jsonl'} lacks rows of {describe(latest)}, the newest "
+             f"checkpoint; resuming from {describe(step) if step is not None else 'the start'} "
+             "to write them again")
     return step
 
 
@@ -218,13 +220,21 @@ def run(program: Program, *, rundir: Optional[RunDir] = None,
     state = p.init()
     start = 0
     restored = latest
-    if latest is not None and rundir is not None:
-        restored = _newest_with_rows(p, ckpt, rows, latest, describe, rundir.path)
+    if latest is not None and ckpt is not None:
+        # Every process of a multi-process run takes the same decisions: the
+        # others read the rows that process 0 kept (orbax's deletes and saves
+        # are collective).
+        where = rundir.path if rundir is not None else Path(ckpt.directory).parent
+        if rundir is not None or (where / "metrics.jsonl").is_file():
+            seen = rows if rundir is not None else [
+                r for r in read_jsonl(where / "metrics.jsonl") if r[p.step_key] <= latest]
+            restored = _newest_with_rows(p, ckpt, seen, latest, describe, where,
+                                         report=rundir is not None)
     if restored is not None:
         like = state
         state, restored, notice = restore_newest_intact(
             ckpt, lambda s: p.restore(ckpt, like, s), restored, describe=describe)
-        if notice:
+        if notice and (rundir is not None or checkpointer is None):
             note(notice)
         start = restored // p.step_unit
     if restored != latest or restored == 0 and rows:
@@ -232,6 +242,8 @@ def run(program: Program, *, rundir: Optional[RunDir] = None,
         rows = [r for r in rows if restored and r[p.step_key] <= restored]
         if rundir is not None:
             rundir.keep_rows(rows, restored)
+        elif hasattr(ckpt, "drop_after"):
+            ckpt.drop_after(restored)
         latest = restored
     if ckpt is not None and start < p.num_chunks:
         ckpt.check_space(p.checkpoint_view(state))

@@ -288,8 +288,9 @@ def offline_program(learner: Learner, env: envs.MultiAgentEnv, data: LearnerData
         return states if lay is None else lay.place(states)
 
     def restore(ckpt, like, step):
-        if lay:
-            return lay.from_checkpoint(ckpt.restore(like, step, sharding=lay.checkpoint_sharding))
+        if lay:  # a checkpoint holds the R real runs of the padded state
+            real = jax.eval_shape(lay.checkpoint_view, like)
+            return lay.from_checkpoint(ckpt.restore(real, step, sharding=lay.checkpoint_sharding))
         return ckpt.restore(like, step)
 
     def eval_fn(states, c):
