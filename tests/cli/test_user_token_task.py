@@ -379,3 +379,15 @@ def test_jaxil_lm_runs_a_users_task_in_a_fresh_process(tmp_path):
     assert any(line.startswith("untrained student") for line in lines), oec.stdout
     assert any(line.startswith("SFT start (round 0)") for line in lines), oec.stdout
     assert any(line.startswith("oec@300") for line in lines), oec.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("eid", ["tokens:repair", "tokens:arith", "tokens:exchange"])
+def test_the_shipped_tasks_pass_the_public_check(eid):
+    """The shipped tasks and their registered experts pass `check_token_task`
+    at its defaults (tests/envs/test_token_envs.py checks the same on its own
+    shared program, cheaper). Kills a shipped expert or task that breaks
+    the contract a user's task is held to."""
+    env = envs.make(eid)
+    report = check_token_task(env, envs.token_expert(env)[0])
+    assert report.ok, str(report)
