@@ -7,7 +7,8 @@ table ([`jaxil.pretrained.names`][jaxil.pretrained.names]);
 first into a [`TransformerConfig`][jaxil.nn.transformer.TransformerConfig]
 and [`params_from_table`][jaxil.nn.pretrained_params.params_from_table] the
 second into the [`Transformer`][jaxil.nn.transformer.Transformer]'s
-parameter tree. [`from_pretrained`][jaxil.nn.pretrained_params.from_pretrained]
+parameter tree ([`table_from_params`][jaxil.nn.pretrained_params.table_from_params]
+is the way back, for export). [`from_pretrained`][jaxil.nn.pretrained_params.from_pretrained]
 does both from a short name or a path:
 
 ```python
@@ -38,14 +39,13 @@ Biases follow their kernels (`[H·D]` -> `[H, D]`, fused `[3, H, D]`).
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, NamedTuple, Optional
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from jaxil.nn.transformer import Transformer, TransformerConfig
+from jaxil.nn.transformer import TransformerConfig
 from jaxil.pretrained.config import ArchConfig
 from jaxil.pretrained.errors import CheckpointError
 from jaxil.pretrained.load import Checkpoint, load_checkpoint
@@ -97,39 +97,59 @@ def config_from_arch(arch: ArchConfig, *, max_context: Optional[int] = None,
         dtype=compute_dtype, pad_id=None)
 
 
-def _block_tree(config: TransformerConfig, get) -> dict:
-    """One block's subtree from `get(canonical name without 'layers.{i}.',
-    [its shape, the tree's shape])`."""
-    H, G, Dh = config.num_heads, config.kv_heads, config.head_dim
-    split = {"q": H, "k": G, "v": G}
-    out: dict[str, Any] = {}
-    for norm, ln in (("attn_norm", "ln_attn"), ("mlp_norm", "ln_mlp")):
-        out[ln] = {"scale": get(f"{norm}.scale")}
-        if config.norm == "layernorm":
-            out[ln]["bias"] = get(f"{norm}.bias")
-    fields = {"kernel": (config.d_model,), "bias": ()} if config.qkv_bias \
-        else {"kernel": (config.d_model,)}
-    heads = {part: {f: get(f"attn.{part}.{f}", lead + (split[part] * Dh,),
-                           lead + (split[part], Dh)) for f, lead in fields.items()}
-             for part in "qkv"}
-    if config.fused_qkv:
-        out["qkv"] = {f: np.stack([heads[p][f] for p in "qkv"], axis=-3) for f in fields}
-    else:
-        out.update(heads)
-    if config.qk_norm:
-        out["q_norm"] = {"scale": get("attn.q_norm.scale")}
-        out["k_norm"] = {"scale": get("attn.k_norm.scale")}
-    out["attn_out"] = {"kernel": get("attn.o.kernel", (H * Dh, config.d_model),
-                                     (H, Dh, config.d_model))}
-    if config.out_bias:
-        out["attn_out"]["bias"] = get("attn.o.bias")
-    mlp = {"mlp_in": "up", "mlp_out": "down"}
-    if config.mlp == "swiglu":
-        mlp["mlp_gate"] = "gate"
-    for tree_name, part in mlp.items():
-        out[tree_name] = {"kernel": get(f"mlp.{part}.kernel")}
-        if config.mlp_bias:
-            out[tree_name]["bias"] = get(f"mlp.{part}.bias")
+class _Entry(NamedTuple):
+    """One canonical parameter and its place in the tree."""
+
+    name: str            # canonical name
+    path: str            # tree path, "."-joined
+    shape: tuple         # canonical shape
+    tree_shape: tuple    # its shape in the tree (before stacking into a fused qkv)
+    slot: Optional[int]  # q, k, v's index in a fused qkv (axis -3), else None
+
+
+def _entries(config: TransformerConfig) -> list[_Entry]:
+    """Every parameter of `config`'s decoder, in the name map's order."""
+    c = config
+    d, f, H, G, Dh, V = (c.d_model, c.mlp_width, c.num_heads, c.kv_heads, c.head_dim,
+                         c.vocab_size)
+    out = [_Entry("embed.embedding", "token_embed.embedding", (V, d), (V, d), None)]
+    if c.positions == "learned":
+        out.append(_Entry("pos_embed.embedding", "pos_embed", (c.max_context, d),
+                          (c.max_context, d), None))
+
+    def add(name, path, shape, tree_shape=None, slot=None):
+        out.append(_Entry(name, path, shape, tree_shape or shape, slot))
+
+    def norm(name, path):
+        add(f"{name}.scale", f"{path}.scale", (d,))
+        if c.norm == "layernorm":
+            add(f"{name}.bias", f"{path}.bias", (d,))
+
+    for i in range(c.num_layers):
+        layer, block = f"layers.{i}", f"blocks_{i}"
+        norm(f"{layer}.attn_norm", f"{block}.ln_attn")
+        for slot, (part, heads) in enumerate(zip("qkv", (H, G, G))):
+            path = f"{block}.qkv" if c.fused_qkv else f"{block}.{part}"
+            slot = slot if c.fused_qkv else None
+            add(f"{layer}.attn.{part}.kernel", f"{path}.kernel", (d, heads * Dh), (d, heads, Dh),
+                slot)
+            if c.qkv_bias:
+                add(f"{layer}.attn.{part}.bias", f"{path}.bias", (heads * Dh,), (heads, Dh), slot)
+        if c.qk_norm:
+            add(f"{layer}.attn.q_norm.scale", f"{block}.q_norm.scale", (Dh,))
+            add(f"{layer}.attn.k_norm.scale", f"{block}.k_norm.scale", (Dh,))
+        add(f"{layer}.attn.o.kernel", f"{block}.attn_out.kernel", (H * Dh, d), (H, Dh, d))
+        if c.out_bias:
+            add(f"{layer}.attn.o.bias", f"{block}.attn_out.bias", (d,))
+        norm(f"{layer}.mlp_norm", f"{block}.ln_mlp")
+        mlp = (("gate", "mlp_gate", (d, f)),) if c.mlp == "swiglu" else ()
+        for part, module, shape in mlp + (("up", "mlp_in", (d, f)), ("down", "mlp_out", (f, d))):
+            add(f"{layer}.mlp.{part}.kernel", f"{block}.{module}.kernel", shape)
+            if c.mlp_bias:
+                add(f"{layer}.mlp.{part}.bias", f"{block}.{module}.bias", shape[-1:])
+    norm("final_norm", "ln_final")
+    if not c.tie_head:
+        add("lm_head.kernel", "head.kernel", (d, V))
     return out
 
 
@@ -142,6 +162,8 @@ def params_from_table(config: TransformerConfig, table: Mapping[str, np.ndarray]
         [`config_from_arch`][jaxil.nn.pretrained_params.config_from_arch]).
       table: `{canonical name: array}`, as
         [`load_checkpoint`][jaxil.pretrained.load.load_checkpoint] returns it.
+        A learned position table may have more rows than `max_context`:
+        the first `max_context` are used.
       where: the checkpoint, for messages.
 
     Returns:
@@ -149,57 +171,61 @@ def params_from_table(config: TransformerConfig, table: Mapping[str, np.ndarray]
       `config.param_dtype`.
 
     Raises:
-      CheckpointError: one line naming the first table entry the
-        configuration has no place for, the first it needs that is missing,
-        or the first whose shape differs from the configuration's.
+      CheckpointError: one line naming the first parameter the
+        configuration needs that the table lacks, the first whose shape
+        differs from the configuration's, or the first the configuration has
+        no place for.
     """
-    used = set()
-
-    def get(name, shape=None, tree_shape=None):
-        """The table's `name`, checked against `shape` and reshaped to `tree_shape`."""
-        if name not in table:
-            raise CheckpointError(f"{where}: missing parameter {name}, which the decoder's "
+    flat: dict[str, Any] = {}
+    fused: dict[str, list] = {}
+    for e in _entries(config):
+        if e.name not in table:
+            raise CheckpointError(f"{where}: missing parameter {e.name}, which the decoder's "
                                   f"configuration needs ({_summary(config)})")
-        used.add(name)
-        x = np.asarray(table[name])
-        if shape is not None and x.shape != tuple(shape):
-            raise CheckpointError(f"{where}: {name} has shape {list(x.shape)}, expected "
-                                  f"{list(shape)} ({_summary(config)})")
-        return x if tree_shape is None else x.reshape(tree_shape)
-
-    tree: dict[str, Any] = {"token_embed": {"embedding": get("embed.embedding")}}
-    if config.positions == "learned":
-        positions = get("pos_embed.embedding")
-        if positions.shape[0] < config.max_context:
-            raise CheckpointError(f"{where}: pos_embed.embedding has {positions.shape[0]} "
-                                  f"positions, fewer than max_context {config.max_context}")
-        tree["pos_embed"] = positions[:config.max_context]
-    for i in range(config.num_layers):
-        tree[f"blocks_{i}"] = _block_tree(config, lambda n, *shapes, i=i: get(f"layers.{i}.{n}",
-                                                                            *shapes))
-    tree["ln_final"] = {"scale": get("final_norm.scale")}
-    if config.norm == "layernorm":
-        tree["ln_final"]["bias"] = get("final_norm.bias")
-    if not config.tie_head:
-        tree["head"] = {"kernel": get("lm_head.kernel")}
-    extra = sorted(set(table) - used, key=_natural)
+        x = np.asarray(table[e.name])
+        if e.name == "pos_embed.embedding" and x.ndim == 2 and x.shape[0] > e.shape[0]:
+            x = x[:e.shape[0]]
+        if x.shape != e.shape:
+            raise CheckpointError(f"{where}: {e.name} has shape {list(np.shape(table[e.name]))}, "
+                                  f"expected {list(e.shape)} ({_summary(config)})")
+        x = x.reshape(e.tree_shape)
+        if e.slot is None:
+            flat[e.path] = x
+        else:
+            fused.setdefault(e.path, [None] * 3)[e.slot] = x
+    flat.update({path: np.stack(parts, axis=-3) for path, parts in fused.items()})
+    extra = sorted(set(table) - {e.name for e in _entries(config)}, key=_natural)
     if extra:
         raise CheckpointError(f"{where}: extra parameter {extra[0]} ({len(extra)} in all) that "
                               f"the decoder's configuration has no place for ({_summary(config)})")
-    expected = traverse_util.flatten_dict(
-        jax.eval_shape(Transformer(config).init, jax.random.PRNGKey(0))["params"], sep=".")
-    got = traverse_util.flatten_dict(tree, sep=".")
-    for name in sorted(set(expected) | set(got), key=_natural):
-        if name not in got or name not in expected:
-            raise CheckpointError(f"{where}: the decoder's parameter {name} is "
-                                  f"{'missing' if name not in got else 'not one it has'} "
-                                  f"({_summary(config)})")
-        if got[name].shape != expected[name].shape:
-            raise CheckpointError(f"{where}: {name} has shape {list(got[name].shape)}, expected "
-                                  f"{list(expected[name].shape)} ({_summary(config)})")
     dtype = jnp.dtype(config.param_dtype)
     return {"params": traverse_util.unflatten_dict(
-        {k: jnp.asarray(v, dtype) for k, v in got.items()}, sep=".")}
+        {k: jnp.asarray(v, dtype) for k, v in flat.items()}, sep=".")}
+
+
+def table_from_params(config: TransformerConfig, params: Any) -> dict[str, np.ndarray]:
+    """The canonical table of the decoder's parameters (the inverse of
+    [`params_from_table`][jaxil.nn.pretrained_params.params_from_table]), e.g.
+    to export a fine-tuned model with
+    [`export_hf`][jaxil.pretrained.hf.export_hf]. A learned position table
+    has `max_context` rows: export it with that many `max_positions`.
+
+    Raises:
+      CheckpointError: `params` is not the tree of `config`'s decoder
+        (naming the first parameter missing or misshaped).
+    """
+    flat = traverse_util.flatten_dict(params["params"], sep=".")
+    out = {}
+    for e in _entries(config):
+        x = flat.get(e.path)
+        want = e.tree_shape if e.slot is None else e.tree_shape[:-2] + (3,) + e.tree_shape[-2:]
+        if x is None or tuple(x.shape) != want:
+            raise CheckpointError(f"decoder parameter {e.path} is "
+                                  f"{'missing' if x is None else list(x.shape)}, expected "
+                                  f"{list(want)} ({_summary(config)})")
+        x = np.asarray(x)
+        out[e.name] = (x if e.slot is None else x[..., e.slot, :, :]).reshape(e.shape)
+    return out
 
 
 def _natural(name: str):

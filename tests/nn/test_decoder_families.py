@@ -21,9 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxil.nn.pretrained_params import config_from_arch, from_pretrained, params_from_table
+from jaxil.nn.pretrained_params import (config_from_arch, from_pretrained, params_from_table,
+                                        table_from_params)
 from jaxil.nn.transformer import SIZES, Transformer, TransformerConfig, transformer_config
-from jaxil.pretrained import CheckpointError, from_hf_config, load_checkpoint
+from jaxil.pretrained import CheckpointError, export_hf, from_hf_config, load_checkpoint
 from tests.helpers.pretrained import CONFIGS, GGUF_LLAMA, hf_tensors, write_gguf, write_hf
 
 jit_param = pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
@@ -314,6 +315,32 @@ def test_default_options_keep_the_from_scratch_parameter_tree():
 
 def load_arch(kind):
     return from_hf_config(FAMILY_CONFIGS[kind])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_parameter_map_is_the_decoders_tree_and_round_trips(checkpoints, tmp_path, kind):
+    """The tree `params_from_table` builds is exactly the one the decoder's
+    `init` declares (names, shapes, dtypes), and `table_from_params` gives
+    the table back bit for bit, which `export_hf` writes and jaxil reads
+    again to the same parameters. Fails when the name map drifts from the
+    modules (a parameter renamed or added in transformer.py but not in the
+    map would otherwise surface only as a flax error at apply time), or when
+    the fused qkv is unstacked in the wrong order on export."""
+    _, _, path = checkpoints[kind]
+    ckpt = load_checkpoint(path)
+    config = config_from_arch(ckpt.arch, max_context=ckpt.arch.max_positions)
+    params = params_from_table(config, ckpt.params)
+    declared = jax.eval_shape(Transformer(config).init, jax.random.PRNGKey(0))
+    assert jax.tree.map(lambda x: (x.shape, x.dtype), params) == jax.tree.map(
+        lambda x: (x.shape, x.dtype), declared)
+    back = table_from_params(config, params)
+    assert sorted(back) == sorted(ckpt.params)
+    for name, value in ckpt.params.items():
+        np.testing.assert_array_equal(back[name], value, err_msg=name)
+    export_hf(tmp_path / "out", ckpt.arch, back)
+    config2, params2 = from_pretrained(tmp_path / "out")
+    assert config2 == config
+    jax.tree.map(np.testing.assert_array_equal, params2, params)
 
 
 def test_mismatched_tables_and_options_fail_in_one_line(checkpoints):

@@ -7,7 +7,9 @@ skipped without torch and transformers, the SmolLM2 ones without
   transformers' config classes (no hub), written with `save_pretrained(
   safe_serialization=True)` and read with
   `jaxil.nn.pretrained_params.from_pretrained`: the logits equal
-  transformers' to float32 tolerance.
+  transformers' to float32 tolerance, and the decoder's parameters exported
+  with `table_from_params` and `export_hf` load in transformers as the same
+  model.
 - SmolLM2-135M-Instruct from its GGUF: jaxil's logits on a chat prompt equal
   transformers' `from_pretrained(dir, gguf_file=...)`, and a 64-token greedy
   continuation (jaxil through its KV cache, transformers recomputing the
@@ -27,9 +29,10 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from jaxil.nn.pretrained_params import from_checkpoint, from_pretrained  # noqa: E402
+from jaxil.nn.pretrained_params import (from_checkpoint, from_pretrained,  # noqa: E402
+                                        table_from_params)
 from jaxil.nn.transformer import Transformer  # noqa: E402
-from jaxil.pretrained import CheckpointError, load_checkpoint, resolve  # noqa: E402
+from jaxil.pretrained import CheckpointError, export_hf, load_checkpoint, resolve  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -94,6 +97,11 @@ def test_random_transformers_checkpoints_give_transformers_logits(tmp_path, kind
     print(f"{kind}: max |Δlogit| = {diff:.3g} (max |logit| {np.abs(want).max():.3g})")
     assert np.abs(want).max() > 3
     assert diff < 2e-4 * np.abs(want).max()
+    # Export the decoder's parameters: transformers loads the same model.
+    export_hf(tmp_path / "out", load_checkpoint(tmp_path).arch, table_from_params(config, params))
+    back = type(model).from_pretrained(tmp_path / "out", dtype=torch.float32).eval()
+    with torch.no_grad():
+        np.testing.assert_array_equal(back(torch.as_tensor(ids)).logits.numpy(), want)
 
 
 def _smollm():
