@@ -52,6 +52,9 @@ COLLECTIVES = ("all-reduce", "all-gather", "all-to-all", "collective-permute", "
 
 def _env(devices: int = 8) -> dict:
     env = dict(os.environ, JAX_PLATFORMS="cpu")
+    # the workers run this file as a script: they import helpers from tests/
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests"),
+                                                      env.get("PYTHONPATH")]))
     env["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={devices} "
                         "--xla_backend_optimization_level=0 --xla_cpu_multi_thread_eigen=false "
                         "intra_op_parallelism_threads=1")
