@@ -731,7 +731,8 @@ class TransformerPolicy:
 
         def one_agent(tokens, agent):
             kept, pos = _kept_positions(tokens, 0, C, self.config.pad_id)
-            context = jnp.full((C,), self.config.pad_id or 0, jnp.int32).at[jnp.where(kept, pos, C)].set(
+            fill = self.config.pad_id or 0
+            context = jnp.full((C,), fill, jnp.int32).at[jnp.where(kept, pos, C)].set(
                 tokens, mode="drop")
             out = per_token(context, agent)
             # Each chunk reads the last stored token at or before its end.
