@@ -89,23 +89,51 @@ def _first_line(e: Optional[BaseException]) -> str:
     return f"{type(e).__name__}: {text[0][:160]}" if text else type(e).__name__
 
 
+def _from_orbax(obj: Any) -> bool:
+    """Whether `obj` (a coroutine, a task or a future's repr) is orbax's."""
+    code = getattr(obj, "cr_code", None) or getattr(getattr(obj, "get_coro", lambda: None)(),
+                                                    "cr_code", None)
+    return "orbax" in (code.co_filename if code is not None else repr(obj))
+
+
+class _OrbaxTaskFilter(logging.Filter):
+    """Drops asyncio's "Task (or Future) exception was never retrieved" for
+    orbax's reads."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).split("\n", 1)[0].endswith(" exception was never retrieved"):
+            return True
+        text = record.getMessage()
+        return not ("orbax" in text or "tensorstore" in text)
+
+
+_TASK_FILTER = _OrbaxTaskFilter()
+
+
 def _hush_closed_loop_reports() -> None:
-    """Drop the "Event loop is closed" reports of a failed orbax read.
+    """Drop what a failed orbax read reports after its one-line error.
 
     When a read fails, orbax closes its asyncio loop while tensorstore still
     completes the other reads of the step; each completion then reports a
-    `RuntimeError: Event loop is closed` through `sys.unraisablehook`, a
-    traceback apiece, around the one line that says what is wrong. Only
-    those reports are dropped; every other one reaches the hook that was
-    installed before.
+    `RuntimeError: Event loop is closed` through `sys.unraisablehook`, and
+    the reads' unfinished tasks and coroutines report again when they are
+    collected ("Task exception was never retrieved" on the `asyncio`
+    logger, "Exception ignored in: <coroutine ...>"), a traceback apiece,
+    around and after the one line that says what is wrong, even in the
+    middle of the training a resume goes on with. Only those reports are
+    dropped; every other one reaches the hook installed before.
     """
+    log = logging.getLogger("asyncio")
+    if _TASK_FILTER not in log.filters:
+        log.addFilter(_TASK_FILTER)
     previous = sys.unraisablehook
     if getattr(previous, "jaxil_hushes_closed_loops", False):
         return
 
     def hook(report):
-        if isinstance(report.exc_value, RuntimeError) and \
-                str(report.exc_value) == "Event loop is closed":
+        closed = isinstance(report.exc_value, RuntimeError) and \
+            str(report.exc_value) == "Event loop is closed"
+        if closed or _from_orbax(report.object):
             return
         previous(report)
 
