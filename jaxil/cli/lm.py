@@ -39,7 +39,7 @@ import argparse
 
 from jaxil.cli.args import (add_progress, add_run_dir, add_seeds, nonneg_float, nonneg_int,
                             positive_float, positive_int, probability)
-from jaxil.cli import lm_quickstart
+from jaxil.cli import lm_generate, lm_quickstart
 from jaxil.cli.interactive import add_method_knobs, knob_overrides
 
 
@@ -343,6 +343,7 @@ def register(sub) -> None:
                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     lsub = lm.add_subparsers(dest="lm_command", metavar="COMMAND", required=True)
     lm_quickstart.register(lsub)
+    lm_generate.register(lsub)
 
     s = lsub.add_parser("sft", help="fine-tune a transformer on the scripted expert's episodes")
     _common(s)

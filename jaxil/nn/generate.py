@@ -1,0 +1,269 @@
+"""Batched generation with [`Transformer`][jaxil.nn.transformer.Transformer]: prefill, then decode.
+
+[`generate`][jaxil.nn.generate.generate] continues a batch of prompts of
+different lengths in one jitted program:
+
+1. **Prefill.** The prompts `[B, T]` are left-aligned (a prompt starts at
+   column 0; columns at and past its length may hold anything) and enter
+   the decoder's cached path,
+   [`Transformer.step`][jaxil.nn.transformer.Transformer.step], in one call
+   per row (vmapped): all `T` columns are written to the cache, then the
+   cache's `length` is set back to `length − 1`, so the columns past a
+   prompt are never attended to and are overwritten as the row grows.
+2. **Decode.** A `lax.while_loop` of one-token steps: the first feeds each
+   prompt's last token (giving the logits after the whole prompt), every
+   later one the token sampled at the step before. It ends when every row
+   has emitted a stop token or after `max_new_tokens` tokens.
+
+Sampling ([`Sampling`][jaxil.nn.generate.Sampling]) is greedy at
+temperature 0; otherwise the logits are divided by the temperature, cut to
+the `top_k` most likely tokens, then to the smallest set whose probability
+reaches `top_p` ([`filter_logits`][jaxil.nn.generate.filter_logits]), and
+one token is drawn. A row ends at its first stop token (kept in the
+output); the slots after it hold `fill`.
+
+```python
+import jax
+from jaxil.nn.generate import Sampling, generate
+
+out = generate(config, params, prompt_ids, prompt_lengths, jax.random.key(0),
+               max_new_tokens=64, sampling=Sampling(temperature=0.7, top_p=0.9),
+               stop_ids=(2,))
+out.tokens[b, :out.lengths[b]]          # row b's new tokens, its stop token last
+jax.vmap(lambda k: generate(config, params, prompt_ids, prompt_lengths, k, 64,
+                            Sampling(temperature=1.0)).tokens)(jax.random.split(key, 8))
+```
+
+What a decode step costs: it is the decoder's cached step, unchanged. Its
+attention reads all `max_context` cache slots of every layer (masked past
+the filled length), so a step costs `O(C)` attention per layer however
+short the rows are; and the step returns a new cache built functionally
+(each layer's slot write, then the layers restacked), which copies the
+whole K/V cache a few times per token. Memory traffic per step is therefore
+a small multiple of the cache size rather than one read of it: cheap while
+the cache fits in cache memory (small batches, short contexts), the
+bottleneck at large batches. Keep `max_context` close to the longest
+prompt plus `max_new_tokens`. An engine that updates the cache in place
+and attends only to the filled prefix is separate work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxil.nn.transformer import Transformer, TransformerConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """How the next token is chosen (hashable: a static argument).
+
+    Attributes:
+      temperature: 0 for greedy (the most likely token; the lowest id among
+        ties); otherwise the logits are divided by it before sampling.
+      top_k: keep only the `top_k` most likely tokens (0: all).
+      top_p: keep only the smallest set of most likely tokens whose
+        probability reaches `top_p` (nucleus sampling; 1: all), after
+        `top_k`.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        t, k, p = self.temperature, self.top_k, self.top_p
+        if not (isinstance(t, (int, float)) and np.isfinite(t) and t >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {t}; "
+                             "pass 0 for greedy decoding or a positive temperature such as 0.7")
+        if not (isinstance(k, (int, np.integer)) and k >= 0):
+            raise ValueError(f"top_k must be an integer >= 0 (0: no cut), got {k!r}")
+        if not (isinstance(p, (int, float)) and 0 < p <= 1):
+            raise ValueError(f"top_p must be in (0, 1] (1: no cut), got {p}; pass e.g. 0.9, "
+                             "or 1 to sample from the whole distribution")
+
+    @property
+    def greedy(self) -> bool:
+        """Temperature 0: the most likely token, no randomness."""
+        return self.temperature == 0
+
+
+class Generation(NamedTuple):
+    """The output of [`generate`][jaxil.nn.generate.generate].
+
+    Attributes:
+      tokens: `int32 [B, max_new_tokens]` the new tokens of each row, its
+        stop token (if it emitted one) last, `fill` after it.
+      lengths: `int32 [B]` how many new tokens each row has (its stop token
+        included).
+    """
+
+    tokens: jax.Array
+    lengths: jax.Array
+
+
+def filter_logits(logits: jax.Array, sampling: Sampling) -> jax.Array:
+    """The logits a token is drawn from: divided by the temperature, `-inf`
+    outside the `top_k` most likely tokens and outside the smallest set of
+    most likely tokens whose probability (after `top_k`) reaches `top_p`.
+
+    Args:
+      logits: `[..., V]` next-token logits.
+      sampling: a sampling setting with a positive temperature.
+
+    Returns:
+      `float32 [..., V]`; `softmax` of it is the sampling distribution. Ties
+      are ordered by token id (the lower id counts as more likely).
+    """
+    if sampling.greedy:
+        raise ValueError("filter_logits needs a positive temperature; greedy decoding takes the "
+                         "argmax of the logits")
+    x = jnp.asarray(logits, jnp.float32) / jnp.float32(sampling.temperature)
+    V = x.shape[-1]
+    cut_k = 0 < sampling.top_k < V
+    if not cut_k and sampling.top_p >= 1:
+        return x
+    shape = x.shape
+    x = x.reshape(-1, V)
+    order = jnp.argsort(-x, axis=-1, stable=True)  # most likely first, ties by id
+    ranked = jnp.take_along_axis(x, order, axis=-1)
+    keep = jnp.ones(ranked.shape, bool)
+    if cut_k:
+        keep = jnp.arange(V) < sampling.top_k
+        keep = jnp.broadcast_to(keep, ranked.shape)
+    if sampling.top_p < 1:
+        p = jax.nn.softmax(jnp.where(keep, ranked, -jnp.inf), axis=-1)
+        before = jnp.cumsum(p, axis=-1) - p  # mass of the more likely tokens
+        keep = keep & (before < sampling.top_p)
+    rows = jnp.arange(x.shape[0])[:, None]
+    out = jnp.full_like(x, -jnp.inf).at[rows, order].set(jnp.where(keep, ranked, -jnp.inf))
+    return out.reshape(shape)
+
+
+def sample_tokens(key: jax.Array, logits: jax.Array, sampling: Sampling) -> jax.Array:
+    """One token per row of `logits [B, V]`, `int32 [B]`: the argmax when
+    greedy, else a draw from `softmax(filter_logits(logits, sampling))`."""
+    if sampling.greedy:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return jax.random.categorical(key, filter_logits(logits, sampling), axis=-1).astype(jnp.int32)
+
+
+@functools.lru_cache(maxsize=32)
+def make_generate(config: TransformerConfig, max_new_tokens: int, sampling: Sampling = Sampling(),
+                  stop_ids: tuple[int, ...] = (), fill: int = -1) -> Callable:
+    """The jitted `(params, prompt_ids [B, T], prompt_lengths [B], key) ->
+    Generation` of [`generate`][jaxil.nn.generate.generate] for these static
+    settings, unchecked (one compiled program per setting and shape; the
+    function is cached, so calling this again returns the same one). For
+    `.lower(...).compile()` to time the compilation apart from the run."""
+    net = Transformer(config)
+    step = jax.vmap(net.step, in_axes=(None, 0, 0))
+    stops = jnp.asarray(stop_ids if stop_ids else (-1,), jnp.int32)
+    idle = config.pad_id if config.pad_id is not None else 0  # what a finished row feeds
+
+    def run(params: Any, prompt_ids: jax.Array, prompt_lengths: jax.Array,
+            key: jax.Array) -> Generation:
+        B = prompt_ids.shape[0]
+        prompt_ids = prompt_ids.astype(jnp.int32)
+        prompt_lengths = prompt_lengths.astype(jnp.int32)
+        _, cache = step(params, prompt_ids, net.empty_cache((B,)))
+        # Forget each prompt's last token and whatever followed it: the first
+        # decode step feeds that token again and reads the logits after it.
+        cache = cache._replace(length=prompt_lengths - 1)
+        last = jnp.take_along_axis(prompt_ids, (prompt_lengths - 1)[:, None], axis=1)[:, 0]
+
+        def cond(state):
+            i, _, _, _, done, _, _ = state
+            return (i < max_new_tokens) & ~jnp.all(done)
+
+        def body(state):
+            i, out, cache, last, done, lengths, key = state
+            logits, cache = step(params, last[:, None], cache)
+            key, sub = jax.random.split(key)
+            token = jnp.where(done, fill, sample_tokens(sub, logits, sampling))
+            out = jax.lax.dynamic_update_slice(out, token[:, None], (0, i))
+            lengths = lengths + (~done).astype(jnp.int32)
+            done = done | jnp.isin(token, stops)
+            return i + 1, out, cache, jnp.where(done, idle, token), done, lengths, key
+
+        state = (jnp.int32(0), jnp.full((B, max_new_tokens), fill, jnp.int32), cache, last,
+                 jnp.zeros((B,), bool), jnp.zeros((B,), jnp.int32), key)
+        _, out, _, _, _, lengths, _ = jax.lax.while_loop(cond, body, state)
+        return Generation(out, lengths)
+
+    return jax.jit(run)
+
+
+def check_request(config: TransformerConfig, prompt_shape: tuple[int, ...],
+                  max_new_tokens: int) -> None:
+    """Raise a one-line `ValueError` naming the fix when a batch of prompts
+    of shape `[B, T]` and `max_new_tokens` do not fit `config`'s context
+    (`T + max_new_tokens − 1` positions: the last new token is not fed
+    back)."""
+    if len(prompt_shape) != 2 or prompt_shape[0] < 1 or prompt_shape[1] < 1:
+        raise ValueError(f"prompt_ids must be [B, T] with B, T >= 1, got shape "
+                         f"{list(prompt_shape)}; pass a batch of at least one non-empty prompt")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) \
+            or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    T, C = prompt_shape[1], config.max_context
+    if T > C:
+        raise ValueError(f"the prompt has {T} tokens but the model's context holds {C}; "
+                         f"shorten the prompt or raise max_context to at least "
+                         f"{T + max_new_tokens - 1}")
+    if T + max_new_tokens - 1 > C:
+        raise ValueError(f"a {T}-token prompt and {max_new_tokens} new tokens need a context of "
+                         f"{T + max_new_tokens - 1} but the model's holds {C}; lower "
+                         f"max_new_tokens to {C - T + 1} or raise max_context")
+
+
+def generate(config: TransformerConfig, params: Any, prompt_ids: jax.Array,
+             prompt_lengths: jax.Array, key: jax.Array, max_new_tokens: int,
+             sampling: Sampling = Sampling(), stop_ids: Sequence[int] = (),
+             fill: int = -1) -> Generation:
+    """Continue a batch of prompts (see the module docstring).
+
+    Args:
+      config: the decoder's configuration.
+      params: its parameters.
+      prompt_ids: `int [B, T]` the prompts, left-aligned (row `b` is
+        `prompt_ids[b, :prompt_lengths[b]]`; the rest is ignored).
+      prompt_lengths: `int [B]`, each in `1 .. T`.
+      key: a PRNG key (unused when greedy).
+      max_new_tokens: the token limit per row.
+      sampling: greedy (the default), or temperature / top-k / top-p.
+      stop_ids: token ids that end a row (e.g. the checkpoint's EOS and
+        end-of-turn ids).
+      fill: the token id of the slots after a row's end.
+
+    Returns:
+      A [`Generation`][jaxil.nn.generate.Generation]: `tokens [B,
+      max_new_tokens]` and `lengths [B]`.
+
+    Raises:
+      ValueError: a prompt batch that is not `[B, T]`, a context too short
+        for `T + max_new_tokens − 1` positions, or (when the lengths are
+        concrete) a length outside `1 .. T`.
+    """
+    prompt_ids = jnp.asarray(prompt_ids)
+    prompt_lengths = jnp.asarray(prompt_lengths)
+    check_request(config, prompt_ids.shape, max_new_tokens)
+    if prompt_lengths.shape != prompt_ids.shape[:1]:
+        raise ValueError(f"prompt_lengths must be [B] = [{prompt_ids.shape[0]}], got shape "
+                         f"{list(prompt_lengths.shape)}")
+    if not isinstance(prompt_lengths, jax.core.Tracer):
+        bad = np.asarray(prompt_lengths)
+        bad = bad[(bad < 1) | (bad > prompt_ids.shape[1])]
+        if bad.size:
+            raise ValueError(f"prompt lengths must be in 1 .. {prompt_ids.shape[1]} (the prompt "
+                             f"width), got {bad.tolist()}; every prompt needs at least one token "
+                             "(e.g. BOS)")
+    run = make_generate(config, int(max_new_tokens), sampling,
+                        tuple(int(s) for s in stop_ids), int(fill))
+    return run(params, prompt_ids, prompt_lengths, key)
