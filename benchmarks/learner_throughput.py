@@ -808,7 +808,7 @@ def report(payload: dict[str, Any]) -> None:
         print("\nSweeps (one axis varied around the base point):")
         print(measure.format_table(rows, SWEEP_COLUMNS))
     if payload.get("skipped"):
-        print(f"skipped for the time budget: " + ", ".join(
+        print("skipped for the time budget: " + ", ".join(
             f"{s['learner']} {s['axis']}(B={s['batch']},N={s['agents']},seeds={s['seeds']},K={s['k']}; ~{s['estimated_s']:.0f}s)"
             for s in payload["skipped"]))
     paper = payload.get("paper")

@@ -100,7 +100,6 @@ import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxil.envs.policies import Policy
 from jaxil.nn import distributions as D

@@ -79,6 +79,25 @@ def test_update_trains_online_nets_and_soft_updates_targets():
                    zip(jax.tree.leaves(s0.params[k]), jax.tree.leaves(s1.params[k]))), k
 
 
+def _update_case(edit=lambda batch: batch):
+    """One O-MAPL update on a small preference batch (changed by `edit`
+    first) whose target networks differ from the online ones (targets =
+    1.5·online + 0.1) and β = 0.5, so z spans the clip range: `(learner,
+    target, state, batch, metrics)`. The call-site tests below share it,
+    and its compiled update."""
+    ds = _dataset(2, 6, 10)
+    pairs = sample_query_pairs(ds, 20, 4, seed=1)
+    data = PreferenceData.from_pairs(ds, pairs, _gt_prefs(ds, pairs))
+    learner = make_learner("omapl", SPEC, hidden=(16,), mixer_hidden=8, batch_size=4)
+    s0 = _init(learner)
+    target = jax.tree.map(lambda x: x * 1.5 + 0.1, s0.params["target"])
+    state = s0.replace(params=dict(s0.params, target=target),
+                       hparams=s0.hparams.replace(beta=jnp.float32(0.5)))
+    batch = edit(learner.sample(jax.random.PRNGKey(3), data))
+    _, m = fast_call(learner.update, state, batch)
+    return learner, target, state, batch, m
+
+
 def test_value_step_uses_target_q_and_target_mixer():
     """Kills 'online Q and mixer instead of the targets in O-MAPL's value
     step' (either one): with targets ≠ online networks, the update's value
@@ -88,16 +107,7 @@ def test_value_step_uses_target_q_and_target_mixer():
     (z clipped inside exp only), every valid step of both sides; the
     recomputation with the online Q or the online mixer is far from it.
     β = 0.5 (not 10), so that z spans the clip range instead of staying near 0."""
-    ds = _dataset(2, 6, 10)
-    pairs = sample_query_pairs(ds, 20, 4, seed=1)
-    data = PreferenceData.from_pairs(ds, pairs, _gt_prefs(ds, pairs))
-    learner = make_learner("omapl", SPEC, hidden=(16,), mixer_hidden=8, batch_size=4)
-    s0 = _init(learner)
-    target = jax.tree.map(lambda x: x * 1.5 + 0.1, s0.params["target"])
-    state = s0.replace(params=dict(s0.params, target=target),
-                       hparams=s0.hparams.replace(beta=jnp.float32(0.5)))
-    batch = learner.sample(jax.random.PRNGKey(3), data)
-    _, m = fast_call(learner.update, state, batch)
+    learner, target, state, batch, m = _update_case()
 
     nets = _Nets(SPEC, learner.config)
     x, y, _ = batch
@@ -183,16 +193,7 @@ def test_preference_loss_scores_the_first_segment_against_the_second_with_its_la
     reference is checked to be far off. (These segments have no padding, so
     the penalty's step mask is checked by the loss's own tests only.) Same state and batch as the value-step test above (its
     compiled update is reused through the compilation cache)."""
-    ds = _dataset(2, 6, 10)
-    pairs = sample_query_pairs(ds, 20, 4, seed=1)
-    data = PreferenceData.from_pairs(ds, pairs, _gt_prefs(ds, pairs))
-    learner = make_learner("omapl", SPEC, hidden=(16,), mixer_hidden=8, batch_size=4)
-    s0 = _init(learner)
-    target = jax.tree.map(lambda x: x * 1.5 + 0.1, s0.params["target"])
-    state = s0.replace(params=dict(s0.params, target=target),
-                       hparams=s0.hparams.replace(beta=jnp.float32(0.5)))
-    batch = learner.sample(jax.random.PRNGKey(3), data)
-    _, m = fast_call(learner.update, state, batch)
+    learner, target, state, batch, m = _update_case()
 
     x, y, label = batch
     both = jax.tree.map(lambda a, b: jnp.concatenate([a, b], 0), x, y)
@@ -232,15 +233,6 @@ def test_actor_loss_is_the_weighted_likelihood_under_the_legal_masks():
     as the value-step test (its compiled update is reused)."""
     from jaxil.losses import gumbel_weights
 
-    ds = _dataset(2, 6, 10)
-    pairs = sample_query_pairs(ds, 20, 4, seed=1)
-    data = PreferenceData.from_pairs(ds, pairs, _gt_prefs(ds, pairs))
-    learner = make_learner("omapl", SPEC, hidden=(16,), mixer_hidden=8, batch_size=4)
-    s0 = _init(learner)
-    target = jax.tree.map(lambda x: x * 1.5 + 0.1, s0.params["target"])
-    state = s0.replace(params=dict(s0.params, target=target),
-                       hparams=s0.hparams.replace(beta=jnp.float32(0.5)))
-    x, y, label = learner.sample(jax.random.PRNGKey(3), data)
     rng = np.random.default_rng(7)
 
     def masked(seg):
@@ -249,8 +241,8 @@ def test_actor_loss_is_the_weighted_likelihood_under_the_legal_masks():
         np.put_along_axis(avail[:, :-1], acts[..., None], True, -1)
         return seg.replace(avail=jnp.asarray(avail & np.asarray(seg.avail)))
 
-    batch = (masked(x), masked(y), label)
-    _, m = fast_call(learner.update, state, batch)
+    learner, target, state, batch, m = _update_case(
+        lambda b: (masked(b[0]), masked(b[1]), b[2]))
 
     nets = _Nets(SPEC, learner.config)
     both = jax.tree.map(lambda a, b: jnp.concatenate([a, b], 0), batch[0], batch[1])
