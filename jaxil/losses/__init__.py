@@ -25,6 +25,7 @@ from jaxil.losses.discriminator import (
     discriminator_loss,
     gradient_penalty,
 )
+from jaxil.losses.distill import distillation_loss, generalized_jsd
 from jaxil.losses.gae import gae
 from jaxil.losses.ppo import (
     SurrogateStats,
@@ -60,8 +61,10 @@ __all__ = [
     "dice_weights",
     "discounted_score",
     "discriminator_loss",
+    "distillation_loss",
     "gae",
     "gail_reward",
+    "generalized_jsd",
     "gradient_penalty",
     "gumbel_value_loss",
     "gumbel_weights",
