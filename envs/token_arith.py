@@ -32,6 +32,8 @@ operators (`n`, 0/1/2 for `+ - *`) and the operands `v_0 … v_n`.
 [`arith_expert`][jaxil.envs.token_arith.arith_expert] is the scripted expert: `CALC r_p op_{p+1}
 v_{p+1}` for `p = progress` until the chain is done, then `SUBMIT r_n`
 (`num_ops + 1` turns).
+[`arith_transcript_expert`][jaxil.envs.token_arith.arith_transcript_expert] plays it from the
+agent's own context only, copying values from the calculator's answers.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from flax import struct
 
 from .core import MultiAgentEnv
 from .policies import Policy, stateless_carry
+from .token_transcript import transcript_policy
 from .tokens import (
     EOT,
     MAX_NUMBER,
@@ -160,3 +163,66 @@ def arith_expert(env: MultiAgentEnv) -> Policy:
         return jax.vmap(one)(p.cmd, p.cmd_len, p.features), carry
 
     return Policy(init=stateless_carry, act=act)
+
+
+@struct.dataclass
+class _ArithNotes:
+    """What the transcript of `tokens:arith` has shown."""
+
+    operands: jax.Array  # [n+1] int32 v_0 … v_n (from the prompt)
+    ops: jax.Array  # [n] int32 0/1/2 (from the prompt)
+    progress: jax.Array  # [] int32 chain steps the calculator answered in order
+    value: jax.Array  # [] int32 r_progress, the last such answer (v_0 at the start)
+
+
+def arith_transcript_expert(env: MultiAgentEnv) -> Policy:
+    """Transcript-only expert for `tokens:arith`: it never computes, it
+    copies operands from the prompt and values from the calculator's
+    answers.
+
+    It reads the chain from its prompt and counts the steps done: a `CALC
+    a op b` answered `= r` is step `p + 1` when `a` is the last value
+    shown for step `p` (`v_0` for `p = 0`), `op` and `b` the prompt's
+    next operator and operand; `r` is then step `p + 1`'s value. At a
+    turn start: `CALC r_p op_{p+1} v_{p+1}` until all steps are done, then
+    `SUBMIT r_n`. Taking over a partial `CALC` it types the next step's
+    tokens (a miscopied one is sent, and its answer does not count); a
+    `SUBMIT` typed before the chain was done gets the last value the
+    calculator showed, the best the transcript holds (where
+    [arith_expert][jaxil.envs.token_arith.arith_expert] submits the hidden
+    chain's value). From a fresh episode it plays exactly `arith_expert`'s
+    tokens. Deterministic.
+    """
+    if not isinstance(env, ArithEnv):
+        raise TypeError(f"arith_transcript_expert needs a tokens:arith environment, got {env!r}")
+    n, Q = env.num_ops, env.modulus
+
+    def read_prompt(prompt):
+        # arith v0 op1 v1 … opn vn
+        body = prompt[1:2 + 2 * n]
+        operands = jnp.clip(value_of(body[0::2]), 0, Q - 1)
+        ops = jnp.clip(body[1::2] - OP0, 0, NUM_OPS - 1)
+        return _ArithNotes(operands, ops, jnp.int32(0), operands[0])
+
+    def read(m, cmd, cmd_len, ended, answer):
+        p = m.progress
+        q = jnp.minimum(p, n - 1)
+        step = (ended & (cmd[0] == CALC) & (answer[0] == VOCAB["="]) & (p < n)
+                & (value_of(cmd[1]) == m.value) & (cmd[2] - OP0 == m.ops[q])
+                & (value_of(cmd[3]) == m.operands[q + 1]))
+        return m.replace(progress=p + step.astype(jnp.int32),
+                         value=jnp.where(step, value_of(answer[1]), m.value))
+
+    def choose(m, cmd, cmd_len):
+        q = jnp.minimum(m.progress, n - 1)
+        kind = cmd[0]
+        calc = kind == CALC
+        return jnp.select(
+            [cmd_len == 0,
+             calc & (cmd_len == 1), calc & (cmd_len == 2), calc & (cmd_len == 3),
+             (kind == SUBMIT) & (cmd_len == 1)],
+            [jnp.where(m.progress >= n, SUBMIT, CALC),
+             number(m.value), OP0 + m.ops[q], number(m.operands[q + 1]), number(m.value)],
+            EOT).astype(jnp.int32)
+
+    return transcript_policy(env, read_prompt, read, choose)

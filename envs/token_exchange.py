@@ -37,6 +37,9 @@ the answer (`2 half`).
 [`exchange_expert`][jaxil.envs.token_exchange.exchange_expert] is the scripted expert: on turn, `SUBMIT` the
 answer if it has heard the other's half, else `SAY` its own half (two turns
 from the start: agent 0 says `a`, agent 1 submits).
+[`exchange_transcript_expert`][jaxil.envs.token_exchange.exchange_transcript_expert] acts on
+the agent's own context only: it cannot see whether a message is right, so it
+submits a half only once it has heard it twice (four turns from the start).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from flax import struct
 
 from .core import MultiAgentEnv
 from .policies import Policy, stateless_carry
+from .token_transcript import transcript_policy
 from .tokens import (
     EOT,
     MAX_NUMBER,
@@ -175,3 +179,77 @@ def exchange_expert(env: MultiAgentEnv) -> Policy:
         return jax.vmap(one)(p.cmd, p.cmd_len, p.features), carry
 
     return Policy(init=stateless_carry, act=act)
+
+
+@struct.dataclass
+class _ExchangeNotes:
+    """What one agent's transcript of `tokens:exchange` has shown."""
+
+    role: jax.Array  # [] int32 0 for A, 1 for B (from the prompt)
+    own: jax.Array  # [H] int32 the own half (from the prompt)
+    on: jax.Array  # [] bool on turn: A at the start, after a HEAR; off after the own <eot>
+    last: jax.Array  # [H] int32 the last message heard (0 past its length)
+    last_len: jax.Array  # [] int32
+    prev: jax.Array  # [H] int32 the message heard before it
+    prev_len: jax.Array  # [] int32
+
+
+def exchange_transcript_expert(env: MultiAgentEnv) -> Policy:
+    """Transcript-only expert for `tokens:exchange`: it submits only a half
+    it has heard twice, the same both times.
+
+    An agent cannot see whether a message it heard is the other's half (the
+    other agent's tokens may have been a student's), so one `HEAR` is not
+    enough; the expert always says its own half, so the same full message
+    heard twice in a row is. Off turn (the transcript says: A starts, the
+    turn passes at the own `<eot>` and comes back with a `HEAR`): `<wait>`.
+    On turn, at a turn start: `SUBMIT` (its half and the twice-heard one,
+    A's first; sorted with `sort=True`) once the last two messages agree,
+    else `SAY` its own half. Taking over a partial command: a `SAY` whose
+    words so far are a prefix of the own half is finished, any other is cut
+    with `<eot>`; a `SUBMIT` is finished with its half and the last
+    message heard (the best the transcript holds). From a fresh episode:
+    A says, B says, A says, B submits (four turns where
+    [exchange_expert][jaxil.envs.token_exchange.exchange_expert], which
+    knows the message was right, needs two). Deterministic.
+    """
+    if not isinstance(env, ExchangeEnv):
+        raise TypeError(f"exchange_transcript_expert needs a tokens:exchange environment, got "
+                        f"{env!r}")
+    H, M = env.half, env.values
+    A, HEAR = VOCAB["A"], VOCAB["HEAR"]
+
+    def read_prompt(prompt):
+        # exchange A|B h_1 … h_H
+        role = jnp.where(prompt[1] == A, 0, 1).astype(jnp.int32)
+        zero = jnp.zeros((H,), jnp.int32)
+        return _ExchangeNotes(role, jnp.clip(value_of(prompt[2:2 + H]), 0, M - 1), role == 0,
+                              zero, jnp.int32(0), zero, jnp.int32(0))
+
+    def read(m, cmd, cmd_len, ended, answer):
+        heard = answer[0] == HEAR
+        words = answer[1:1 + H]
+        said = words != PAD
+        msg = jnp.where(said, jnp.clip(value_of(words), 0, M - 1), 0)
+        return m.replace(
+            on=jnp.where(heard, True, jnp.where(ended, False, m.on)),
+            last=jnp.where(heard, msg, m.last),
+            last_len=jnp.where(heard, said.sum(dtype=jnp.int32), m.last_len),
+            prev=jnp.where(heard, m.last, m.prev),
+            prev_len=jnp.where(heard, m.last_len, m.prev_len))
+
+    def choose(m, cmd, cmd_len):
+        sure = (m.last_len == H) & (m.prev_len == H) & jnp.all(m.last == m.prev)
+        pair = jnp.where(m.role == 0, jnp.concatenate([m.own, m.last]),
+                         jnp.concatenate([m.last, m.own]))
+        answer = jnp.sort(pair) if env.sort else pair
+        k = cmd_len - 1  # words typed after the command
+        kind = cmd[0]
+        prefix = jnp.all((value_of(cmd[1:1 + H]) == m.own) | (jnp.arange(H) >= k))
+        say_next = jnp.where((k < H) & prefix, number(m.own[jnp.clip(k, 0, H - 1)]), EOT)
+        submit_next = jnp.where(k < 2 * H, number(answer[jnp.clip(k, 0, 2 * H - 1)]), EOT)
+        return jnp.select(
+            [~m.on, cmd_len == 0, kind == SAY],
+            [WAIT, jnp.where(sure, SUBMIT, SAY), say_next], submit_next).astype(jnp.int32)
+
+    return transcript_policy(env, read_prompt, read, choose)

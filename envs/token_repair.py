@@ -37,6 +37,9 @@ the partial command (3 tokens) and its length, then `x` (`length`),
 [`repair_expert`][jaxil.envs.token_repair.repair_expert] is the scripted expert: `TEST`; on `FAIL i WANT
 v`, `EDIT i v`; `TEST` again; on `PASS`, `SUBMIT` (2F + 2 turns
 for F faults: the procedure a student can follow from the transcript).
+[`repair_transcript_expert`][jaxil.envs.token_repair.repair_transcript_expert] plays it from
+the agent's own context only (the same tokens from a fresh episode; a partial
+command it takes over is completed from what the answers showed).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from flax import struct
 
 from .core import MultiAgentEnv
 from .policies import Policy, stateless_carry
+from .token_transcript import transcript_policy
 from .tokens import (
     EOT,
     MAX_NUMBER,
@@ -168,3 +172,79 @@ def repair_expert(env: MultiAgentEnv) -> Policy:
         return jax.vmap(one)(p.cmd, p.cmd_len, p.features), carry
 
     return Policy(init=stateless_carry, act=act)
+
+
+@struct.dataclass
+class _RepairNotes:
+    """What the transcript of `tokens:repair` has shown (per location)."""
+
+    x_known: jax.Array  # [L] bool the file's current value is known
+    x: jax.Array  # [L] int32 that value (from VIEW, from a FAIL's GOT, from the agent's EDIT)
+    y_known: jax.Array  # [L] bool the test's wanted value is known (from a FAIL's WANT)
+    y: jax.Array  # [L] int32 that value
+    report: jax.Array  # [] int32 last TEST / SUBMIT answer since the last EDIT: -1, i or L (PASS)
+
+
+def repair_transcript_expert(env: MultiAgentEnv) -> Policy:
+    """Transcript-only expert for `tokens:repair`: the scripted procedure,
+    with every choice read from the agent's own context.
+
+    It remembers what the answers showed: a `FAIL i WANT v GOT u` (test
+    `i` wants `v`, the file holds `u`), a `= u` after `VIEW i`, its own
+    `EDIT i v` (the file now holds `v`), a `PASS`; an `EDIT` makes the
+    last test report stale. At a turn start: `SUBMIT` after a `PASS` not
+    followed by an `EDIT`, `EDIT i v` after such a `FAIL i WANT v`,
+    `TEST` otherwise. Taking over a partial command, it completes it with
+    what the transcript justifies: a location after `EDIT` / `VIEW` is the
+    reported failing one, else one whose wanted value is known and not yet
+    written, else one whose current value is known (re-writing it changes
+    nothing), else 0; a value after `EDIT i` is the wanted `y_i` if a
+    report showed it, else the known current value, else 0 (a guess: the
+    next `TEST` reports any damage, which is then repaired). From a fresh
+    episode it plays exactly [repair_expert][jaxil.envs.token_repair.repair_expert]'s
+    tokens. Deterministic.
+    """
+    if not isinstance(env, RepairEnv):
+        raise TypeError(f"repair_transcript_expert needs a tokens:repair environment, got {env!r}")
+    L, M = env.length, env.values
+
+    def read_prompt(prompt):
+        no, zero = jnp.zeros((L,), bool), jnp.zeros((L,), jnp.int32)
+        return _RepairNotes(no, zero, no, zero, jnp.int32(-1))
+
+    def read(m, cmd, cmd_len, ended, answer):
+        kind = cmd[0]
+        loc = jnp.clip(value_of(cmd[1]), 0, L - 1)
+        val = jnp.clip(value_of(cmd[2]), 0, M - 1)
+        tested = ended & ((kind == TEST) | (kind == SUBMIT))
+        passed = tested & (answer[0] == VOCAB["PASS"])
+        failed = tested & (answer[0] == VOCAB["FAIL"])
+        fi = jnp.clip(value_of(answer[1]), 0, L - 1)
+        viewed = ended & (kind == VIEW)
+        edited = ended & (kind == EDIT)
+        x_at = jnp.where(failed, fi, loc)
+        x_new = jnp.select([failed, viewed, edited],
+                           [value_of(answer[5]), value_of(answer[1]), val], 0)
+        write_x = failed | viewed | edited
+        x_known = jnp.where(write_x, m.x_known.at[x_at].set(True), m.x_known)
+        x = jnp.where(write_x, m.x.at[x_at].set(x_new), m.x)
+        y_known = jnp.where(failed, m.y_known.at[fi].set(True), m.y_known)
+        y = jnp.where(failed, m.y.at[fi].set(value_of(answer[3])), m.y)
+        report = jnp.select([passed, failed, edited], [L, fi, -1], m.report).astype(jnp.int32)
+        return _RepairNotes(x_known, x, y_known, y, report)
+
+    def choose(m, cmd, cmd_len):
+        known = (m.report >= 0) & (m.report < L)
+        todo = m.y_known & ~(m.x_known & (m.x == m.y))
+        target = jnp.select([known, todo.any(), m.x_known.any()],
+                            [m.report, jnp.argmax(todo), jnp.argmax(m.x_known)], 0)
+        start = jnp.where(m.report == L, SUBMIT, jnp.where(known, EDIT, TEST))
+        kind = cmd[0]
+        i = jnp.clip(value_of(cmd[1]), 0, L - 1)
+        value = jnp.where(m.y_known[i], m.y[i], jnp.where(m.x_known[i], m.x[i], 0))
+        return jnp.select(
+            [cmd_len == 0, ((kind == EDIT) | (kind == VIEW)) & (cmd_len == 1),
+             (kind == EDIT) & (cmd_len == 2)],
+            [start, number(target), number(value)], EOT).astype(jnp.int32)
+
+    return transcript_policy(env, read_prompt, read, choose)

@@ -499,14 +499,28 @@ register_token_task(
     "tokens:repair", _lazy(".token_repair", "RepairEnv"),
     expert=_lazy(".token_repair", "repair_expert"), source="repair-test-edit",
     description="TEST, EDIT the reported location with the wanted value, repeat; SUBMIT after "
-                "PASS (envs.token_repair.repair_expert)")
+                "PASS (envs.token_repair.repair_expert)",
+    transcript_expert=_lazy(".token_repair", "repair_transcript_expert"),
+    transcript_source="repair-transcript",
+    transcript_description="the same procedure with every choice read from the transcript; a "
+                           "partial command completed from what the answers showed "
+                           "(envs.token_repair.repair_transcript_expert)")
 register_token_task(
     "tokens:arith", _lazy(".token_arith", "ArithEnv"),
     expert=_lazy(".token_arith", "arith_expert"), source="arith-calc-chain",
     description="one CALC per chain step in order, copying the last result; SUBMIT the final "
-                "value (envs.token_arith.arith_expert)")
+                "value (envs.token_arith.arith_expert)",
+    transcript_expert=_lazy(".token_arith", "arith_transcript_expert"),
+    transcript_source="arith-transcript",
+    transcript_description="one CALC per chain step in order, copying the last value the "
+                           "calculator showed; SUBMIT it "
+                           "(envs.token_arith.arith_transcript_expert)")
 register_token_task(
     "tokens:exchange", _lazy(".token_exchange", "ExchangeEnv"),
     expert=_lazy(".token_exchange", "exchange_expert"), source="exchange-say-submit",
     description="on turn: SAY the own half, or SUBMIT both halves once the other's was heard "
-                "correctly (envs.token_exchange.exchange_expert)")
+                "correctly (envs.token_exchange.exchange_expert)",
+    transcript_expert=_lazy(".token_exchange", "exchange_transcript_expert"),
+    transcript_source="exchange-transcript",
+    transcript_description="on turn: SAY the own half until the same half was heard twice, "
+                           "then SUBMIT both (envs.token_exchange.exchange_transcript_expert)")
