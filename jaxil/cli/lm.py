@@ -43,8 +43,10 @@ from jaxil.cli import lm_generate, lm_quickstart
 from jaxil.cli.interactive import add_method_knobs, knob_overrides
 
 
-def _token_env(env_id: str, knobs: list[str], need_expert: bool = True):
-    """`(env, expert policy or None, knobs)` of a token task id: a
+def _token_env(env_id: str, knobs: list[str], need_expert: bool = True,
+               kind: str = "scripted"):
+    """`(env, expert policy or None, knobs)` of a token task id (its expert
+    of `kind`, `scripted` or `transcript`): a
     registered one (`tokens:repair`, a task of `envs.register_token_task`
     or of a `jaxil.envs` entry point) or `MODULE:CALLABLE`."""
     from jaxil import envs
@@ -68,7 +70,7 @@ def _token_env(env_id: str, knobs: list[str], need_expert: bool = True):
                          "tokens:repair, tokens:arith, tokens:exchange or a task registered "
                          "with envs.register_token_task (see `jaxil envs`)")
     token_specials(env)  # <eot> / <wait>, which the learners count turns with
-    expert = envs.token_expert(env)[0] if need_expert else None
+    expert = envs.token_expert(env, kind)[0] if need_expert else None
     return env, expert, kwargs
 
 
@@ -175,7 +177,8 @@ def load_expert_lm(path: str, env, knobs: dict, seed_index: int = 0):
 
     from jaxil.runs.checkpoint import params_digest
 
-    policy, stacked, meta = load_students(path, env, knobs, "--expert", "`scripted` or ")
+    policy, stacked, meta = load_students(path, env, knobs, "--expert",
+                                          "`scripted`, `transcript` or ")
     n = len(meta["seeds"])
     if not 0 <= seed_index < n:
         raise ValueError(f"--expert-seed {seed_index}: {path} holds {n} student"
@@ -225,10 +228,11 @@ def _interactive(args) -> int:
 
     from jaxil.algorithms.lm import interactive as TI
 
-    env, expert, knobs = _token_env(args.env, args.task_knob,
-                                    need_expert=args.expert == "scripted")
-    expert_params, expert_name = None, "scripted"
-    if args.expert != "scripted":
+    named = args.expert in ("scripted", "transcript")
+    env, expert, knobs = _token_env(args.env, args.task_knob, need_expert=named,
+                                    kind=args.expert if named else "scripted")
+    expert_params, expert_name = None, args.expert
+    if not named:
         expert, expert_params, expert_name = load_expert_lm(args.expert, env, knobs,
                                                             args.expert_seed)
     config = TI.TokenInteractiveConfig(
@@ -402,8 +406,10 @@ def register(sub) -> None:
                    help="total expert tokens, demonstrations included")
     i.add_argument("--name", default=None, help="regime label (default METHOD@BUDGET)")
     i.add_argument("--expert", default="scripted",
-                   help="scripted (the task's scripted expert) or the --out directory of a "
-                        "`jaxil lm sft` run (an expert LM, acting greedily)")
+                   help="scripted (the task's scripted expert, which reads the hidden state), "
+                        "transcript (its expert that acts on the agent's own context only) or "
+                        "the --out directory of a `jaxil lm sft` run (an expert LM, acting "
+                        "greedily)")
     i.add_argument("--expert-seed", type=nonneg_int, default=0,
                    help="which of that run's students is the expert")
     c = TokenInteractiveConfig()

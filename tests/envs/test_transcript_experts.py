@@ -205,3 +205,33 @@ def test_transcript_expert_passes_the_task_check(eid):
     report = check_token_task(env, expert, episodes=900, seed=5)
     print(report)
     assert report.ok, report
+
+
+class _Called(Exception):
+    pass
+
+
+@pytest.mark.parametrize("kind", ["scripted", "transcript"])
+def test_lm_interactive_expert_flag_passes_that_kind(monkeypatch, kind):
+    """`jaxil lm interactive ... --expert transcript` hands the learner the
+    transcript-only expert (its carry is built from the context) under the
+    name `transcript`; `--expert scripted` the scripted one. Catches a
+    flag that is parsed but still looks up the scripted expert, or a run
+    recorded under the wrong expert name."""
+    from jaxil.algorithms.lm import interactive as TI
+    from jaxil.cli.main import main
+    from jaxil.envs.token_transcript import TranscriptCarry
+
+    seen = {}
+
+    def fake_run(env, expert, expert_params, regimes, **kw):
+        seen.update(expert=expert, name=kw.get("expert_name"))
+        raise _Called
+
+    monkeypatch.setattr(TI, "run", fake_run)
+    with pytest.raises(_Called):
+        main(["lm", "interactive", "bc", "--env", "tokens:arith", "--budget", "2000",
+              "--expert", kind, "--no-progress"])
+    carry = seen["expert"].init(jax.random.PRNGKey(0), 1)
+    assert seen["name"] == kind
+    assert isinstance(carry, TranscriptCarry) == (kind == "transcript")
