@@ -88,10 +88,12 @@ def generalized_jsd(student_logits: jax.Array, expert_logits: jax.Array, avail: 
 
     Raises:
       ValueError: `beta` outside `[0, 1]`.
+      TypeError: `beta` traced (pass it as a static argument).
     """
     b = _beta(beta)
     student_logits, expert_logits, avail = map(jnp.asarray, (student_logits, expert_logits, avail))
-    chex.assert_rank(student_logits, {1, 2, 3, 4, 5, 6})
+    if student_logits.ndim < 1:
+        raise ValueError("logits must be [..., V], got a scalar")
     chex.assert_equal_shape([student_logits, expert_logits, avail])
     chex.assert_type([student_logits, expert_logits, avail], [float, float, bool])
     log_s = D.categorical_log_probs(student_logits, avail)
@@ -135,10 +137,12 @@ def distillation_loss(student_logits: jax.Array, expert_logits: jax.Array, avail
 
     Raises:
       ValueError: `beta` outside `[0, 1]`.
+      TypeError: `beta` traced (pass it as a static argument).
     """
     student_logits, expert_logits, avail, mask = map(
         jnp.asarray, (student_logits, expert_logits, avail, mask))
-    chex.assert_rank(student_logits, {2, 3, 4, 5, 6})
+    if student_logits.ndim < 2:
+        raise ValueError(f"logits must be [..., T, V], got shape {student_logits.shape}")
     chex.assert_shape(mask, student_logits.shape[:-1])
     per_token = generalized_jsd(student_logits, jax.lax.stop_gradient(expert_logits), avail, beta)
     m = mask.astype(bool)
