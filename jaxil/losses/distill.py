@@ -16,11 +16,13 @@ padding are masked) and `D_β` the generalized JSD
 the per-token reverse KL `KL(π_θ ‖ π_e)`, the mode-seeking objective of
 on-policy distillation.
 
-Both distributions are the masked categoricals of
-[`jaxil.nn.distributions`][jaxil.nn.distributions] (softmax of the logits
-renormalised over the legal tokens): an illegal token has probability 0
-under both and contributes nothing (the convention `0 · log 0 = 0`, taken
-by selecting, not multiplying, so it carries no gradient either).
+Both distributions come in as log-probabilities normalised over the legal
+tokens (the masked categoricals of
+[`jaxil.nn.distributions.categorical_log_probs`][jaxil.nn.distributions.categorical_log_probs],
+as the other losses take log-probabilities, not logits): an illegal token
+has probability 0 under both and contributes nothing (the convention
+`0 · log 0 = 0`, taken by selecting, not multiplying, so it carries no
+gradient either).
 """
 
 from __future__ import annotations
@@ -28,8 +30,6 @@ from __future__ import annotations
 import chex
 import jax
 import jax.numpy as jnp
-
-from jaxil.nn import distributions as D
 
 
 def _beta(beta) -> float:
@@ -52,8 +52,8 @@ def _legal_kl(log_p: jax.Array, log_q: jax.Array, legal: jax.Array) -> jax.Array
     return jnp.sum(jnp.where(legal, term, jnp.zeros_like(term)), axis=-1)
 
 
-def generalized_jsd(student_logits: jax.Array, expert_logits: jax.Array, avail: jax.Array,
-                    beta: float = 1.0) -> jax.Array:
+def generalized_jsd(student_log_probs: jax.Array, expert_log_probs: jax.Array,
+                    avail: jax.Array, beta: float = 1.0) -> jax.Array:
     """Per-token generalized Jensen–Shannon divergence of GKD over the legal tokens.
 
         JSD_β(π_e ‖ π_s) = β · KL(π_e ‖ M) + (1 − β) · KL(π_s ‖ M),
@@ -70,16 +70,19 @@ def generalized_jsd(student_logits: jax.Array, expert_logits: jax.Array, avail: 
     tend to the endpoints: `JSD_β → 0` as `β → 0` or `1`; it behaves like
     `β · KL(π_e ‖ π_s)` near 0 and `(1 − β) · KL(π_s ‖ π_e)` near 1.
 
-    `π_s` and `π_e` are the softmaxes of the logits renormalised over the
-    legal tokens `avail`; `log M` is computed in log space,
+    `π_s` and `π_e` are normalised over the legal tokens `avail`; `log M`
+    is computed in log space,
     `logsumexp(log β + log π_e, log(1 − β) + log π_s)`. Illegal tokens
     contribute exactly 0 (and no gradient). Differentiable in both
     arguments; [`distillation_loss`][jaxil.losses.distill.distillation_loss]
     stops the expert's gradient.
 
     Args:
-      student_logits: `[..., V]` float logits of the student.
-      expert_logits: `[..., V]` float logits of the expert, same shape.
+      student_log_probs: `[..., V]` float log-probabilities of the
+        student, normalised over `avail` (e.g.
+        `categorical_log_probs(logits, avail)`; finite on illegal tokens).
+      expert_log_probs: `[..., V]` the expert's, same shape and
+        normalisation.
       avail: `[..., V]` bool legal-token masks, same shape.
       beta: a Python float in `[0, 1]`.
 
@@ -91,13 +94,11 @@ def generalized_jsd(student_logits: jax.Array, expert_logits: jax.Array, avail: 
       TypeError: `beta` traced (pass it as a static argument).
     """
     b = _beta(beta)
-    student_logits, expert_logits, avail = map(jnp.asarray, (student_logits, expert_logits, avail))
-    if student_logits.ndim < 1:
-        raise ValueError("logits must be [..., V], got a scalar")
-    chex.assert_equal_shape([student_logits, expert_logits, avail])
-    chex.assert_type([student_logits, expert_logits, avail], [float, float, bool])
-    log_s = D.categorical_log_probs(student_logits, avail)
-    log_e = D.categorical_log_probs(expert_logits, avail)
+    log_s, log_e, avail = map(jnp.asarray, (student_log_probs, expert_log_probs, avail))
+    if log_s.ndim < 1:
+        raise ValueError("log-probabilities must be [..., V], got a scalar")
+    chex.assert_equal_shape([log_s, log_e, avail])
+    chex.assert_type([log_s, log_e, avail], [float, float, bool])
     if b == 0.0:
         return _legal_kl(log_e, log_s, avail)
     if b == 1.0:
@@ -106,8 +107,8 @@ def generalized_jsd(student_logits: jax.Array, expert_logits: jax.Array, avail: 
     return b * _legal_kl(log_e, log_m, avail) + (1.0 - b) * _legal_kl(log_s, log_m, avail)
 
 
-def distillation_loss(student_logits: jax.Array, expert_logits: jax.Array, avail: jax.Array,
-                      mask: jax.Array, beta: float = 1.0) -> jax.Array:
+def distillation_loss(student_log_probs: jax.Array, expert_log_probs: jax.Array,
+                      avail: jax.Array, mask: jax.Array, beta: float = 1.0) -> jax.Array:
     """The on-policy distillation loss: the mean per-token divergence to a
     fixed expert over the masked tokens.
 
@@ -115,19 +116,20 @@ def distillation_loss(student_logits: jax.Array, expert_logits: jax.Array, avail
 
     with [`generalized_jsd`][jaxil.losses.distill.generalized_jsd]; the
     default `β = 1` is the per-token reverse KL `KL(π_s ‖ π_e)` of
-    on-policy distillation (Agarwal et al. 2024, GKD). The expert's logits
-    are a target (`stop_gradient`): the gradient reaches the student's
-    logits only. Every masked token weighs the same, so a batch of episodes
+    on-policy distillation (Agarwal et al. 2024, GKD). The expert's
+    log-probabilities are a target (`stop_gradient`): the gradient reaches
+    the student's only. Every masked token weighs the same, so a batch of episodes
     is averaged over all its tokens, not per episode (as
     [`masked_sequence_nll`][jaxil.losses.sequence.masked_sequence_nll]).
 
     Args:
-      student_logits: `[..., T, V]` float logits of the student at each
-        step (any leading batch axes, e.g. `[E, T, N, V]`).
-      expert_logits: the same shape: the expert's logits at the SAME steps
+      student_log_probs: `[..., T, V]` float log-probabilities of the
+        student at each step, normalised over `avail` (any leading batch
+        axes, e.g. `[E, T, N, V]`).
+      expert_log_probs: the same shape: the expert's at the SAME steps
         (both scored teacher-forced on the same context).
       avail: the same shape, bool: the legal tokens of each step.
-      mask: `[..., T]` (the logits' shape without `V`), bool or 0/1: the
+      mask: `[..., T]` (their shape without `V`), bool or 0/1: the
         tokens the loss counts (the agent tokens; environment tokens and
         padding off).
       beta: a Python float in `[0, 1]` (0: forward KL, 1: reverse KL).
@@ -139,12 +141,11 @@ def distillation_loss(student_logits: jax.Array, expert_logits: jax.Array, avail
       ValueError: `beta` outside `[0, 1]`.
       TypeError: `beta` traced (pass it as a static argument).
     """
-    student_logits, expert_logits, avail, mask = map(
-        jnp.asarray, (student_logits, expert_logits, avail, mask))
-    if student_logits.ndim < 2:
-        raise ValueError(f"logits must be [..., T, V], got shape {student_logits.shape}")
-    chex.assert_shape(mask, student_logits.shape[:-1])
-    per_token = generalized_jsd(student_logits, jax.lax.stop_gradient(expert_logits), avail, beta)
+    log_s, log_e, avail, mask = map(jnp.asarray, (student_log_probs, expert_log_probs, avail, mask))
+    if log_s.ndim < 2:
+        raise ValueError(f"log-probabilities must be [..., T, V], got shape {log_s.shape}")
+    chex.assert_shape(mask, log_s.shape[:-1])
+    per_token = generalized_jsd(log_s, jax.lax.stop_gradient(log_e), avail, beta)
     m = mask.astype(bool)
     picked = jnp.where(m, per_token, jnp.zeros_like(per_token))
     return jnp.sum(picked) / jnp.maximum(jnp.sum(m.astype(per_token.dtype)), 1.0)

@@ -9,7 +9,21 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxil.losses import distillation_loss, generalized_jsd
+from jaxil import losses as L
+from jaxil.nn import distributions as D
+
+
+def distillation_loss(s, e, avail, mask, beta=1.0):
+    """The loss of the logits `s` (student) and `e` (expert): the library's
+    takes log-probabilities normalised over the legal tokens."""
+    return L.distillation_loss(D.categorical_log_probs(s, avail), D.categorical_log_probs(e, avail),
+                               avail, mask, beta=beta)
+
+
+def generalized_jsd(s, e, avail, beta=1.0):
+    """The per-token divergence of the logits `s` and `e` (as above)."""
+    return L.generalized_jsd(D.categorical_log_probs(s, avail), D.categorical_log_probs(e, avail),
+                             avail, beta)
 
 jit_param = pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 T, N, V, E = 8, 2, 6, 3

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 from jaxil.algorithms.lm.corrections import expert_tokens
 from jaxil.algorithms.lm.sft import TokenEpisodes, _token_mask
 from jaxil.losses.distill import distillation_loss
+from jaxil.nn import distributions as D
 from jaxil.nn.transformer import TransformerPolicy
 
 
@@ -96,7 +97,8 @@ def opd_loss(student: TransformerPolicy, params: Any, expert: TransformerPolicy,
     """
     student_logits = jax.vmap(student.chunk_logits, in_axes=(None, 0))(params, batch.obs)
     expert_logits = jax.vmap(expert.chunk_logits, in_axes=(None, 0))(expert_params, batch.obs)
-    return distillation_loss(student_logits, expert_logits, batch.avail,
+    return distillation_loss(D.categorical_log_probs(student_logits, batch.avail),
+                             D.categorical_log_probs(expert_logits, batch.avail), batch.avail,
                              _token_mask(batch, forced_tokens), beta)
 
 

@@ -14,10 +14,19 @@ from jaxil import envs
 from jaxil.algorithms.lm import distill as OPD
 from jaxil.algorithms.lm import sft
 from jaxil.envs.experts import scripted_expert
-from jaxil.losses import agent_token_mask, distillation_loss
+from jaxil import losses as L
+from jaxil.losses import agent_token_mask
+from jaxil.nn import distributions as D
 from jaxil.nn.transformer import TransformerPolicy, config_for_env
 
 from helpers.fast_compile import fast_call
+
+
+def distillation_loss(s, e, avail, mask, beta=1.0):
+    """The loss of the logits `s` (student) and `e` (expert): the library's
+    takes log-probabilities normalised over the legal tokens."""
+    return L.distillation_loss(D.categorical_log_probs(s, avail), D.categorical_log_probs(e, avail),
+                               avail, mask, beta=beta)
 
 
 @pytest.fixture(scope="module")
