@@ -131,6 +131,23 @@ class ArithEnv(TokenEnv):
                        done=submit, won=right, score=progress / n)
 
 
+def _next_token(n, cmd, cmd_len, progress, value, ops, operands, submitted):
+    """The next token of both arith experts, given what each knows: at a
+    turn start `CALC` (or `SUBMIT` once `progress >= n`), then the `CALC`'s
+    `value op_{p+1} v_{p+1}` (`value` is r_progress), a `SUBMIT`'s
+    `submitted`, and `<eot>` once the command is complete."""
+    q = jnp.minimum(progress, n - 1)
+    kind = cmd[0]
+    calc = kind == CALC
+    return jnp.select(
+        [cmd_len == 0,
+         calc & (cmd_len == 1), calc & (cmd_len == 2), calc & (cmd_len == 3),
+         (kind == SUBMIT) & (cmd_len == 1)],
+        [jnp.where(progress >= n, SUBMIT, CALC),
+         number(value), OP0 + ops[q], number(operands[q + 1]), number(submitted)],
+        EOT).astype(jnp.int32)
+
+
 def arith_expert(env: MultiAgentEnv) -> Policy:
     """Scripted expert for `tokens:arith`, from the privileged columns.
 
@@ -147,16 +164,8 @@ def arith_expert(env: MultiAgentEnv) -> Policy:
     def one(cmd, cmd_len, f):
         p = f[0]
         chain, ops, operands = f[1:n + 2], f[n + 2:2 * n + 2], f[2 * n + 2:]
-        q = jnp.minimum(p, n - 1)
-        kind = cmd[0]
-        calc = kind == CALC
-        return jnp.select(
-            [cmd_len == 0,
-             calc & (cmd_len == 1), calc & (cmd_len == 2), calc & (cmd_len == 3),
-             (kind == SUBMIT) & (cmd_len == 1)],
-            [jnp.where(p >= n, SUBMIT, CALC),
-             number(chain[jnp.minimum(p, n)]), OP0 + ops[q], number(operands[q + 1]),
-             number(chain[n])], EOT).astype(jnp.int32)
+        return _next_token(n, cmd, cmd_len, p, chain[jnp.minimum(p, n)], ops, operands,
+                           submitted=chain[n])
 
     def act(params, obs, avail, key, carry):
         p = env.privileged(obs)
@@ -214,15 +223,7 @@ def arith_transcript_expert(env: MultiAgentEnv) -> Policy:
                          value=jnp.where(step, value_of(answer[1]), m.value))
 
     def choose(m, cmd, cmd_len):
-        q = jnp.minimum(m.progress, n - 1)
-        kind = cmd[0]
-        calc = kind == CALC
-        return jnp.select(
-            [cmd_len == 0,
-             calc & (cmd_len == 1), calc & (cmd_len == 2), calc & (cmd_len == 3),
-             (kind == SUBMIT) & (cmd_len == 1)],
-            [jnp.where(m.progress >= n, SUBMIT, CALC),
-             number(m.value), OP0 + m.ops[q], number(m.operands[q + 1]), number(m.value)],
-            EOT).astype(jnp.int32)
+        return _next_token(n, cmd, cmd_len, m.progress, m.value, m.ops, m.operands,
+                           submitted=m.value)
 
     return transcript_policy(env, read_prompt, read, choose)
