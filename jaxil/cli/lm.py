@@ -10,6 +10,14 @@
 `sft` fine-tunes a transformer on the scripted expert's episodes
 (behaviour cloning, `jaxil.algorithms.lm.sft`); with `--out` the
 trained students are kept in `OUT/students` (with `students.json`).
+With `--model NAME_OR_PATH` the student is a pretrained model speaking the
+task's vocabulary through its own embeddings (`jaxil.nn.task_vocab`),
+fine-tuned in full or, with `--lora RANK`, through low-rank adapters; with
+`--out` each seed's fine-tuned model is exported as an HF directory,
+`OUT/hf` (`OUT/hf-seed-S` for several seeds):
+
+    jaxil lm sft --env tokens:arith --task-knob num_ops=1 --model smollm2-135m-instruct \
+        --lora 8 --demos 64 --updates 40 --eval-every 20 --batch-episodes 8 --out runs/smol
 `interactive` runs one method of `jaxil.algorithms.lm.interactive`
 (`bc`, `dagger`, `oec`, `oec_mix`, `onpolicy` or `gated`)
 against the task's scripted expert, or with `--expert SFT_DIR` against an
@@ -194,9 +202,20 @@ def _sft(args) -> int:
     from jaxil.algorithms.lm import sft
 
     env, expert, knobs = _token_env(args.env, args.task_knob)
+    if args.model is None and args.lora is not None:
+        raise ValueError("--lora adapts a pretrained model; give --model NAME_OR_PATH (e.g. "
+                         "smollm2-135m-instruct) or leave out --lora")
     cfg = sft.SFTConfig(size=args.size, agent_ids=args.agent_ids, learning_rate=args.lr,
                         batch_episodes=args.batch_episodes, num_updates=args.updates,
-                        eval_every=args.eval_every, eval_episodes=args.eval_episodes)
+                        eval_every=args.eval_every, eval_episodes=args.eval_episodes,
+                        lora_rank=args.lora, lora_alpha=args.lora_alpha)
+    model = None
+    if args.model is not None:
+        from jaxil.nn.task_vocab import task_decoder
+
+        model = task_decoder(args.model, env)
+        sft.check_model(env, cfg, model)
+        print(f"{args.model} in {env.spec.env_id}'s vocabulary: {model.vocab.describe()}")
     if args.demo_epsilon > 0:
         from jaxil.envs.policies import as_policy, epsilon_mixture
         expert = epsilon_mixture(as_policy(expert), env.spec, args.demo_epsilon)
@@ -209,7 +228,7 @@ def _sft(args) -> int:
     res = sft.train_sft(env, train, cfg, seeds=seeds,
                         heldout=held if args.heldout else None, out_dir=args.out,
                         resume=args.resume, overwrite=args.overwrite,
-                        progress=not args.no_progress)
+                        progress=not args.no_progress, model=model)
     last = max(r["update"] for r in res.rows)
     for r in res.rows:
         if r["update"] == last:
@@ -217,7 +236,19 @@ def _sft(args) -> int:
                      if "eval_nll" in r else "")
             print(f"seed {r['seed']}: win rate {r['eval_win_rate']:.3f}, return "
                   f"{r['eval_return']:.3f}{extra}")
-    if args.out:
+    if args.out and model is not None:
+        from pathlib import Path
+
+        from jaxil.nn.task_vocab import export_model
+
+        for i, s in enumerate(seeds):
+            params = sft.decoder_params(jax.tree.map(lambda x: x[i], res.state.params), cfg,
+                                        model)
+            d = export_model(Path(args.out) / ("hf" if len(seeds) == 1 else f"hf-seed-{s}"),
+                             model, params)
+            print(f"seed {s}: the fine-tuned model in {d} (HF safetensors)")
+        print(f"results in {args.out}")
+    elif args.out:
         _save_students(args.out, env.spec.env_id, knobs, cfg, seeds, res.state.params)
         print(f"results in {args.out}; the students in {args.out}/{STUDENTS}")
     return 0
@@ -363,6 +394,15 @@ def register(sub) -> None:
     s.add_argument("--demo-epsilon", type=probability, default=0.0,
                    help="demonstrator of stated quality: the scripted expert emits a uniformly "
                         "random legal token with this probability (default 0: the expert)")
+    s.add_argument("--model", default=None, metavar="NAME_OR_PATH",
+                   help="fine-tune a pretrained model (a shipped name such as "
+                        "smollm2-135m-instruct, a GGUF file or an HF directory) in the task's "
+                        "vocabulary instead of a --size transformer from scratch")
+    s.add_argument("--lora", type=int, default=None, metavar="RANK",
+                   help="with --model: train low-rank adapters of this rank on its projection "
+                        "kernels, the model frozen (default: full fine-tuning)")
+    s.add_argument("--lora-alpha", type=positive_float, default=d.lora_alpha,
+                   help="the adapters' alpha (the update is scaled by alpha / rank)")
     add_run_dir(s)
     add_progress(s)
     s.set_defaults(func=_sft)

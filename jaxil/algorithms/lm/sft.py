@@ -27,6 +27,24 @@ are left out) — [`jaxil.losses.sequence.masked_sequence_nll`][jaxil.losses.seq
   demonstrations' token NLL and accuracy.
 - [`train_sft`][jaxil.algorithms.lm.sft.train_sft] — that program run by [`jaxil.runs.engine.run`][jaxil.runs.engine.run]
   (run directory, resume, checkpoints and the non-finite guard).
+
+The student is a from-scratch transformer of `SIZES[config.size]`, or a
+pretrained model in the task's vocabulary (`model=`, a
+[`jaxil.nn.task_vocab.TaskModel`][jaxil.nn.task_vocab.TaskModel]): fine-tuned
+in full, or through low-rank adapters on its projection kernels
+(`config.lora_rank`, [`jaxil.nn.lora`][jaxil.nn.lora]), in which case the
+trained parameters are the adapters and the pretrained ones stay frozen
+([`decoder_params`][jaxil.algorithms.lm.sft.decoder_params] merges them):
+
+```python
+from jaxil.nn.task_vocab import task_decoder, export_model
+
+model = task_decoder("smollm2-135m-instruct", env)
+cfg = SFTConfig(lora_rank=8, learning_rate=1e-3, num_updates=40, eval_every=20)
+res = train_sft(env, demos, cfg, heldout=held, model=model, out_dir="runs/smol-lora")
+params = decoder_params(jax.tree.map(lambda x: x[0], res.state.params), cfg, model)
+export_model("runs/smol-lora/hf", model, params)   # transformers loads it
+```
 """
 
 from __future__ import annotations
@@ -46,8 +64,11 @@ from jaxil import envs
 from jaxil.envs.tokens import EOT, WAIT, TokenSpecials, token_specials
 from jaxil.losses.sequence import agent_token_mask, masked_sequence_nll
 from jaxil.nn import distributions as D
+from jaxil.nn import lora
+from jaxil.nn.task_vocab import TaskModel
 from jaxil.nn.transformer import SIZES, TransformerPolicy, config_for_env
 from jaxil.runs import engine
+from jaxil.runs.checkpoint import params_digest
 from jaxil.runs.summary import summarize_step
 from jaxil.runs.updates import fused_updates
 
@@ -133,9 +154,10 @@ class SFTConfig:
     """Settings of one SFT run.
 
     Attributes:
-      size: the transformer size (`jaxil.nn.transformer.SIZES`).
+      size: the transformer size (`jaxil.nn.transformer.SIZES`) of a
+        student trained from scratch (a pretrained model brings its own).
       agent_ids: add the learned agent-id embedding (agents that differ,
-        e.g. `tokens:exchange`).
+        e.g. `tokens:exchange`; not with a pretrained model).
       learning_rate: Adam's step size.
       max_grad_norm: global-norm gradient clipping.
       batch_episodes: episodes per minibatch (drawn with replacement).
@@ -147,6 +169,10 @@ class SFTConfig:
         decoding) instead of sampling.
       forced_tokens: also count the tokens the grammar forces (one legal
         token) in the loss; they carry no gradient either way.
+      lora_rank: train low-rank adapters of this rank on a pretrained
+        model's projection kernels ([`jaxil.nn.lora`][jaxil.nn.lora]) instead of
+        all its parameters; None: full fine-tuning.
+      lora_alpha: the adapters' α (the update is scaled by α / rank).
     """
 
     size: str = "tiny"
@@ -159,6 +185,8 @@ class SFTConfig:
     eval_episodes: int = 64
     deterministic_eval: bool = True
     forced_tokens: bool = False
+    lora_rank: Optional[int] = None
+    lora_alpha: float = 16.0
 
     def __post_init__(self):
         if self.size not in SIZES:
@@ -172,6 +200,15 @@ class SFTConfig:
         if self.num_updates % self.eval_every:
             raise ValueError(f"SFTConfig.num_updates ({self.num_updates}) must be a multiple of "
                              f"eval_every ({self.eval_every})")
+        if self.lora_rank is not None:  # one-line errors for a bad rank or alpha
+            lora.LoraConfig(rank=self.lora_rank, alpha=self.lora_alpha)
+
+    @property
+    def lora(self) -> Optional[lora.LoraConfig]:
+        """The adapters' settings, None for full fine-tuning."""
+        if self.lora_rank is None:
+            return None
+        return lora.LoraConfig(rank=self.lora_rank, alpha=self.lora_alpha)
 
 
 @struct.dataclass
@@ -183,9 +220,48 @@ class SFTState:
     key: jax.Array
 
 
-def make_student(env: envs.MultiAgentEnv, config: SFTConfig) -> TransformerPolicy:
-    """The transformer an SFT run with `config` trains on `env`."""
+def make_student(env: envs.MultiAgentEnv, config: SFTConfig,
+                 model: Optional[TaskModel] = None) -> TransformerPolicy:
+    """The transformer an SFT run with `config` trains on `env` (the
+    pretrained `model`'s decoder when given)."""
+    if model is not None:
+        return TransformerPolicy(model.config)
     return TransformerPolicy(config_for_env(env, config.size, agent_ids=config.agent_ids))
+
+
+def decoder_params(params: Any, config: SFTConfig, model: Optional[TaskModel] = None) -> Any:
+    """The decoder parameters of one run's trained `params` (an
+    [`SFTState`][jaxil.algorithms.lm.sft.SFTState]'s, unstacked): the
+    adapters merged into the pretrained parameters under LoRA, `params`
+    themselves otherwise."""
+    if model is not None and config.lora is not None:
+        return lora.merge(model.params, params, config.lora)
+    return params
+
+
+def check_model(env: envs.MultiAgentEnv, config: SFTConfig, model: Optional[TaskModel]) -> None:
+    """Raise a one-line `ValueError` unless `model` (None: from scratch)
+    and `config` fit `env`: a model of this task's vocabulary, width and
+    context; LoRA only with a model; no agent-id embedding with one."""
+    if model is None:
+        if config.lora is not None:
+            raise ValueError("LoRA adapts a pretrained model: give one (model=task_decoder(...), "
+                             "--model NAME) or leave out lora_rank (--lora)")
+        return
+    if not isinstance(model, TaskModel):
+        raise ValueError(f"model must be a TaskModel (jaxil.nn.task_vocab.task_decoder), got "
+                         f"{type(model).__name__}")
+    if config.agent_ids:
+        raise ValueError("a pretrained model has no agent-id embedding; leave out agent_ids "
+                         "(--agent-ids): the agents' prompts tell them apart")
+    eid, c = env.spec.env_id, model.config
+    want = (tuple(env.vocab.names), env.token_width, env.max_context)
+    got = (model.vocab.names, c.token_width, c.max_context)
+    if want != got or c.vocab_size != env.spec.num_actions:
+        raise ValueError(f"the model was mapped for another task or setting (vocabulary of "
+                         f"{len(got[0])}, token_width {got[1]}, max_context {got[2]}) than {eid} "
+                         f"({len(want[0])}, {want[1]}, {want[2]}); build it with "
+                         "task_decoder(name, env) for this environment")
 
 
 def initial_params(student: TransformerPolicy, seed: int) -> Any:
@@ -275,7 +351,7 @@ def _optimizer(config: SFTConfig) -> optax.GradientTransformation:
 
 def sft_program(env: envs.MultiAgentEnv, demos: TokenEpisodes, config: SFTConfig,
                 seeds: Sequence[int], heldout: Optional[TokenEpisodes] = None,
-                eval_seed: int = 10_000) -> engine.Program:
+                eval_seed: int = 10_000, model: Optional[TaskModel] = None) -> engine.Program:
     """The SFT [`jaxil.runs.engine.Program`][jaxil.runs.engine.Program]: one run per seed, stacked.
 
     A chunk is `config.eval_every` fused updates of every run (one
@@ -286,6 +362,10 @@ def sft_program(env: envs.MultiAgentEnv, demos: TokenEpisodes, config: SFTConfig
     `eval_seed`): `eval_win_rate` and `eval_return`; with `heldout`
     demonstrations also `eval_nll` and `eval_accuracy`
     ([`score_demos`][jaxil.algorithms.lm.sft.score_demos]). Rows carry the last update's `loss`.
+
+    With a pretrained `model` every run starts from its parameters (full
+    fine-tuning) or from fresh adapters of `config.lora_rank` on them
+    (each seed its own); see [`check_model`][jaxil.algorithms.lm.sft.check_model].
     """
     check_demos(env, demos)
     if heldout is not None:
@@ -293,31 +373,48 @@ def sft_program(env: envs.MultiAgentEnv, demos: TokenEpisodes, config: SFTConfig
     seeds = [int(s) for s in seeds]
     if not seeds:
         raise ValueError("sft_program needs at least one seed")
-    student = make_student(env, config)
+    check_model(env, config, model)
+    student = make_student(env, config, model)
     tx = _optimizer(config)
     n_demos = demos.num_episodes
     policy = student.policy(deterministic=config.deterministic_eval)
     eval_key = jax.random.PRNGKey(eval_seed)
+    # The pretrained parameters travel as an argument of the compiled
+    # programs (as a closure they would be baked into them as constants).
+    base = None if model is None else model.params
+    adapters = config.lora if model is not None else None
 
-    def init_one(seed):
-        params = initial_params(student, seed)
+    def weights(params, base):
+        """The decoder's parameters of the trained `params`."""
+        return params if adapters is None else lora.merge(base, params, adapters)
+
+    def init_one(seed, base):
+        if base is None:
+            params = initial_params(student, seed)
+        elif adapters is None:
+            params = base
+        else:
+            params = lora.init_adapters(base, adapters,
+                                        jax.random.split(jax.random.PRNGKey(seed))[0])
         return SFTState(params=params, opt_state=tx.init(params),
                         key=jax.random.split(jax.random.PRNGKey(seed))[1])
 
-    def update(state: SFTState, key: jax.Array, data: TokenEpisodes):
+    def update(state: SFTState, key: jax.Array, data: TokenEpisodes, base):
         batch = data.take(jax.random.randint(key, (config.batch_episodes,), 0, n_demos))
         loss, grads = jax.value_and_grad(
-            lambda p: sft_loss(student, p, batch, config.forced_tokens))(state.params)
+            lambda p: sft_loss(student, weights(p, base), batch, config.forced_tokens)
+        )(state.params)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         return (state.replace(params=optax.apply_updates(state.params, updates),
                               opt_state=opt_state), {"loss": loss})
 
-    def chunk_one(state, data):
-        return fused_updates(lambda s, k: update(s, k, data), state, config.eval_every)
+    def chunk_one(state, data, base):
+        return fused_updates(lambda s, k: update(s, k, data, base), state, config.eval_every)
 
-    chunk = jax.jit(jax.vmap(chunk_one, in_axes=(0, None)))
+    chunk = jax.jit(jax.vmap(chunk_one, in_axes=(0, None, None)))
 
-    def evaluate_one(params, held):
+    def evaluate_one(params, held, base):
+        params = weights(params, base)
         ep = envs.run_episodes(env, policy, params, eval_key, config.eval_episodes)
         out = {"eval_return": ep.episode_return, "eval_win_rate": ep.won.astype(jnp.float32)}
         if held is not None:
@@ -325,7 +422,7 @@ def sft_program(env: envs.MultiAgentEnv, demos: TokenEpisodes, config: SFTConfig
             out.update(eval_nll=fit["nll"], eval_accuracy=fit["accuracy"])
         return out
 
-    evaluate = jax.jit(jax.vmap(evaluate_one, in_axes=(0, None)))
+    evaluate = jax.jit(jax.vmap(evaluate_one, in_axes=(0, None, None)))
     labels = [f"seed {s}" for s in seeds]
 
     def summarize(rows):
@@ -339,9 +436,10 @@ def sft_program(env: envs.MultiAgentEnv, demos: TokenEpisodes, config: SFTConfig
         num_chunks=config.num_updates // config.eval_every,
         steps_per_chunk=config.eval_every, step_unit=config.eval_every,
         run_ids=[dict(run=i, seed=s) for i, s in enumerate(seeds)], run_labels=labels,
-        init=lambda: jax.jit(jax.vmap(init_one))(jnp.asarray(seeds, jnp.int32)),
-        chunk=lambda s, c: chunk(s, demos),
-        evaluate=lambda s, c: evaluate(s.params, heldout),
+        init=lambda: jax.jit(jax.vmap(init_one, in_axes=(0, None)))(
+            jnp.asarray(seeds, jnp.int32), base),
+        chunk=lambda s, c: chunk(s, demos, base),
+        evaluate=lambda s, c: evaluate(s.params, heldout, base),
         eval_at_start=True, summarize=summarize,
         postfix=lambda v: dict(win=f"{np.mean(v['eval_win_rate']):.2f}",
                                loss=f"{np.mean(v.get('loss', np.nan)):.3f}"))
@@ -349,22 +447,31 @@ def sft_program(env: envs.MultiAgentEnv, demos: TokenEpisodes, config: SFTConfig
 
 def sft_identity(env: envs.MultiAgentEnv, demos: TokenEpisodes, config: SFTConfig,
                  seeds: Sequence[int], heldout: Optional[TokenEpisodes] = None,
-                 eval_seed: int = 10_000) -> dict:
+                 eval_seed: int = 10_000, model: Optional[TaskModel] = None) -> dict:
     """What determines an SFT run's result, as its run directory records it
     (`resume` refuses a run whose identity differs). `num_updates` is
-    not part of it: a finished run may be resumed with more updates."""
+    not part of it: a finished run may be resumed with more updates. A
+    pretrained model is recorded by its starting parameters' digest and its
+    vocabulary's spellings (the checkpoint's path is not part of it)."""
     cfg = dataclasses.asdict(config)
     cfg.pop("num_updates")
-    return dict(learner="sft", env_id=env.spec.env_id, spec=env.spec.to_dict(), config=cfg,
-                seeds=[int(s) for s in seeds], eval_seed=eval_seed, demos=demos.digest(),
-                heldout=heldout.digest() if heldout is not None else None)
+    if config.lora_rank is None:  # no adapters: the identity of runs before LoRA existed
+        cfg.pop("lora_rank")
+        cfg.pop("lora_alpha")
+    ident = dict(learner="sft", env_id=env.spec.env_id, spec=env.spec.to_dict(), config=cfg,
+                 seeds=[int(s) for s in seeds], eval_seed=eval_seed, demos=demos.digest(),
+                 heldout=heldout.digest() if heldout is not None else None)
+    if model is not None:
+        ident["model"] = dict(params=params_digest(model.params)[:16],
+                              spellings=list(model.vocab.texts))
+    return ident
 
 
 def train_sft(env: envs.MultiAgentEnv, demos: TokenEpisodes, config: SFTConfig = SFTConfig(),
               seeds: Sequence[int] = (0,), heldout: Optional[TokenEpisodes] = None, *,
               out_dir: Optional[str | Path] = None, resume: bool = False,
               overwrite: bool = False, eval_seed: int = 10_000,
-              progress: bool = False) -> engine.RunResult:
+              progress: bool = False, model: Optional[TaskModel] = None) -> engine.RunResult:
     """Fine-tune one transformer per seed on `demos` ([`sft_program`][jaxil.algorithms.lm.sft.sft_program]
     run by [`jaxil.runs.engine.run`][jaxil.runs.engine.run]).
 
@@ -376,7 +483,10 @@ def train_sft(env: envs.MultiAgentEnv, demos: TokenEpisodes, config: SFTConfig =
     seed: `update`, `seed`, `loss`, `eval_win_rate`,
     `eval_return`, with `heldout` also `eval_nll`, `eval_accuracy`)
     and `state.params`, the students' parameters stacked `[R]`
-    (act with `make_student(env, config).policy()`).
+    (act with `make_student(env, config).policy()`). With a pretrained
+    `model` ([`jaxil.nn.task_vocab.task_decoder`][jaxil.nn.task_vocab.task_decoder]) the runs
+    fine-tune it, and under LoRA `state.params` are the adapters
+    ([`decoder_params`][jaxil.algorithms.lm.sft.decoder_params] gives the decoder's parameters).
 
     Raises:
       ValueError: demonstrations of another environment or configuration, a
@@ -384,10 +494,11 @@ def train_sft(env: envs.MultiAgentEnv, demos: TokenEpisodes, config: SFTConfig =
       jaxil.runs.guard.NonFiniteError: the loss or the parameters became
         non-finite.
     """
-    program = sft_program(env, demos, config, seeds, heldout, eval_seed)
+    program = sft_program(env, demos, config, seeds, heldout, eval_seed, model)
     rd = None
     if out_dir is not None:
-        rd = engine.open_run(out_dir, sft_identity(env, demos, config, seeds, heldout, eval_seed),
+        rd = engine.open_run(out_dir, sft_identity(env, demos, config, seeds, heldout, eval_seed,
+                                                   model),
                              step_key="update", resume=resume, overwrite=overwrite,
                              info=dict(num_updates=config.num_updates))
         if rd.latest is not None and rd.latest > config.num_updates:
