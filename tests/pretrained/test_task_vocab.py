@@ -106,14 +106,14 @@ def test_tied_task_decoder_gives_the_models_logits_at_the_mapped_ids(ckpt, env):
     ctx = _exact_context(m.vocab, names)
     full_cfg, full = from_checkpoint(ckpt, max_context=env.max_context)
     mapped = np.asarray([m.vocab.pieces[i][0] for i in ctx], np.int32)
-    ref = np.asarray(Transformer(full_cfg).sequence_logits(full, mapped))
+    ref = np.asarray(jax.jit(Transformer(full_cfg).sequence_logits)(full, mapped))
     exact = np.asarray([len(q) == 1 for q in m.vocab.pieces])
     ids = np.asarray([q[0] if len(q) == 1 else 0 for q in m.vocab.pieces])
-    net = Transformer(m.config)
-    got = np.asarray(net.sequence_logits(m.params, ctx))
+    net = jax.jit(Transformer(m.config).sequence_logits)
+    got = np.asarray(net(m.params, ctx))
     np.testing.assert_allclose(got[:, exact], ref[:, ids[exact]], atol=2e-5, rtol=1e-5)
     padded = np.insert(ctx, [2, 2, 5], 0)
-    got_pad = np.asarray(net.sequence_logits(m.params, padded))
+    got_pad = np.asarray(net(m.params, padded))
     real = padded != 0
     np.testing.assert_allclose(got_pad[real][:, exact], ref[:, ids[exact]], atol=2e-5, rtol=1e-5)
 
@@ -127,10 +127,9 @@ def test_exported_model_gives_the_fine_tuned_logits_on_every_task_token(ckpt, en
     instead of the fine-tuned ones, scatters to the wrong ids, drops the
     composed rows, or leaves a non-vocabulary parameter unwritten."""
     m = task_decoder(ckpt, env)
-    leaves, tree = jax.tree.flatten(m.params)
-    keys = jax.random.split(jax.random.PRNGKey(3), len(leaves))
-    tuned = jax.tree.unflatten(tree, [x + 0.05 * jax.random.normal(k, x.shape)
-                                      for k, x in zip(keys, leaves)])
+    rng = np.random.default_rng(3)
+    tuned = jax.tree.map(lambda x: x + 0.05 * rng.standard_normal(x.shape).astype(np.float32),
+                         m.params)
     export_model(tmp_path / "hf", m, tuned)
     back = load_checkpoint(tmp_path / "hf")
     assert back.arch.vocab_size == ckpt.arch.vocab_size + len(m.vocab.composed)
@@ -138,8 +137,9 @@ def test_exported_model_gives_the_fine_tuned_logits_on_every_task_token(ckpt, en
     ctx = _exact_context(m.vocab, ["<bos>", "arith", "CALC", "13", "+", "A", "<eot>", "GOT",
                                    "31", "SUBMIT"])
     ids = m.vocab.export_ids
-    ref = np.asarray(Transformer(full_cfg).sequence_logits(full, ids[ctx].astype(np.int32)))
-    got = np.asarray(Transformer(m.config).sequence_logits(tuned, ctx))
+    full_logits = jax.jit(Transformer(full_cfg).sequence_logits)
+    ref = np.asarray(full_logits(full, ids[ctx].astype(np.int32)))
+    got = np.asarray(jax.jit(Transformer(m.config).sequence_logits)(tuned, ctx))
     np.testing.assert_allclose(got[:, 1:], ref[:, ids[1:]], atol=5e-5, rtol=1e-5)
     untouched = np.setdiff1d(np.arange(ckpt.arch.vocab_size), ids[1:])
     np.testing.assert_array_equal(np.asarray(back.params["embed.embedding"])[untouched],
