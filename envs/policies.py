@@ -38,12 +38,18 @@ class Policy(NamedTuple):
     """`init(key, num_agents) -> carry`;
     `act(params, obs, avail, key, carry) -> (actions, carry)`; where defined,
     `log_prob(params, obs, avail, actions) -> [N]` and
-    `entropy(params, obs, avail) -> [N]` (`None` otherwise)."""
+    `entropy(params, obs, avail) -> [N]` (`None` otherwise), and
+    `reset(carry, done) -> carry`: the carry of a new episode where the
+    scalar `done` is true, else `carry` (for an auto-resetting rollout; a
+    policy with a large carry, such as a KV cache, resets only what a new
+    episode reads instead of having the whole carry replaced by `init`'s;
+    `None`: the rollout selects `init`'s carry)."""
 
     init: Callable[[jax.Array, int], Any]
     act: Callable[..., tuple[jax.Array, Any]]
     log_prob: Optional[Callable[..., jax.Array]] = None
     entropy: Optional[Callable[..., jax.Array]] = None
+    reset: Optional[Callable[[Any, jax.Array], Any]] = None
 
 
 def stateless_carry(key: jax.Array, num_agents: int) -> jax.Array:

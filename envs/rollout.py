@@ -71,8 +71,11 @@ def rollout(
         )
         actions = jax.vmap(env.legalize)(actions, ts.avail_actions)
         state, nts = jax.vmap(env.step)(state, actions)
-        fresh = jax.vmap(lambda k: pol.init(k, n))(jax.random.split(init_key, num_envs))
-        new_pcarry = _where_batch(nts.last(), fresh, new_pcarry)
+        if pol.reset is not None:
+            new_pcarry = jax.vmap(pol.reset)(new_pcarry, nts.last())
+        else:
+            fresh = jax.vmap(lambda k: pol.init(k, n))(jax.random.split(init_key, num_envs))
+            new_pcarry = _where_batch(nts.last(), fresh, new_pcarry)
         out = Trajectory(
             obs=ts.obs,
             global_state=ts.global_state,

@@ -34,24 +34,28 @@ jax.vmap(lambda k: generate(config, params, prompt_ids, prompt_lengths, k, 64,
                             Sampling(temperature=1.0)).tokens)(jax.random.split(key, 8))
 ```
 
-What a decode step costs: it is the decoder's cached step, unchanged. Its
-attention reads all `max_context` cache slots of every layer (masked past
-the filled length), so a step costs `O(C)` attention per layer however
-short the rows are; and the step returns a new cache built functionally
-(each layer's slot write, then the layers restacked), which copies the
-whole K/V cache a few times per token. Memory traffic per step is therefore
-a small multiple of the cache size rather than one read of it: cheap while
-the cache fits in cache memory (small batches, short contexts), the
-bottleneck at large batches. Keep `max_context` close to the longest
-prompt plus `max_new_tokens`. An engine that updates the cache in place
-and attends only to the filled prefix is separate work.
+What a decode step costs: it is the decoder's batched step,
+[`Transformer.decode`][jaxil.nn.transformer.Transformer.decode]. Each
+layer keeps its keys and values in a buffer of its own, `[B, H_kv, C, D]`,
+that the step updates in place (a scatter of the new token's slot inside
+the `while_loop`): the cache is never copied or restacked, and a step's
+memory traffic is the weights plus one read of the attended cache slots.
+With `block=0` attention reads all `max_context` slots (masked past each
+row's length), so keep `max_context` close to the longest prompt plus
+`max_new_tokens`; with `block > 0` it reads blocks of `block` slots, only
+as many as the longest row has filled, under a running softmax. On XLA's
+CPU backend the block loop copies each block before its matrix product, so
+it pays off only when the filled length is well below `max_context`
+([`attention_block`][jaxil.nn.generate.attention_block] chooses blocks for
+contexts longer than `2 · DEFAULT_BLOCK`; `benchmarks/decode_engine.py`
+measures both).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -154,16 +158,35 @@ def sample_tokens(key: jax.Array, logits: jax.Array, sampling: Sampling) -> jax.
     return jax.random.categorical(key, filter_logits(logits, sampling), axis=-1).astype(jnp.int32)
 
 
+#: The decode step's attention block when `generate` chooses (`block=None`):
+#: caches longer than two blocks are read block by block, up to the filled
+#: length.
+DEFAULT_BLOCK = 128
+
+
+def attention_block(config: TransformerConfig, block: Optional[int] = None) -> int:
+    """The block size the decode step reads the cache in (0: the whole
+    cache at once): `block` itself when given, else `DEFAULT_BLOCK` for
+    contexts longer than two blocks and 0 for shorter ones."""
+    if block is None:
+        return DEFAULT_BLOCK if config.max_context > 2 * DEFAULT_BLOCK else 0
+    if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 0:
+        raise ValueError(f"block must be an integer >= 0 (0: attend to the whole cache at once), "
+                         f"got {block!r}")
+    return int(block)
+
+
 @functools.lru_cache(maxsize=32)
 def make_generate(config: TransformerConfig, max_new_tokens: int, sampling: Sampling = Sampling(),
-                  stop_ids: tuple[int, ...] = (), fill: int = -1) -> Callable:
+                  stop_ids: tuple[int, ...] = (), fill: int = -1,
+                  block: Optional[int] = None) -> Callable:
     """The jitted `(params, prompt_ids [B, T], prompt_lengths [B], key) ->
     Generation` of [`generate`][jaxil.nn.generate.generate] for these static
     settings, unchecked (one compiled program per setting and shape; the
     function is cached, so calling this again returns the same one). For
     `.lower(...).compile()` to time the compilation apart from the run."""
     net = Transformer(config)
-    step = jax.vmap(net.step, in_axes=(None, 0, 0))
+    step = functools.partial(net.decode, block=attention_block(config, block))
     stops = jnp.asarray(stop_ids if stop_ids else (-1,), jnp.int32)
     idle = config.pad_id if config.pad_id is not None else 0  # what a finished row feeds
 
@@ -172,7 +195,8 @@ def make_generate(config: TransformerConfig, max_new_tokens: int, sampling: Samp
         B = prompt_ids.shape[0]
         prompt_ids = prompt_ids.astype(jnp.int32)
         prompt_lengths = prompt_lengths.astype(jnp.int32)
-        _, cache = step(params, prompt_ids, net.empty_cache((B,)))
+        # The prompts are one chunk: a sequence pass over all T columns.
+        _, cache = net.decode(params, prompt_ids, net.empty_cache((B,)))
         # Forget each prompt's last token and whatever followed it: the first
         # decode step feeds that token again and reads the logits after it.
         cache = cache._replace(length=prompt_lengths - 1)
@@ -226,7 +250,7 @@ def check_request(config: TransformerConfig, prompt_shape: tuple[int, ...],
 def generate(config: TransformerConfig, params: Any, prompt_ids: jax.Array,
              prompt_lengths: jax.Array, key: jax.Array, max_new_tokens: int,
              sampling: Sampling = Sampling(), stop_ids: Sequence[int] = (),
-             fill: int = -1) -> Generation:
+             fill: int = -1, block: Optional[int] = None) -> Generation:
     """Continue a batch of prompts (see the module docstring).
 
     Args:
@@ -241,6 +265,9 @@ def generate(config: TransformerConfig, params: Any, prompt_ids: jax.Array,
       stop_ids: token ids that end a row (e.g. the checkpoint's EOS and
         end-of-turn ids).
       fill: the token id of the slots after a row's end.
+      block: how a decode step reads the cache: 0 all `max_context` slots,
+        else blocks of `block` slots up to the longest row's filled length;
+        None chooses ([`attention_block`][jaxil.nn.generate.attention_block]).
 
     Returns:
       A [`Generation`][jaxil.nn.generate.Generation]: `tokens [B,
@@ -265,5 +292,5 @@ def generate(config: TransformerConfig, params: Any, prompt_ids: jax.Array,
                              f"width), got {bad.tolist()}; every prompt needs at least one token "
                              "(e.g. BOS)")
     run = make_generate(config, int(max_new_tokens), sampling,
-                        tuple(int(s) for s in stop_ids), int(fill))
+                        tuple(int(s) for s in stop_ids), int(fill), attention_block(config, block))
     return run(params, prompt_ids, prompt_lengths, key)

@@ -33,9 +33,12 @@ returned logits are float32.
 
 The network has two paths over the same parameters:
 
-- [`Transformer.step`][jaxil.nn.transformer.Transformer.step] — append up to `K` new tokens of one agent to
-  its [`KVCache`][jaxil.nn.transformer.KVCache] and return the next-token logits at the last of them
-  (`O(K·C)` attention per layer, `C = max_context`);
+- [`Transformer.decode`][jaxil.nn.transformer.Transformer.decode] — append up to `K` new tokens to each
+  row of a batch of [`KVCache`][jaxil.nn.transformer.KVCache]s and return the next-token logits at the
+  last of them (`O(K·C)` attention per layer, `C = max_context`); each
+  layer's cache is its own `[B, H_kv, C, D]` buffer, written only at the
+  new tokens' slots (in place inside a compiled loop) and read where it
+  lies. [`Transformer.step`][jaxil.nn.transformer.Transformer.step] is the same for one agent;
 - [`Transformer.sequence_logits`][jaxil.nn.transformer.Transformer.sequence_logits] — teacher forcing over a whole token
   sequence (`O(T²)`), the training path; it also serves, re-run on the
   growing prefix every step, as the cache-free reference
@@ -324,9 +327,11 @@ class KVCache(NamedTuple):
     """One agent's context (leading batch axes, e.g. `[N]`, allowed).
 
     Attributes:
-      k, v: `[..., L, C, H_kv, D]` keys (rotated, with rotary positions) and
-        values of every layer, in the compute dtype; entries at and past
-        `length` are unused.
+      k, v: one array per layer (a tuple of `L`), each `[..., H_kv, C, D]`:
+        the keys (rotated, with rotary positions) and values, in the compute
+        dtype, heads before slots so that attention reads them without a
+        transposed copy; slots at and past `length` are unused (stale
+        entries there are never attended to).
       length: `[...]` int32, the number of tokens in the context.
       logits: `[..., V]` float32 next-token logits at the last token (zeros
         for an empty context), returned again by a step that brings no token.
@@ -350,12 +355,65 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Ar
     return jnp.einsum("grqm,mgd->qgrd", weights, v).reshape(Q, H, Dh)
 
 
+def _attend_cache(q: jax.Array, k: jax.Array, v: jax.Array, pos: jax.Array,
+                  block: int = 0) -> jax.Array:
+    """Attention of a batch of new queries to their caches: `q [B, Q, H,
+    D]` against `k, v [B, G, C, D]`, slot `m` read by query `(b, j)` iff
+    `m <= pos[b, j]`. Returns `[B, Q, H, D]`.
+
+    With `0 < block < C` the slots are read in blocks of `block`, only as
+    many as the longest row has filled (`max(pos) + 1`), with a running
+    softmax (max, sum and weighted values carried from block to block), so
+    the cost follows the filled length instead of `C`; the result is the
+    same softmax up to float32 rounding. The loop's trip count is a scalar
+    only when the batch is not itself under `vmap`."""
+    B, Q, H, Dh = q.shape
+    G, C = k.shape[1], k.shape[2]
+    R = H // G
+    q = jnp.swapaxes(q.reshape(B, Q, G, R, Dh), 1, 2).reshape(B, G, Q * R, Dh)
+    # Query rows are (j, r) pairs: row j·R + r is query j's head g·R + r.
+    qpos = jnp.repeat(pos, R, axis=1)[:, None, :, None]  # [B, 1, Q·R, 1]
+
+    def scores_at(kb, slots):
+        s = jnp.einsum("bgqd,bgmd->bgqm", q, kb).astype(jnp.float32) / math.sqrt(Dh)
+        return jnp.where(slots[None, None, None, :] <= qpos, s, jnp.float32(_MASKED))
+
+    if not 0 < block < C:
+        s = scores_at(k, jnp.arange(C))
+        w = jax.nn.softmax(s, axis=-1).astype(v.dtype)
+        out = jnp.einsum("bgqm,bgmd->bgqd", w, v)
+    else:
+        nb = jnp.maximum((jnp.max(pos) + block) // block, 1)
+
+        def one(i, carry):
+            m_run, l_run, acc = carry
+            start = jnp.minimum(i * block, C - block)  # the last block may overlap the one before
+            slots = start + jnp.arange(block)
+            kb = jax.lax.dynamic_slice_in_dim(k, start, block, axis=2)
+            vb = jax.lax.dynamic_slice_in_dim(v, start, block, axis=2)
+            s = scores_at(kb, slots)
+            s = jnp.where(slots[None, None, None, :] >= i * block, s, jnp.float32(_MASKED))
+            m_new = jnp.maximum(m_run, jnp.max(s, axis=-1))
+            p = jnp.exp(s - m_new[..., None])
+            scale = jnp.exp(m_run - m_new)
+            acc = acc * scale[..., None] + jnp.einsum("bgqm,bgmd->bgqd", p.astype(vb.dtype),
+                                                      vb).astype(jnp.float32)
+            return m_new, l_run * scale + jnp.sum(p, axis=-1), acc
+
+        rows = (B, G, Q * R)
+        init = (jnp.full(rows, -jnp.inf, jnp.float32), jnp.zeros(rows, jnp.float32),
+                jnp.zeros(rows + (Dh,), jnp.float32))
+        m_run, l_run, acc = jax.lax.fori_loop(0, nb, one, init)
+        out = (acc / l_run[..., None]).astype(v.dtype)
+    return jnp.swapaxes(out.reshape(B, G, Q, R, Dh), 1, 2).reshape(B, Q, H, Dh)
+
+
 def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """Rotary positions on `x [Q, H, D]` with `cos, sin [Q, D / 2]` (HF's
-    `rotate_half` layout: dimension `i` pairs with `i + D / 2`)."""
+    """Rotary positions on `x [..., Q, H, D]` with `cos, sin [..., Q, D /
+    2]` (HF's `rotate_half` layout: dimension `i` pairs with `i + D / 2`)."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
-    cos, sin = cos[:, None, :].astype(x.dtype), sin[:, None, :].astype(x.dtype)
+    cos, sin = cos[..., None, :].astype(x.dtype), sin[..., None, :].astype(x.dtype)
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
@@ -393,34 +451,40 @@ class _Block(nn.Module):
         self.mlp_in = dense(c.mlp_width, use_bias=c.mlp_bias)
         self.mlp_out = dense(c.d_model, use_bias=c.mlp_bias)
 
-    def __call__(self, x, mask, rope=None, cache_k=None, cache_v=None, write=None):
-        """`x [Q, d]`; `rope`: None or `(cos, sin) [Q, D / 2]` of the
-        queries' positions; keys are `x`'s own (`cache_k is None`, `mask
-        [Q, Q]`) or the cache `[C, H_kv, D]` after writing `x`'s keys at
-        slots `write [Q]` (out of range: dropped; `mask [Q, C]`).
-        Returns `(x, keys, values)`."""
+    def project(self, x, rope=None):
+        """`(q [..., Q, H, D], k, v [..., Q, H_kv, D])` of `x [..., Q, d]`:
+        normed, projected, q/k-normed and rotated by `rope` (None, or
+        `(cos, sin) [..., Q, D / 2]` of the tokens' positions)."""
         c = self.config
         h = self.ln_attn(x)
         if c.fused_qkv:
             qkv = self.qkv(h)
-            q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+            q, k, v = qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :]
         else:
             q, k, v = self.q(h), self.k(h), self.v(h)
         if c.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = _rotate(q, *rope), _rotate(k, *rope)
-        if cache_k is not None:
-            k = cache_k.at[write].set(k.astype(cache_k.dtype), mode="drop")
-            v = cache_v.at[write].set(v.astype(cache_v.dtype), mode="drop")
-        x = x + self.attn_out(_attend(q, k, v, mask))
+        return q, k, v
+
+    def finish(self, x, attended):
+        """The rest of the block after attention: `x + out(attended)`, then
+        `x + MLP(norm(x))`; `attended [..., Q, H, D]`."""
+        c = self.config
+        x = x + self.attn_out(attended)
         h = self.ln_mlp(x)
         act = _ACTIVATIONS[c.activation]
         if c.mlp == "swiglu":
             h = act(self.mlp_gate(h)) * self.mlp_in(h)
         else:
             h = act(self.mlp_in(h))
-        return x + self.mlp_out(h), k, v
+        return x + self.mlp_out(h)
+
+    def __call__(self, x, mask, rope=None):
+        """Teacher forcing: `x [Q, d]` attends to itself under `mask [Q, Q]`."""
+        q, k, v = self.project(x, rope)
+        return self.finish(x, _attend(q, k, v, mask))
 
 
 class _Decoder(nn.Module):
@@ -444,8 +508,9 @@ class _Decoder(nn.Module):
                                  param_dtype=c.param_dtype)
 
     def _embed(self, tokens, positions, agent):
-        """`(x [T, d], rope)`: the input of the first block and the rotary
-        `(cos, sin)` of `positions` (None for learned positions)."""
+        """`(x [..., T, d], rope)`: the input of the first block for tokens
+        and positions `[..., T]` (agent `[...]`), and the rotary `(cos,
+        sin)` of `positions` (None for learned positions)."""
         c = self.config
         x = self.token_embed(tokens)
         rope = None
@@ -453,10 +518,10 @@ class _Decoder(nn.Module):
             x = x + self.pos_embed[jnp.minimum(positions, c.max_context - 1)].astype(c.dtype)
         else:
             inv_freq = jnp.asarray(rope_inv_freq(c), jnp.float32)
-            angles = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]
+            angles = positions.astype(jnp.float32)[..., None] * inv_freq
             rope = (jnp.cos(angles), jnp.sin(angles))
         if c.num_agents:
-            x = x + self.agent_embed[agent].astype(c.dtype)
+            x = x + self.agent_embed[agent][..., None, :].astype(c.dtype)
         return x, rope
 
     def read_out(self, features):
@@ -472,27 +537,36 @@ class _Decoder(nn.Module):
         t = jnp.arange(tokens.shape[0])
         mask = kept[None, :] & (t[None, :] <= t[:, None])
         for block in self.blocks:
-            x, _, _ = block(x, mask, rope)
+            x = block(x, mask, rope)
         return self.ln_final(x)
 
     def sequence(self, tokens, agent):
         return self.read_out(self.sequence_features(tokens, agent))
 
-    def step(self, tokens, cache: KVCache, agent):
+    def step(self, tokens, cache: KVCache, agent, block: int = 0):
+        """A batch of rows `tokens [B, K]` appended to their caches (leading
+        `[B]`): each layer writes only the new tokens' slots (a scatter into
+        the layer's own buffer, which XLA updates in place inside a loop),
+        and attention reads the cache where it lies (`_attend_cache`)."""
         c = self.config
-        kept, pos = _kept_positions(tokens, cache.length, c.max_context, c.pad_id)
+        kept, pos = jax.vmap(lambda t, n: _kept_positions(t, n, c.max_context, c.pad_id))(
+            tokens, cache.length)
         x, rope = self._embed(tokens, pos, agent)
         write = jnp.where(kept, pos, c.max_context)
-        mask = jnp.arange(c.max_context)[None, :] <= pos[:, None]
+        rows = jnp.arange(tokens.shape[0])[:, None]
         ks, vs = [], []
-        for layer, block in enumerate(self.blocks):
-            x, k, v = block(x, mask, rope, cache.k[layer], cache.v[layer], write)
-            ks.append(k)
-            vs.append(v)
-        n = jnp.sum(kept)
-        last = tokens.shape[0] - 1 - jnp.argmax(kept[::-1])
-        logits = jnp.where(n > 0, self.read_out(self.ln_final(x[last])), cache.logits)
-        return logits, KVCache(jnp.stack(ks), jnp.stack(vs), cache.length + n, logits)
+        for layer, blk in enumerate(self.blocks):
+            q, k, v = blk.project(x, rope)
+            ck = cache.k[layer].at[rows, :, write].set(k.astype(cache.k[layer].dtype), mode="drop")
+            cv = cache.v[layer].at[rows, :, write].set(v.astype(cache.v[layer].dtype), mode="drop")
+            x = blk.finish(x, _attend_cache(q, ck, cv, pos, block))
+            ks.append(ck)
+            vs.append(cv)
+        n = jnp.sum(kept, axis=1)
+        last = tokens.shape[1] - 1 - jnp.argmax(kept[:, ::-1], axis=1)
+        out = self.read_out(self.ln_final(x[rows[:, 0], last]))
+        logits = jnp.where((n > 0)[:, None], out, cache.logits)
+        return logits, KVCache(tuple(ks), tuple(vs), cache.length + n, logits)
 
 
 def _kept_positions(tokens: jax.Array, start: jax.Array, max_context: int,
@@ -530,8 +604,8 @@ class Transformer:
     def empty_cache(self, batch_shape: tuple[int, ...] = ()) -> KVCache:
         """An empty context (zeros, length 0) with leading `batch_shape`."""
         c = self.config
-        kv = jnp.zeros(batch_shape + (c.num_layers, c.max_context, c.kv_heads, c.head_dim),
-                       c.dtype)
+        kv = tuple(jnp.zeros(batch_shape + (c.kv_heads, c.max_context, c.head_dim), c.dtype)
+                   for _ in range(c.num_layers))
         return KVCache(kv, kv, jnp.zeros(batch_shape, jnp.int32),
                        jnp.zeros(batch_shape + (c.vocab_size,), jnp.float32))
 
@@ -551,7 +625,45 @@ class Transformer:
         """
         chex.assert_rank(tokens, 1)
         chex.assert_type(tokens, int)
-        return self.module.apply(params, tokens, cache, agent, method=_Decoder.step)
+        logits, cache = self.decode(params, tokens[None], jax.tree.map(lambda a: a[None], cache),
+                                    jnp.asarray(agent, jnp.int32)[None])
+        return logits[0], jax.tree.map(lambda a: a[0], cache)
+
+    def decode(self, params: Any, tokens: jax.Array, cache: KVCache,
+               agents: Optional[jax.Array] = None,
+               block: int = 0) -> tuple[jax.Array, KVCache]:
+        """Append one step's tokens to each row of a batch of contexts: the
+        decode step of rollouts and of [`jaxil.nn.generate`][jaxil.nn.generate].
+
+        Each layer computes only the new tokens and writes only their cache
+        slots (a scatter into that layer's `[B, H_kv, C, D]` buffer; inside a
+        `lax.scan` or `while_loop` XLA performs it in place, so the cache is
+        never copied or restacked per step), and attention reads the cache
+        in its stored layout.
+
+        Args:
+          params: the network's variables.
+          tokens: `[B, K]` integer token ids, one row per context; PAD slots
+            anywhere are skipped.
+          cache: the rows' [`KVCache`][jaxil.nn.transformer.KVCache] (leading axis `[B]`).
+          agents: `[B]` agent indices (used only with an agent-id
+            embedding); None for 0.
+          block: 0 to attend to all `C` slots; else read the slots in blocks
+            of `block`, only up to the longest row's filled length (a static
+            choice; see `_attend_cache`). Worth it when the batch is not
+            vmapped further, as in `generate`.
+
+        Returns:
+          `(logits [B, V], cache)`: each row's next-token logits at its last
+          non-PAD token (its previous ones if the row is all PAD), and the
+          extended caches.
+        """
+        chex.assert_rank(tokens, 2)
+        chex.assert_type(tokens, int)
+        if agents is None:
+            agents = jnp.zeros(tokens.shape[:1], jnp.int32)
+        return self.module.apply(params, tokens, cache, agents, int(block),
+                                 method=_Decoder.step)
 
     def sequence_logits(self, params: Any, tokens: jax.Array,
                         agent: jax.Array | int = 0) -> jax.Array:
@@ -644,13 +756,21 @@ class TransformerPolicy:
         """An empty [`KVCache`][jaxil.nn.transformer.KVCache] per agent (`[N, ...]`)."""
         return self.net.empty_cache((num_agents,))
 
+    def reset_carry(self, carry: KVCache, done: jax.Array) -> KVCache:
+        """The carry of a new episode where `done` (a scalar) is true: only
+        the lengths and logits are reset; the stale keys and values stay
+        where they are, past the new length, where nothing reads them (a new
+        episode's tokens overwrite them from slot 0), so an auto-resetting
+        rollout does not rewrite the whole cache every step."""
+        return carry._replace(length=jnp.where(done, 0, carry.length),
+                              logits=jnp.where(done, 0.0, carry.logits))
+
     def step_logits(self, params: Any, obs: jax.Array, carry: KVCache) -> tuple[jax.Array, KVCache]:
         """`obs [N, O]`, `carry [N]` -> `(logits [N, V], carry)`: append
         the step's tokens and return the raw next-token logits."""
         self._check_obs(obs)
         tokens = obs_tokens(obs, self.config.token_width)
-        return jax.vmap(self.net.step, in_axes=(None, 0, 0, 0))(
-            params, tokens, carry, self._agents(obs))
+        return self.net.decode(params, tokens, carry, self._agents(obs))
 
     def step_log_probs(self, params: Any, obs: jax.Array, avail: jax.Array,
                        carry: KVCache) -> tuple[jax.Array, KVCache]:
@@ -681,7 +801,7 @@ class TransformerPolicy:
         def act(params, obs, avail, rng, carry):
             return self.act(sub(params), obs, avail, rng, carry, deterministic)
 
-        return Policy(init=self.init_carry, act=act)
+        return Policy(init=self.init_carry, act=act, reset=self.reset_carry)
 
     def recompute_policy(self, deterministic: bool = False, key: str | None = None) -> Policy:
         """The same policy without a KV cache: the carry keeps the context's

@@ -58,18 +58,23 @@ def _reference_greedy(config, params, ids, lengths, steps):
     return out
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
-def test_greedy_equals_argmax_over_recomputed_logits(family, request):
+@pytest.mark.parametrize("family,block", [("llama", 0), ("gpt2", 0), ("llama", 5)])
+def test_greedy_equals_argmax_over_recomputed_logits(family, block, request):
     """Greedy generation of a batch of prompts of different lengths equals an
     argmax loop over `Transformer.logits` on the growing sequences. Fails if
     the prefill's junk columns past a prompt are attended to (the cache
     length not reset), if the first decode step reads the logits after the
     wrong token (off by one), if rows are mixed up, or if positions (rotary
-    or learned) are offset after the prefill."""
+    or learned) are offset after the prefill. With `block=5` the decode
+    steps read the cache in blocks of 5 up to the longest row's fill (the
+    rows' lengths differ, so a block boundary falls inside some rows and not
+    others): fails if a block's running softmax is rescaled wrongly, if the
+    overlapping last block counts a slot twice, or if the block loop stops
+    one block short of the longest row."""
     config, params = request.getfixturevalue(family)
     ids = _prompts(config.vocab_size)
     steps = min(N_NEW, config.max_context - ids.shape[1] + 1)
-    got = generate(config, params, ids, LENGTHS, jax.random.key(0), steps)
+    got = generate(config, params, ids, LENGTHS, jax.random.key(0), steps, block=block)
     want = _reference_greedy(config, params, ids, LENGTHS, steps)
     np.testing.assert_array_equal(np.asarray(got.tokens), want)
     np.testing.assert_array_equal(np.asarray(got.lengths), [steps] * len(LENGTHS))

@@ -184,6 +184,41 @@ def test_cached_decoding_equals_full_recomputation(jit):
         np.testing.assert_array_equal(acts, np.asarray(D.categorical_mode(want[t], avail)))
 
 
+@pytest.mark.parametrize("block", [0, 3])
+def test_batched_decode_equals_each_row_alone(block):
+    """`Transformer.decode` over a batch of contexts that fill at different
+    rates (their own PAD patterns, overflowing the context) returns, row by
+    row and step by step, what `Transformer.step` gives that row alone, and
+    leaves each row's cache equal to its own. With `block=3` attention reads
+    the cache in blocks up to the longest row's fill. Fails if the scatter
+    writes a row's keys into another row or at the batch's slot instead of
+    the row's own, if one row's fill decides another row's mask, or if the
+    block loop drops or double-counts a slot."""
+    net, C = _EXACT_POL.net, _EXACT.max_context
+    params = _params(net)
+    chunks = np.concatenate([_exact_chunks(3), _exact_chunks(4)], axis=1)  # [T, 4, K]
+    steps, rows = chunks.shape[:2]
+    agents = jnp.asarray([0, 1, 1, 0])
+    decode = jax.jit(lambda p, t, c: net.decode(p, t, c, agents, block))
+    batch = net.empty_cache((rows,))
+    alone = [net.empty_cache() for _ in range(rows)]
+    differ = False
+    for t in range(steps):
+        logits, batch = decode(params, jnp.asarray(chunks[t]), batch)
+        differ |= len(set(np.asarray(batch.length).tolist())) > 1
+        for r in range(rows):
+            want, alone[r] = _step(params, jnp.asarray(chunks[t, r]), alone[r], int(agents[r]))
+            np.testing.assert_allclose(logits[r], want, atol=1e-4, rtol=1e-4)
+    lengths = np.asarray(batch.length)
+    assert differ and lengths.max() == C  # the rows' fills differed; one overflowed
+    for r in range(rows):
+        n = int(alone[r].length)
+        assert int(lengths[r]) == n
+        for layer in range(_EXACT.num_layers):
+            np.testing.assert_allclose(batch.k[layer][r, :, :n], alone[r].k[layer][:, :n],
+                                       atol=1e-5)
+
+
 # -- (2) PAD is invisible -----------------------------------------------------------------
 
 
