@@ -23,6 +23,11 @@ and padding are masked).
   gives actions, not a distribution).
 - [`opd_loss`][jaxil.algorithms.lm.distill.opd_loss] — the loss of a batch
   of episodes from the student's and the expert's parameters.
+- [`expert_log_probs`][jaxil.algorithms.lm.distill.expert_log_probs] /
+  [`opd_loss_from_scores`][jaxil.algorithms.lm.distill.opd_loss_from_scores]
+  — the same loss in two steps: the expert scores a batch once, and the
+  student takes several updates against those fixed scores (the interactive
+  program's `opd` round, [`jaxil.algorithms.lm.interactive`][jaxil.algorithms.lm.interactive]).
 - [`expert_tokens_scored`][jaxil.algorithms.lm.distill.expert_tokens_scored]
   — what a batch costs the budget: the expert tokens scored, counted as
   DAgger counts labelling every visited state (every speaking agent token),
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import chex
 import jax
 import jax.numpy as jnp
 
@@ -71,6 +77,48 @@ def check_expert_lm(student: TransformerPolicy, expert: Any) -> TransformerPolic
     return expert
 
 
+def expert_log_probs(expert: TransformerPolicy, expert_params: Any,
+                     batch: TokenEpisodes) -> jax.Array:
+    """`[E, T, N, V]` the expert LM's teacher-forced log-probabilities of
+    every step of `batch`, normalised over the step's legal tokens (the
+    distribution it would have acted from there; finite on illegal tokens).
+
+    Args:
+      expert: the expert LM ([`check_expert_lm`][jaxil.algorithms.lm.distill.check_expert_lm]).
+      expert_params: its parameters.
+      batch: `[E]` token episodes.
+    """
+    logits = jax.vmap(expert.chunk_logits, in_axes=(None, 0))(expert_params, batch.obs)
+    return D.categorical_log_probs(logits, batch.avail)
+
+
+def opd_loss_from_scores(student: TransformerPolicy, params: Any, expert_scores: jax.Array,
+                         batch: TokenEpisodes, beta: float = 1.0,
+                         forced_tokens: bool = False) -> jax.Array:
+    """The OPD loss of a batch of episodes against the expert's
+    log-probabilities on it ([`expert_log_probs`][jaxil.algorithms.lm.distill.expert_log_probs]
+    of the same `batch`), so that one scoring of the expert serves several
+    student updates; [`opd_loss`][jaxil.algorithms.lm.distill.opd_loss]
+    scores and calls it.
+
+    Args:
+      student: the transformer being trained.
+      params: its parameters (differentiated).
+      expert_scores: `[E, T, N, V]` the expert's log-probabilities on `batch`
+        (a fixed target: no gradient flows into them).
+      batch: `[E]` token episodes.
+      beta: GKD's β in `[0, 1]` (1: reverse KL, 0: forward KL), a Python float.
+      forced_tokens: also count the tokens the grammar forces.
+
+    Returns:
+      Scalar loss.
+    """
+    chex.assert_shape(expert_scores, batch.avail.shape)
+    student_logits = jax.vmap(student.chunk_logits, in_axes=(None, 0))(params, batch.obs)
+    return distillation_loss(D.categorical_log_probs(student_logits, batch.avail), expert_scores,
+                             batch.avail, _token_mask(batch, forced_tokens), beta)
+
+
 def opd_loss(student: TransformerPolicy, params: Any, expert: TransformerPolicy,
              expert_params: Any, batch: TokenEpisodes, beta: float = 1.0,
              forced_tokens: bool = False) -> jax.Array:
@@ -95,11 +143,8 @@ def opd_loss(student: TransformerPolicy, params: Any, expert: TransformerPolicy,
     Returns:
       Scalar loss.
     """
-    student_logits = jax.vmap(student.chunk_logits, in_axes=(None, 0))(params, batch.obs)
-    expert_logits = jax.vmap(expert.chunk_logits, in_axes=(None, 0))(expert_params, batch.obs)
-    return distillation_loss(D.categorical_log_probs(student_logits, batch.avail),
-                             D.categorical_log_probs(expert_logits, batch.avail), batch.avail,
-                             _token_mask(batch, forced_tokens), beta)
+    return opd_loss_from_scores(student, params, expert_log_probs(expert, expert_params, batch),
+                                batch, beta, forced_tokens)
 
 
 def expert_tokens_scored(batch: TokenEpisodes) -> jax.Array:
