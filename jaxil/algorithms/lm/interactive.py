@@ -1,5 +1,6 @@
-"""Interactive imitation on token tasks: BC, DAgger, OEC, OEC + BC and
-on-policy rejection sampling for a transformer student, as one program.
+"""Interactive imitation on token tasks: BC, DAgger, OEC, OEC + BC,
+on-policy rejection sampling and on-policy distillation (OPD) for a
+transformer student, as one program.
 
 A round, for every run (regime × seed) at once (`vmap`), in ONE compiled
 program:
@@ -24,6 +25,33 @@ The buffer holds whole episodes, not transitions: a token's distribution
 depends on its whole context. With OEC's prefix mask a kept episode's
 student tokens are context only; DAgger's targets are the expert's labels
 at every token the student visited.
+
+On-policy distillation (`opd`, [`jaxil.algorithms.lm.distill`][jaxil.algorithms.lm.distill])
+needs an expert LM (a [`TransformerPolicy`][jaxil.nn.transformer.TransformerPolicy];
+a scripted expert is refused in one line) and has its own round,
+[`make_opd_round`][jaxil.algorithms.lm.interactive.make_opd_round]:
+
+```text
+the student samples its episodes (every turn; no takeover, no filter)
+  → every speaking token is scored by the expert and paid for, within the
+    round's allowance                                  distill.expert_tokens_scored
+  → the expert LM scores them teacher-forced, once     distill.expert_log_probs
+  → the buffer is REPLACED by these episodes
+  → K fused updates on them: GKD's generalized JSD_β to the expert at every
+    agent token (β = 1: the reverse KL), environment tokens masked
+```
+
+It trains on the round's own fresh episodes only, not on an aggregate as
+DAgger does: GKD's on-policy setting (Agarwal et al. 2024, λ = 1) samples
+the outputs of the CURRENT student, so that the student learns where its
+own distribution goes; older episodes would weigh the contexts of earlier
+students. The budget counts alike for both: DAgger pays for every token
+the student visited (a label each) once, when the episode is collected,
+and OPD for every token it visited (the expert's distribution read at
+each) once, when the expert scores the episode; the K updates reuse those
+scores at no further cost. The demonstrations serve the shared SFT start
+only (`demo_labels` is the SFT start's). β is compiled into the round, so
+the `opd` regimes of a run share one β and run without the other methods.
 
 [`run`][jaxil.algorithms.lm.interactive.run] hands the rounds to the run engine ([`jaxil.runs.engine`][jaxil.runs.engine]):
 evaluation on fixed instances every `eval_every` rounds (greedy success
@@ -54,7 +82,9 @@ from jaxil.algorithms.interactive.config import (METHODS, RegimeHParams, check_r
                                                  resolve_auto, stack_regimes)
 from jaxil.algorithms.interactive.schedule import expert_probability
 from jaxil.algorithms.lm.corrections import expert_tokens, passes_repetition, token_loss_mask
-from jaxil.algorithms.lm.sft import TokenEpisodes, _check_token_env, collect_demos
+from jaxil.algorithms.lm.distill import (check_expert_lm, expert_log_probs, expert_tokens_scored,
+                                         opd_loss_from_scores)
+from jaxil.algorithms.lm.sft import TokenEpisodes, _check_token_env, collect_demos, from_episodes
 from jaxil.algorithms.lm.takeover import TakeoverRule, takeover_episodes
 from jaxil.algorithms.lm.turns import speaking
 from jaxil.losses.sequence import agent_token_mask, masked_sequence_nll
@@ -68,6 +98,17 @@ from jaxil.runs.updates import fused_updates
 #: and `gated` (the expert takes over once the student's token entropy
 #: exceeds `entropy_gate`; trained like OEC on the expert's tokens).
 TOKEN_METHODS = METHODS + ("gated",)
+#: On-policy distillation from an expert LM
+#: ([`jaxil.algorithms.lm.distill`][jaxil.algorithms.lm.distill]): the
+#: student samples every turn and is trained on its own episodes.
+OPD = "opd"
+#: Every method of the program: `TOKEN_METHODS`, which take any expert
+#: (scripted, transcript-only or an LM acting greedily), and `OPD`, which
+#: needs an expert LM.
+INTERACTIVE_METHODS = TOKEN_METHODS + (OPD,)
+#: The regime key of OPD's GKD β (a static setting, so not a traced knob of
+#: [`RegimeHParams`][jaxil.algorithms.interactive.config.RegimeHParams]).
+DISTILL_BETA = "distill_beta"
 #: A repeated turn (same answer, same command) this often rejects an episode.
 DEFAULT_REPEAT_LIMIT = 3
 #: The entropy gate of `gated` in nats, unless given.
@@ -97,7 +138,8 @@ class TokenInteractiveConfig:
         is trained on.
       sft_updates: updates of that start.
       capacity: episodes the buffer holds (a ring: the oldest are
-        overwritten); 0 means `rounds × episodes_per_round`.
+        overwritten); 0 means `rounds × episodes_per_round`. An `opd`
+        run's buffer holds its round's episodes (`episodes_per_round`).
       eval_episodes: greedy rollouts per evaluation (fixed instances).
     """
 
@@ -133,7 +175,7 @@ class TokenInteractiveConfig:
 
 
 def token_regime(method: str, budget: int, *, sft_tokens: int, **overrides: Any) -> dict:
-    """The knobs of `method` (one of `TOKEN_METHODS`) at a total
+    """The knobs of `method` (one of `INTERACTIVE_METHODS`) at a total
     `budget` of expert tokens, with `overrides` (names of
     [`jaxil.algorithms.interactive.config.RegimeHParams`][jaxil.algorithms.interactive.config.RegimeHParams]).
 
@@ -142,9 +184,29 @@ def token_regime(method: str, budget: int, *, sft_tokens: int, **overrides: Any)
     `[0, auto]` (auto: half the expert's mean number of turns); `gated`
     is OEC without a random switch, whose expert takes over once the
     student's entropy exceeds `entropy_gate` (default
-    `DEFAULT_ENTROPY_GATE` nats)."""
-    if method not in TOKEN_METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(TOKEN_METHODS)}")
+    `DEFAULT_ENTROPY_GATE` nats).
+
+    `opd` takes only `lr` and `distill_beta` (GKD's β, default 1: the
+    reverse KL): its student samples every turn (DAgger's rollout with
+    β_r = 0), every speaking token is scored and paid for, and nothing
+    else of a regime applies to it."""
+    if method not in INTERACTIVE_METHODS:
+        raise ValueError(f"unknown method {method!r}; choose one of "
+                         f"{', '.join(INTERACTIVE_METHODS)}")
+    if method == OPD:
+        other = sorted(set(overrides) - {"lr", DISTILL_BETA})
+        if other:
+            raise ValueError(f"opd takes no {', '.join(other)}: its student samples every turn "
+                             "and is distilled on all its tokens; give only its GKD beta "
+                             "(--beta) and learning rate (--lr)")
+        beta = overrides.get(DISTILL_BETA, 1.0)
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta <= 1:
+            raise ValueError(f"opd's distill_beta (GKD's beta) must be a number in [0, 1] "
+                             f"(1: reverse KL, 0: forward KL), got {beta!r}")
+        lr = {"lr": overrides["lr"]} if "lr" in overrides else {}
+        h = regime("dagger", budget, sft_labels=sft_tokens, has_win=True, beta0=0.0,
+                   beta_kind="constant", **lr)
+        return dict(h, **{DISTILL_BETA: float(beta)})
     extra: dict[str, Any] = {}
     if method in ("oec", "oec_mix", "onpolicy", "gated"):
         extra["repeat_limit"] = DEFAULT_REPEAT_LIMIT
@@ -317,6 +379,76 @@ def make_round(env: MultiAgentEnv, student: TransformerPolicy, expert: Any,
     return round_fn
 
 
+def make_opd_round(env: MultiAgentEnv, student: TransformerPolicy, expert: TransformerPolicy,
+                   config: TokenInteractiveConfig, tx, beta: float):
+    """`round(state, demos, expert_params) -> (state, metrics, health)` of
+    on-policy distillation for ONE run (`demos` served the SFT start only).
+
+    ```text
+    the student samples episodes_per_round episodes (every turn)
+      → tokens scored (every speaking token), allowance  distill.expert_tokens_scored
+      → the expert LM scores them teacher-forced, once   distill.expert_log_probs
+      → the buffer is replaced by those within it
+      → K fused updates on minibatches of them           distill.opd_loss_from_scores
+    ```
+
+    Episodes past the round's allowance are neither paid for nor trained
+    on (the compiled round scores all `episodes_per_round`, a fixed shape,
+    and drops theirs). `beta` is GKD's β (a Python float: it selects the
+    divergence).
+    """
+    E = config.episodes_per_round
+    B = min(config.batch_episodes, E)
+    eot, wait = token_specials(env)
+    sampler = student.policy()
+
+    def round_fn(state: TokenRunState, demos: Demos, expert_params: Any):
+        hp, r = state.hp, state.round
+        key, k_roll = jax.random.split(state.key)
+        ep = from_episodes(env, run_episodes(env, sampler, state.params, k_roll, E))
+        scored = expert_tokens_scored(ep)
+        allowance = ((hp.budget - hp.demo_labels) * (r + 1)) // config.rounds - state.spent
+        within = L.within_allowance(scored, allowance)
+        ep = ep.replace(mask=ep.mask & within[:, None])
+        scores = expert_log_probs(expert, expert_params, ep)
+        mask = jax.vmap(agent_token_mask, in_axes=(0, None, 0))(ep.mask, env.spec.num_agents,
+                                                               ep.avail)
+        buf = insert_episodes(jax.tree.map(jnp.zeros_like, state.buffer), ep.obs, ep.avail,
+                              ep.actions, mask, within)
+        speak = jax.vmap(functools.partial(speaking, wait=wait))(ep.avail, ep.mask)
+        turns = jnp.sum(speak & (ep.actions == eot), axis=(1, 2), dtype=jnp.int32)
+        n = jnp.sum(within, dtype=jnp.int32)
+        paid = lambda x: jnp.sum(jnp.where(within, x, 0), dtype=jnp.int32)
+        new = state.replace(buffer=buf, key=key, round=r + 1, spent=state.spent + paid(scored),
+                            expert_turns=state.expert_turns + paid(turns),
+                            expert_episodes=state.expert_episodes + paid(scored > 0))
+
+        def one(s: TokenRunState, k):
+            # B episodes of the round, those within the allowance first.
+            order = jnp.argsort(jnp.where(within, jax.random.uniform(k, (E,)), 2.0))[:B]
+            loss, grads = jax.value_and_grad(lambda p: opd_loss_from_scores(
+                student, p, scores[order], ep.take(order), beta))(s.params)
+            updates, opt = tx.update(grads, s.opt_state, s.params)
+            return s.replace(params=optax.apply_updates(s.params, updates), opt_state=opt), {
+                "loss": loss}
+
+        trained, last, health = fused_updates(one, new, config.updates_per_round)
+        # No episode within the allowance: no update (Adam's momentum alone
+        # would still move the student).
+        keep = lambda a, b: jax.tree.map(lambda x, y: jnp.where(n > 0, x, y), a, b)
+        new = trained.replace(params=keep(trained.params, new.params),
+                              opt_state=keep(trained.opt_state, new.opt_state))
+        metrics = dict(
+            loss=last["loss"], beta=expert_probability(r, hp.beta0, hp.beta_kind, hp.beta_rate),
+            interactive_tokens=new.spent, episodes_within_budget=n, episodes_kept=n,
+            accept_rate=jnp.float32(1.0),
+            rollout_win_rate=jnp.sum(jnp.where(within, ep.won, 0.0)) / jnp.maximum(n, 1),
+            expert_share=jnp.float32(0.0), trained_tokens=jnp.sum(mask), buffer_size=buf.size)
+        return new, metrics, health
+
+    return round_fn
+
+
 def demo_accounting(env: MultiAgentEnv, demos: TokenEpisodes) -> dict[str, np.ndarray]:
     """Cumulative expert tokens, turns and episodes after each demonstration."""
     eot, wait = token_specials(env)
@@ -366,7 +498,12 @@ def run(env: MultiAgentEnv, expert: Any, expert_params: Any,
         stop_after_rounds: Optional[int] = None) -> engine.RunResult:
     """Run every regime × `seeds` seeds together (see the module docstring).
 
-    `regimes`: `(name, knobs)` pairs from [`token_regime`][jaxil.algorithms.lm.interactive.token_regime]. Returns
+    `expert`: an acting expert (a [`jaxil.envs.policies.Policy`][jaxil.envs.policies.Policy],
+    e.g. the task's scripted one) or an expert LM (a
+    [`TransformerPolicy`][jaxil.nn.transformer.TransformerPolicy], acting
+    greedily; `opd` reads its distribution).
+    `regimes`: `(name, knobs)` pairs from [`token_regime`][jaxil.algorithms.lm.interactive.token_regime]
+    (`opd` regimes alone, with one β). Returns
     the engine's [`jaxil.runs.engine.RunResult`][jaxil.runs.engine.RunResult]: `rows` (one per
     evaluation and run: `round`, `regime`, `seed`, `expert_tokens`,
     `expert_turns`, `expert_episodes`, `eval_win_rate`,
@@ -376,8 +513,9 @@ def run(env: MultiAgentEnv, expert: Any, expert_params: Any,
     `stop_after_rounds` stops early, as a kill would (`resume` continues).
 
     Raises:
-      ValueError: not a token environment, a bad setting or regime, or a
-        `resume` with other settings.
+      ValueError: not a token environment, a bad setting or regime, `opd`
+        beside another method or without an expert LM, or a `resume` with
+        other settings.
       jaxil.runs.guard.NonFiniteError: a loss or the parameters became
         non-finite.
     """
@@ -391,18 +529,21 @@ def run(env: MultiAgentEnv, expert: Any, expert_params: Any,
     names = [n for n, _ in regimes]
     if len(set(names)) != len(names):
         raise ValueError(f"regime names must be unique, got {names}")
+    recorded, (regimes, distill_beta) = regimes, _split_distill(regimes)
+    if distill_beta is not None:
+        check_expert_lm(make_student(env, config), expert)
     for name, h in regimes:
         check_regime(h, config.sft_tokens)
         if h["scratch"]:
             raise ValueError(f"regime {name}: scratch retraining is not supported on token tasks")
     rd = None
     if out_dir is not None:
-        rd = engine.open_run(out_dir, identity(env, regimes, seeds, config, base_seed,
+        rd = engine.open_run(out_dir, identity(env, recorded, seeds, config, base_seed,
                                                expert_name),
                              step_key="round", resume=resume, overwrite=overwrite)
     try:
         program = _program(env, expert, expert_params, regimes, seeds, config, base_seed,
-                           eval_every)
+                           eval_every, distill_beta)
     except BaseException:
         if rd is not None:
             rd.close()
@@ -411,6 +552,23 @@ def run(env: MultiAgentEnv, expert: Any, expert_params: Any,
     for line in res.summary.get("budget_warnings", []):
         warnings.warn(line, BudgetUnderspent, stacklevel=2)
     return res
+
+
+def _split_distill(regimes) -> tuple[list[tuple[str, dict]], Optional[float]]:
+    """`(regimes without OPD's β, that β or None)`: a run is all `opd`
+    regimes with one β, or none (one-line `ValueError` otherwise)."""
+    betas = {n: h.get(DISTILL_BETA) for n, h in regimes}
+    opd = sorted(n for n, b in betas.items() if b is not None)
+    if opd and len(opd) < len(regimes):
+        other = sorted(set(betas) - set(opd))
+        raise ValueError(f"opd regimes ({', '.join(opd)}) train on their own loss and run "
+                         f"without the other methods ({', '.join(other)}); run them in another "
+                         "call")
+    if len({betas[n] for n in opd}) > 1:
+        raise ValueError(f"opd regimes of one run share GKD's beta (it is compiled in), got "
+                         f"{sorted({betas[n] for n in opd})}; run each beta in its own call")
+    stripped = [(n, {k: v for k, v in h.items() if k != DISTILL_BETA}) for n, h in regimes]
+    return stripped, (betas[opd[0]] if opd else None)
 
 
 def budget_warnings(table: Sequence[dict], budgets: dict[str, int], episode_tokens: float,
@@ -433,9 +591,13 @@ def budget_warnings(table: Sequence[dict], budgets: dict[str, int], episode_toke
     return out
 
 
-def _program(env, expert, expert_params, regimes, seeds, config, base_seed, eval_every):
+def _program(env, expert, expert_params, regimes, seeds, config, base_seed, eval_every,
+             distill_beta=None):
     need = max(int(h["demo_labels"]) for _, h in regimes)
-    demos = _demos_for(env, expert, expert_params, jax.random.PRNGKey(base_seed + 777_777),
+    # An expert LM acts greedily (the demonstrations, takeovers and labels);
+    # OPD reads its distribution.
+    acting = expert.policy(deterministic=True) if isinstance(expert, TransformerPolicy) else expert
+    demos = _demos_for(env, acting, expert_params, jax.random.PRNGKey(base_seed + 777_777),
                        max(need, config.sft_tokens))
     acc = demo_accounting(env, demos.episodes)
     sft_eps = episodes_within(config.sft_tokens, acc["tokens"])
@@ -454,7 +616,12 @@ def _program(env, expert, expert_params, regimes, seeds, config, base_seed, eval
 
     student = make_student(env, config)
     tx = _optimizer(config)
-    round_fn = make_round(env, student, expert, config, tx)
+    if distill_beta is None:
+        round_fn = make_round(env, student, acting, config, tx)
+        capacity = config.buffer_episodes
+    else:  # the buffer holds the round's own episodes
+        round_fn = make_opd_round(env, student, expert, config, tx, distill_beta)
+        capacity = config.episodes_per_round
     rounds = jax.jit(jax.vmap(round_fn, in_axes=(0, None, None)))
     policy = student.policy(deterministic=True)
     eval_key = jax.random.PRNGKey(base_seed + 10_000)
@@ -489,7 +656,7 @@ def _program(env, expert, expert_params, regimes, seeds, config, base_seed, eval
             params = initial_params(key)
             return TokenRunState(
                 params=params, opt_state=tx.init(params), hp=jax.tree.map(lambda x: x[0], hp),
-                buffer=empty_buffer(env, config.buffer_episodes), spent=jnp.int32(0),
+                buffer=empty_buffer(env, capacity), spent=jnp.int32(0),
                 expert_turns=jnp.int32(0), expert_episodes=jnp.int32(0),
                 demo_eps=jnp.int32(sft_eps), round=jnp.int32(0), key=k_run)
 
