@@ -23,10 +23,13 @@ fine-tuned in full or, with `--lora RANK`, through low-rank adapters; with
 against the task's scripted expert, or with `--expert SFT_DIR` against an
 *expert LM* (a student of `jaxil lm sft`, e.g. a larger transformer
 fine-tuned on many demonstrations, acting greedily), with budgets in
-expert tokens and OEC's switch in turns:
+expert tokens and OEC's switch in turns; `opd` (on-policy distillation:
+the student samples every turn and matches the expert LM's distribution
+on every token, `--beta` GKD's β) needs an expert LM:
 
     jaxil lm sft --env tokens:repair --size mini --demos 1536 --out runs/expert-lm
     jaxil lm interactive oec --env tokens:repair --budget 2000 --expert runs/expert-lm
+    jaxil lm interactive opd --env tokens:repair --budget 2000 --expert runs/expert-lm
 
 `align` trains a sequence reward model between two sources of episodes
 (`--reward init-sft`, AfD's pair: the students' initialisation π_0 against
@@ -178,9 +181,10 @@ def load_students(path: str, env, knobs: dict, flag: str = "--expert", alternati
 
 
 def load_expert_lm(path: str, env, knobs: dict, seed_index: int = 0):
-    """`(policy, params, name)` of the student `seed_index` saved by
-    `jaxil lm sft --out PATH`, acting greedily, for `env` (refused in
-    one line when it was trained on another task or setting)."""
+    """`(TransformerPolicy, params, name)` of the student `seed_index`
+    saved by `jaxil lm sft --out PATH` for `env` (refused in one line
+    when it was trained on another task or setting): the interactive
+    program acts with it greedily, and `opd` reads its distribution."""
     import jax
 
     from jaxil.runs.checkpoint import params_digest
@@ -193,7 +197,7 @@ def load_expert_lm(path: str, env, knobs: dict, seed_index: int = 0):
                          f"{'s' if n > 1 else ''} (seeds {meta['seeds']}); give --expert-seed "
                          f"0{f' … {n - 1}' if n > 1 else ''}")
     params = jax.tree.map(lambda x: x[seed_index], stacked)
-    return policy.policy(deterministic=True), params, f"lm:{meta['size']}:{params_digest(params)}"
+    return policy, params, f"lm:{meta['size']}:{params_digest(params)}"
 
 
 def _sft(args) -> int:
@@ -274,6 +278,11 @@ def _interactive(args) -> int:
     over = knob_overrides(args, env.spec)
     if args.entropy_gate is not None:
         over["entropy_gate"] = args.entropy_gate
+    if args.beta is not None:
+        if args.method != TI.OPD:
+            raise ValueError(f"--beta is GKD's beta of opd; {args.method}'s expert probability "
+                             "is --beta0")
+        over[TI.DISTILL_BETA] = args.beta
     regime = TI.token_regime(args.method, args.budget, sft_tokens=args.sft_tokens, **over)
     name = args.name or f"{args.method}@{args.budget}"
     with warnings.catch_warnings():  # the table below prints them
@@ -371,7 +380,7 @@ def _common(p, size_default: str = "tiny") -> None:
 
 def register(sub) -> None:
     from jaxil.algorithms.lm.align import AlignConfig
-    from jaxil.algorithms.lm.interactive import TOKEN_METHODS, TokenInteractiveConfig
+    from jaxil.algorithms.lm.interactive import INTERACTIVE_METHODS, TokenInteractiveConfig
     from jaxil.algorithms.lm.sft import SFTConfig
 
     lm = sub.add_parser("lm", help="transformer students on token tasks: sft, interactive, align",
@@ -438,9 +447,9 @@ def register(sub) -> None:
     add_progress(a)
     a.set_defaults(func=_align)
 
-    i = lsub.add_parser("interactive", help="bc, dagger, oec, oec_mix, onpolicy or gated on a "
-                                            "token task")
-    i.add_argument("method", choices=TOKEN_METHODS)
+    i = lsub.add_parser("interactive", help="bc, dagger, oec, oec_mix, onpolicy, gated or opd "
+                                            "on a token task")
+    i.add_argument("method", choices=INTERACTIVE_METHODS)
     _common(i)
     i.add_argument("--budget", type=positive_int, required=True,
                    help="total expert tokens, demonstrations included")
@@ -469,6 +478,9 @@ def register(sub) -> None:
     k.add_argument("--entropy-gate", type=nonneg_float, default=None,
                    help="gated: the expert takes over once the student's token entropy exceeds "
                         "this many nats")
+    k.add_argument("--beta", type=probability, default=None,
+                   help="opd: GKD's beta of the generalized JSD to the expert LM (default 1: "
+                        "the per-token reverse KL; 0: the forward KL)")
     add_run_dir(i)
     add_progress(i)
     i.set_defaults(func=_interactive)
