@@ -125,6 +125,7 @@ def test_lora_sft_trains_only_the_adapters_and_lowers_the_heldout_nll(env, demos
     assert changed and all("kernel" in c and "head" not in c for c in changed)
 
 
+@pytest.mark.slow  # a program of its own to compile (~30 s); LoRA's covers the shared machinery
 def test_full_fine_tuning_lowers_the_heldout_nll_from_the_pretrained_start(env, demos, model):
     """Full SFT of the pretrained model: it starts at the pretrained
     parameters (the same update-0 NLL as LoRA's) and the held-out NLL falls.
