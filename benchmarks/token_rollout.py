@@ -9,7 +9,7 @@ V = 57, context C = ``env.max_context`` = 162) and each batch B of sequences
 - ``decode cached`` / ``decode recompute``: pure decoding, no environment.
   From a one-token prompt (``<bos>``) each of B sequences samples T = C − 1
   new tokens (the whole context), one per step, in one jitted ``lax.scan``:
-  through :meth:`Transformer.step` and its KV cache (``O(C)`` attention per
+  through :meth:`Transformer.decode` and its KV cache (``O(C)`` attention per
   token and layer), or re-running :meth:`Transformer.sequence_logits` over
   the whole fixed-length ``[C]`` token buffer every step (``O(C²)``, the
   recompute baseline of :meth:`TransformerPolicy.recompute_policy`). Tokens
@@ -129,7 +129,7 @@ def decoders(net: Transformer, batch: int, new_tokens: int, prompt_token: int,
     one token per step in a ``lax.scan``, drawing step ``t``'s tokens with
     the ``t``-th of ``T`` keys split from ``key`` on both paths.
 
-    ``decode_cached`` feeds each step's token to :meth:`Transformer.step`
+    ``decode_cached`` feeds each step's tokens to :meth:`Transformer.decode`
     (KV cache); ``decode_recompute`` keeps a ``[B, C]`` token buffer and
     re-runs :meth:`Transformer.sequence_logits` over all ``C`` slots every
     step, reading the row of the last token."""
@@ -137,13 +137,12 @@ def decoders(net: Transformer, batch: int, new_tokens: int, prompt_token: int,
     if not 1 <= new_tokens <= C:
         raise ValueError(f"new_tokens={new_tokens} must be in 1 … max_context={C}: the context "
                          f"holds the prompt token and all but the last generated one")
-    step = jax.vmap(net.step, in_axes=(None, 0, 0))
     full = jax.vmap(net.sequence_logits, in_axes=(None, 0))
 
     def cached(params, key):
         def body(carry, k):
             cache, tok = carry
-            logits, cache = step(params, tok[:, None], cache)
+            logits, cache = net.decode(params, tok[:, None], cache)
             nxt = _sample(k, logits, deterministic)
             return (cache, nxt), nxt
 
@@ -542,7 +541,7 @@ def measure(sizes: Sequence[str] = DEFAULT_SIZES, batches: Sequence[int] = DEFAU
         "config": config,
         "peer": peer_info,
         "definitions": {
-            "decode_cached": "lax.scan of Transformer.step (KV cache), one token per step, B sequences, "
+            "decode_cached": "lax.scan of Transformer.decode (KV cache updated in place), one token per step, B sequences, "
                              "T = new_tokens after a one-token <bos> prompt, masked-categorical sampling",
             "decode_recompute": "the same with Transformer.sequence_logits over the whole [C] token "
                                 "buffer every step (no cache)",

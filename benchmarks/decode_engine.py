@@ -1,0 +1,597 @@
+"""Pretrained-model decoding and fine-tuning: jaxil against transformers on
+the same weights, side by side in one run.
+
+Models (``--models``):
+
+- ``gpt2-tiny``: a random GPT-2 (vocabulary 512, d 64, 2 layers, 2 heads,
+  learned positions, tied head), made locally with transformers' config
+  class and saved as an HF directory that jaxil then loads;
+- ``llama-tiny``: a random Llama (vocabulary 512, d 64, 2 layers, 4 heads,
+  2 key/value heads, SwiGLU 256, RoPE, untied head), the same way;
+- ``smollm2``: SmolLM2-135M-Instruct from its shipped GGUF (dequantized to
+  float32; transformers loads the same file with ``gguf_file=``).
+
+Without torch and transformers the tiny models are jaxil's own random
+initialisation and the peer's columns are empty (the JSON says why).
+
+At each batch B (``--batches``) every row gets a random prompt of
+``--prompt`` tokens (the same for both sides) and the sides are timed
+alternately (:func:`benchmarks.token_rollout.time_sides`: compiled ahead,
+one warm-up, medians over the repeats, ``block_until_ready``):
+
+- ``jaxil_prefill``: the prompts through
+  [`Transformer.decode`][jaxil.nn.transformer.Transformer.decode] into an
+  empty cache, one pass; ``hf_prefill_t1`` / ``_t2``: the model's forward
+  pass over the prompts with ``use_cache=True`` (``inference_mode``) at 1
+  and 2 torch threads.
+- ``jaxil_generate``: [`jaxil.nn.generate.generate`][jaxil.nn.generate.generate]'s
+  compiled program, greedy, ``--new`` tokens per row (no stop token);
+  ``hf_generate_t1`` / ``hf_generate_t2``: transformers' ``generate``,
+  greedy (``do_sample=False``), ``min_new_tokens = max_new_tokens``, its KV
+  cache, at 1 and at 2 torch threads (the peer's speed depends on its
+  thread count on a shared machine; the ratio takes its best).
+  Both include the prefill; ``decode tokens/s`` is ``B × new`` over the
+  generate time minus the same side's prefill time (the peer's at the
+  thread count of its best generate). The warm-up outputs of
+  the two generates are compared token for token (``greedy_tokens_equal``).
+- ``sft`` (``--sft``, once per model at ``--sft-batch`` × ``--sft-len``):
+  one full fine-tuning step — next-token cross-entropy over every token,
+  its gradient and an AdamW update — jitted in jaxil
+  ([`Transformer.logits`][jaxil.nn.transformer.Transformer.logits], optax),
+  against ``loss.backward()`` and ``torch.optim.AdamW.step()``.
+
+Also recorded per row: the KV cache's bytes (``2 · L · B · H_kv · C · D`` in
+the compute dtype, C = prompt + new − 1), XLA's temporary bytes of the
+generate program, and, for SmolLM2, how close decode comes to the
+machine: at B ≥ 64 the FLOP/s (2 × the parameters in the matrix products
++ attention, per token) as a fraction of a 1024² float32 ``jnp.dot`` timed
+in the same run, and at B = 1 the weight bytes read per second as a
+fraction of a streaming read (a jitted sum over 512 MB) timed in the same
+run. ``--rss`` measures the peak resident memory of a child process that
+loads SmolLM2 and generates at B = 64 (jaxil alone).
+
+    python benchmarks/decode_engine.py                          # every model, B = 1 … 512
+    python benchmarks/decode_engine.py --quick                  # tiny models, B = 1, 8
+    python benchmarks/decode_engine.py --models smollm2 --batches 1 64 --new 32
+
+Writes ``benchmarks/results/decode_engine-<host>-<date>.json`` and prints a
+table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxil.nn.generate import Sampling, attention_block, make_generate
+from jaxil.nn.pretrained_params import from_pretrained
+from jaxil.nn.transformer import Transformer, TransformerConfig
+from jaxil.runs import measure as M
+
+try:
+    from benchmarks.token_rollout import SideSpec, Skip, compiled_call, peer_unavailable, time_sides
+except ImportError:  # run as a script: its own folder is on sys.path, the repository root is not
+    from token_rollout import SideSpec, Skip, compiled_call, peer_unavailable, time_sides
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+MODELS = ("gpt2-tiny", "llama-tiny", "smollm2")
+DEFAULT_BATCHES = (1, 8, 64, 256, 512)
+QUICK = {"models": ("gpt2-tiny", "llama-tiny"), "batches": (1, 8), "repeats": 2,
+         "target_s": 0.5, "new": 16}
+TINY_VOCAB = 512
+
+
+# -- the models --------------------------------------------------------------------------
+
+
+def _tiny_hf(kind: str, context: int, out: Path):
+    """A random tiny transformers model of ``kind`` saved under ``out``."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    if kind == "gpt2-tiny":
+        cfg = transformers.GPT2Config(vocab_size=TINY_VOCAB, n_positions=context, n_embd=64,
+                                      n_layer=2, n_head=2, activation_function="gelu_new",
+                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                      bos_token_id=None, eos_token_id=None)
+        model = transformers.GPT2LMHeadModel(cfg)
+    else:
+        cfg = transformers.LlamaConfig(vocab_size=TINY_VOCAB, hidden_size=64,
+                                       intermediate_size=256, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2,
+                                       max_position_embeddings=context, rope_theta=10000.0,
+                                       tie_word_embeddings=False, bos_token_id=None,
+                                       eos_token_id=None)
+        model = transformers.LlamaForCausalLM(cfg)
+    model = model.to(torch.float32).eval()
+    model.save_pretrained(out)
+    return model
+
+
+def load_model(name: str, context: int, workdir: Path, peer_ok: bool):
+    """``(config, params, peer_model or None, source)`` of a model at this
+    context length (the same weights on both sides)."""
+    if name == "smollm2":
+        from jaxil.pretrained import resolve
+
+        path = resolve("smollm2-135m-instruct")
+        config, params = from_pretrained(path, max_context=context)
+        peer = None
+        if peer_ok:
+            import torch
+            import transformers
+
+            peer = transformers.AutoModelForCausalLM.from_pretrained(
+                str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+        return config, params, peer, str(path)
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose from {list(MODELS)}")
+    if peer_ok:
+        out = workdir / name
+        peer = _tiny_hf(name, context, out)
+        config, params = from_pretrained(out, max_context=context)
+        return config, params, peer, "transformers random init (seed 0)"
+    arch = dict(vocab_size=TINY_VOCAB, token_width=1, max_context=context, d_model=64,
+                num_layers=2, pad_id=None)
+    if name == "gpt2-tiny":
+        config = TransformerConfig(num_heads=2, tie_head=True, **arch)
+    else:
+        config = TransformerConfig(num_heads=4, num_kv_heads=2, head_size=16, fused_qkv=False,
+                                   norm="rmsnorm", positions="rope", mlp="swiglu",
+                                   activation="silu", d_ff=256, qkv_bias=False, out_bias=False,
+                                   mlp_bias=False, ln_eps=1e-6, **arch)
+    return config, Transformer(config).init(jax.random.key(0)), None, "jaxil random init"
+
+
+# -- accounting --------------------------------------------------------------------------
+
+
+def kv_cache_bytes(config: TransformerConfig, batch: int) -> int:
+    """Bytes of the decode engine's KV cache for `batch` rows."""
+    item = jnp.dtype(config.dtype).itemsize
+    return 2 * config.num_layers * batch * config.kv_heads * config.max_context \
+        * config.head_dim * item
+
+
+def matmul_params(config: TransformerConfig) -> int:
+    """Parameters a token passes through in matrix products: the blocks'
+    projections and the output head (not the embedding lookup, norms or
+    biases)."""
+    d, f, H, G, D = (config.d_model, config.mlp_width, config.num_heads, config.kv_heads,
+                     config.head_dim)
+    attn = d * (H + 2 * G) * D + H * D * d
+    mlp = (3 if config.mlp == "swiglu" else 2) * d * f
+    return config.num_layers * (attn + mlp) + d * config.vocab_size
+
+
+def decode_flops_per_token(config: TransformerConfig, attended: float) -> float:
+    """FLOPs of one decode step per row: ``2 ×`` the matrix-product
+    parameters plus attention's two products over ``attended`` slots."""
+    return 2.0 * matmul_params(config) \
+        + 4.0 * config.num_layers * config.num_heads * config.head_dim * attended
+
+
+def weight_bytes(params: Any) -> int:
+    """Bytes of every parameter (what a B = 1 decode step reads)."""
+    return int(sum(np.asarray(x).nbytes for x in jax.tree.leaves(params)))
+
+
+def stream_read_gbps(megabytes: int = 512, repeats: int = 5) -> float:
+    """GB/s of a jitted sum over a float32 array of `megabytes`: the rate
+    at which this machine streams memory it does not cache."""
+    x = jnp.ones((megabytes * 2 ** 20 // 4,), jnp.float32)
+    f, _ = M.compile_ahead(jnp.sum, x)
+    t = M.time_call(f, x, warmup=1, repeats=repeats)
+    return x.nbytes / t.median_s / 1e9
+
+
+# -- the sides ---------------------------------------------------------------------------
+
+
+def jaxil_prefill(config: TransformerConfig) -> Callable:
+    """``(params, prompts [B, T]) -> logits [B, V]``: the prompts into an
+    empty cache in one pass (what `generate` does before decoding)."""
+    net = Transformer(config)
+
+    def run(params, prompts):
+        logits, cache = net.decode(params, prompts, net.empty_cache(prompts.shape[:1]))
+        return logits, cache.length
+
+    return run
+
+
+def sft_step(config: TransformerConfig, tx: optax.GradientTransformation) -> Callable:
+    """``(params, opt_state, tokens [B, T]) -> (params, opt_state, loss)``:
+    next-token cross-entropy over every position, one AdamW update."""
+    net = Transformer(config)
+
+    def loss_fn(params, tokens):
+        logits = net.logits(params, tokens[:, :-1])
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
+
+    def step(params, opt_state, tokens):
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return step
+
+
+class Peer:
+    """transformers' side of one model: prefill, generate and an SFT step."""
+
+    def __init__(self, model):
+        import torch
+
+        self.torch, self.model = torch, model
+        self.threads_before = torch.get_num_threads()
+
+    def prefill(self, prompts: np.ndarray, threads: int) -> Callable:
+        torch = self.torch
+        ids = torch.as_tensor(prompts, dtype=torch.long)
+
+        def run():
+            torch.set_num_threads(threads)
+            with torch.inference_mode():
+                return self.model(input_ids=ids, use_cache=True).logits[:, -1]
+
+        return run
+
+    def generate(self, prompts: np.ndarray, new: int, threads: int) -> Callable:
+        torch = self.torch
+        from transformers import GenerationConfig
+
+        ids = torch.as_tensor(prompts, dtype=torch.long)
+        mask = torch.ones_like(ids)
+        gen = GenerationConfig(do_sample=False, max_new_tokens=new, min_new_tokens=new,
+                               use_cache=True, pad_token_id=0, eos_token_id=None,
+                               bos_token_id=None, temperature=None, top_p=None, top_k=None)
+
+        def run():
+            torch.set_num_threads(threads)
+            with torch.inference_mode():
+                out = self.model.generate(input_ids=ids, attention_mask=mask,
+                                          generation_config=gen)
+            return out[:, ids.shape[1]:].numpy()
+
+        return run
+
+    def sft(self, tokens: np.ndarray, lr: float) -> Callable:
+        torch = self.torch
+        ids = torch.as_tensor(tokens, dtype=torch.long)
+        opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
+
+        def run():
+            torch.set_num_threads(2)
+            self.model.train()
+            opt.zero_grad(set_to_none=True)
+            logits = self.model(input_ids=ids[:, :-1]).logits
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                     ids[:, 1:].reshape(-1))
+            loss.backward()
+            opt.step()
+            self.model.eval()
+            return float(loss.detach())
+
+        return run
+
+
+def measure_point(name: str, batch: int, *, config, params, peer: Optional[Peer], prompt: int,
+                  new: int, repeats: int, target_s: float, max_call_s: float,
+                  history: dict, deadline: float, block: Optional[int], seed: int,
+                  log=print) -> dict[str, Any]:
+    """One model at one batch: prefill and generate on both sides."""
+    rng = np.random.default_rng(seed + batch)
+    prompts = rng.integers(1, config.vocab_size, size=(batch, prompt)).astype(np.int32)
+    lengths = np.full((batch,), prompt, np.int32)
+    blk = attention_block(config, block)
+    row: dict[str, Any] = {"model": name, "batch": batch, "prompt": prompt, "new": new,
+                           "block": blk, "kv_cache_bytes": kv_cache_bytes(config, batch)}
+    run_gen = make_generate(config, new, Sampling(), (), -1, blk)
+    outputs: dict[str, np.ndarray] = {}
+
+    def keep(side):
+        def check(info, out):
+            outputs[side] = np.asarray(out.tokens if side == "jaxil_generate" else out)
+        return check
+
+    def prep_jaxil_prefill(info):
+        return compiled_call(jaxil_prefill(config), (params, jnp.asarray(prompts)), info, "fp32")
+
+    def prep_jaxil_generate(info):
+        call = compiled_call(run_gen, (params, jnp.asarray(prompts), jnp.asarray(lengths),
+                                       jax.random.key(seed)), info, "fp32")
+        return call
+
+    def need_peer(make):
+        def prep(info):
+            if peer is None:
+                raise Skip("peer unavailable")
+            info["compile_s"] = None
+            return make()
+        return prep
+
+    specs = [
+        SideSpec("jaxil_prefill", batch * prompt, prep_jaxil_prefill),
+        SideSpec("hf_prefill_t1", batch * prompt, need_peer(lambda: peer.prefill(prompts, 1))),
+        SideSpec("hf_prefill_t2", batch * prompt, need_peer(lambda: peer.prefill(prompts, 2))),
+        SideSpec("jaxil_generate", batch * new, prep_jaxil_generate, keep("jaxil_generate")),
+        SideSpec("hf_generate_t1", batch * new,
+                 need_peer(lambda: peer.generate(prompts, new, 1)), keep("hf_generate_t1")),
+        SideSpec("hf_generate_t2", batch * new,
+                 need_peer(lambda: peer.generate(prompts, new, 2)), keep("hf_generate_t2")),
+    ]
+    row["sides"] = sides = time_sides(specs, batch, repeats=repeats, target_s=target_s,
+                                      max_call_s=max_call_s, history=history, deadline=deadline)
+    if "jaxil_generate" in outputs:
+        for hf in ("hf_generate_t1", "hf_generate_t2"):
+            if hf in outputs:
+                row["greedy_tokens_equal"] = bool(np.array_equal(outputs["jaxil_generate"],
+                                                                 outputs[hf]))
+                row["greedy_tokens_agree"] = float(np.mean(outputs["jaxil_generate"]
+                                                           == outputs[hf]))
+                break
+    tps = {k: v.get("tokens_per_s") for k, v in sides.items() if not v.get("skipped")}
+    secs = {k: v.get("call_s") for k, v in sides.items() if not v.get("skipped")}
+    row.update({f"{k}_tokens_per_s": v for k, v in tps.items()})
+    # The peer at its best thread count: generate's, and prefill's own.
+    for what in ("generate", "prefill"):
+        opts = [k for k in (f"hf_{what}_t1", f"hf_{what}_t2") if k in tps]
+        if opts:
+            best = max(opts, key=lambda k: tps[k])
+            row[f"hf_{what}_threads"] = int(best[-1])
+            row[f"hf_{what}_tokens_per_s"] = tps[best]
+    # Decode = generate minus the same side's prefill (the peer's at the
+    # thread count of its best generate); None when the difference is
+    # within the timing noise (under 5 % of generate).
+    pairs = [("jaxil", "jaxil_prefill", "jaxil_generate")]
+    if "hf_generate_threads" in row:
+        t = row["hf_generate_threads"]
+        pairs.append(("hf", f"hf_prefill_t{t}", f"hf_generate_t{t}"))
+    for side, pre, gen in pairs:
+        if pre in secs and gen in secs and secs[gen] - secs[pre] > 0.05 * secs[gen]:
+            row[f"{side}_decode_tokens_per_s"] = batch * new / (secs[gen] - secs[pre])
+    for what in ("generate", "decode", "prefill"):
+        a = row.get(f"jaxil_{what}_tokens_per_s")
+        b = row.get(f"hf_{what}_tokens_per_s")
+        row[f"{what}_ratio"] = a / b if a and b else None
+    if "jaxil_generate" in sides and not sides["jaxil_generate"].get("skipped"):
+        row["xla_temp_bytes"] = sides["jaxil_generate"].get("temp_bytes")
+    log(f"  {name} B={batch}: " + ", ".join(
+        f"{k} {M.si(v['tokens_per_s'])} tok/s" if not v.get("skipped") else f"{k} skipped"
+        for k, v in sides.items())
+        + (f"; decode jaxil/hf {row['decode_ratio']:.2f}" if row.get("decode_ratio") else ""),
+        flush=True)
+    return row
+
+
+def measure_sft(name: str, *, config, params, peer: Optional[Peer], batch: int, length: int,
+                repeats: int, target_s: float, seed: int) -> dict[str, Any]:
+    """One full fine-tuning step on both sides (same tokens, AdamW, lr 1e-5)."""
+    lr = 1e-5
+    tokens = np.random.default_rng(seed).integers(1, config.vocab_size,
+                                                  size=(batch, length)).astype(np.int32)
+    tx = optax.adamw(lr, weight_decay=0.0)
+    opt_state = jax.jit(tx.init)(params)
+    step = sft_step(config, tx)
+
+    def prep_jaxil(info):
+        return compiled_call(step, (params, opt_state, jnp.asarray(tokens)), info, "fp32")
+
+    def prep_hf(info):
+        if peer is None:
+            raise Skip("peer unavailable")
+        info["compile_s"] = None
+        return peer.sft(tokens, lr)
+
+    n = batch * (length - 1)
+    sides = time_sides([SideSpec("jaxil_sft", n, prep_jaxil), SideSpec("hf_sft", n, prep_hf)],
+                       batch, repeats=repeats, target_s=target_s, max_call_s=1e9, history={},
+                       deadline=float("inf"))
+    row = {"model": name, "batch": batch, "length": length, "sides": sides}
+    a, b = (sides[k].get("tokens_per_s") for k in ("jaxil_sft", "hf_sft"))
+    row.update(jaxil_sft_tokens_per_s=a, hf_sft_tokens_per_s=b,
+               sft_ratio=a / b if a and b else None)
+    return row
+
+
+def machine_limits() -> dict[str, Any]:
+    """A 1024² float32 matmul's GFLOP/s and a streaming read's GB/s, now."""
+    rows = M.matmul_rates({"square_1024": (1024, 1024, 1024)}, repeats=7, target_s=2.0)
+    return {"matmul_gflops": rows[0]["gflops"], "stream_read_gbps": stream_read_gbps()}
+
+
+def rss_child(batch: int, prompt: int, new: int) -> dict[str, Any]:
+    """Peak resident memory of a fresh process that loads SmolLM2 and
+    generates `new` tokens for `batch` rows (jaxil only)."""
+    code = ("import json, resource, sys; sys.path.insert(0, %r); import decode_engine as d; "
+            "print(json.dumps(d._rss_run(%d, %d, %d)))"
+            % (str(Path(__file__).resolve().parent), batch, prompt, new))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=900)
+    if out.returncode:
+        return {"error": (out.stderr.strip().splitlines() or ["failed"])[-1][:300]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _rss_run(batch: int, prompt: int, new: int) -> dict[str, Any]:
+    from jaxil.pretrained import resolve
+
+    config, params = from_pretrained(resolve("smollm2-135m-instruct"), max_context=prompt + new - 1)
+    after_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    prompts = np.random.default_rng(0).integers(1, config.vocab_size, size=(batch, prompt))
+    run = make_generate(config, new, Sampling(), (), -1, attention_block(config))
+    jax.block_until_ready(run(params, jnp.asarray(prompts, jnp.int32),
+                              jnp.full((batch,), prompt, jnp.int32), jax.random.key(0)))
+    return {"batch": batch, "prompt": prompt, "new": new,
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "peak_rss_after_load_bytes": after_load,
+            "kv_cache_bytes": kv_cache_bytes(config, batch), "weight_bytes": weight_bytes(params)}
+
+
+# -- the run -----------------------------------------------------------------------------
+
+
+def measure(models: Sequence[str], batches: Sequence[int], *, prompt: int, new: int,
+            repeats: int, target_s: float, max_call_s: float, budget_s: Optional[float],
+            block: Optional[int], sft: bool, sft_batch: int, sft_len: int, rss: bool,
+            seed: int = 0, log=print) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    deadline = t0 + budget_s if budget_s else float("inf")
+    why_no_peer = peer_unavailable()
+    if why_no_peer is None:
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+    payload: dict[str, Any] = {
+        "benchmark": "decode_engine", "machine": M.machine_info(),
+        "versions": M.library_versions(), "load_before": M.loadavg(),
+        "config": {"models": list(models), "batches": list(batches), "prompt": prompt,
+                   "new": new, "repeats": repeats, "target_s": target_s, "block": block,
+                   "seed": seed},
+        "peer": {"skipped": why_no_peer}, "rows": [], "sft": [], "models": {}}
+    if why_no_peer is None:
+        import torch
+
+        payload["peer"].update(torch=torch.__version__,
+                               transformers=transformers.__version__,
+                               threads_before=torch.get_num_threads())
+    payload["limits"] = machine_limits()
+    log(f"machine: {payload['limits']['matmul_gflops']:.1f} GFLOP/s (1024² fp32 dot), "
+        f"{payload['limits']['stream_read_gbps']:.1f} GB/s (streaming read)", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in models:
+            t_load = time.perf_counter()
+            config, params, model, source = load_model(name, prompt + new - 1, Path(tmp),
+                                                       why_no_peer is None)
+            peer = Peer(model) if model is not None else None
+            payload["models"][name] = {
+                "source": source, "load_s": time.perf_counter() - t_load,
+                "num_params": int(sum(np.asarray(x).size for x in jax.tree.leaves(params))),
+                "matmul_params": matmul_params(config), "weight_bytes": weight_bytes(params),
+                "layers": config.num_layers, "d_model": config.d_model,
+                "heads": config.num_heads, "kv_heads": config.kv_heads,
+                "vocab": config.vocab_size, "max_context": config.max_context}
+            log(f"{name}: {payload['models'][name]['num_params']:,} parameters ({source})",
+                flush=True)
+            history: dict = {}
+            for b in batches:
+                row = measure_point(name, b, config=config, params=params, peer=peer,
+                                    prompt=prompt, new=new, repeats=repeats, target_s=target_s,
+                                    max_call_s=max_call_s, history=history, deadline=deadline,
+                                    block=block, seed=seed, log=log)
+                dec = row.get("jaxil_decode_tokens_per_s")
+                if dec:
+                    flops = decode_flops_per_token(config, prompt + new / 2)
+                    row["decode_gflops"] = dec * flops / 1e9
+                    row["decode_flops_fraction"] = row["decode_gflops"] / \
+                        payload["limits"]["matmul_gflops"]
+                    steps_per_s = dec / b
+                    row["weight_gbps"] = steps_per_s * weight_bytes(params) / 1e9
+                    row["weight_bandwidth_fraction"] = row["weight_gbps"] / \
+                        payload["limits"]["stream_read_gbps"]
+                payload["rows"].append(row)
+            if sft and time.perf_counter() < deadline:
+                # Within the positions the model was built with (GPT-2's are learned).
+                r = measure_sft(name, config=config, params=params, peer=peer, batch=sft_batch,
+                                length=min(sft_len, config.max_context), repeats=repeats,
+                                target_s=target_s, seed=seed)
+                payload["sft"].append(r)
+                log(f"  {name} SFT B={sft_batch} T={sft_len}: jaxil "
+                    f"{M.si(r['jaxil_sft_tokens_per_s'] or 0)} tok/s, transformers "
+                    f"{M.si(r['hf_sft_tokens_per_s'] or 0)} tok/s", flush=True)
+            del params, model, peer
+    if rss and "smollm2" in models:
+        payload["rss"] = rss_child(64, prompt, new)
+        log(f"SmolLM2 B=64 peak RSS: {payload['rss']}", flush=True)
+    payload["load_after"] = M.loadavg()
+    payload["wall_s"] = time.perf_counter() - t0
+    return payload
+
+
+COLUMNS = [
+    ("model", "model", "{}"),
+    ("batch", "B", "{}"),
+    ("jaxil_prefill_tokens_per_s", "jaxil prefill", "{:,.0f}"),
+    ("hf_prefill_tokens_per_s", "hf prefill", "{:,.0f}"),
+    ("jaxil_decode_tokens_per_s", "jaxil decode", "{:,.0f}"),
+    ("hf_decode_tokens_per_s", "hf decode", "{:,.0f}"),
+    ("decode_ratio", "decode jaxil/hf", "{:.2f}"),
+    ("generate_ratio", "generate jaxil/hf", "{:.2f}"),
+    ("prefill_ratio", "prefill jaxil/hf", "{:.2f}"),
+    ("hf_generate_threads", "hf threads", "{}"),
+    ("greedy_tokens_equal", "same tokens", "{}"),
+    ("kv_cache_bytes", "KV bytes", "{:,}"),
+]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", choices=MODELS, default=None)
+    p.add_argument("--batches", nargs="+", type=int, default=None)
+    p.add_argument("--prompt", type=int, default=32, help="prompt tokens per row")
+    p.add_argument("--new", type=int, default=None, help="new tokens per row (default 64)")
+    p.add_argument("--block", type=int, default=None,
+                   help="the decode step's attention block (default: generate's choice)")
+    p.add_argument("--quick", action="store_true", help="smoke run: tiny models, B = 1 and 8")
+    p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--target-s", type=float, default=None)
+    p.add_argument("--max-call-s", type=float, default=300.0)
+    p.add_argument("--budget-s", type=float, default=None)
+    p.add_argument("--no-sft", action="store_true", help="skip the fine-tuning step")
+    p.add_argument("--sft-batch", type=int, default=4)
+    p.add_argument("--sft-len", type=int, default=128,
+                   help="tokens per SFT row (at most the model's context, prompt + new - 1)")
+    p.add_argument("--rss", action="store_true",
+                   help="also the peak RSS of a SmolLM2 B = 64 child process")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out-dir", default=None)
+    p.add_argument("--name", default="decode_engine")
+    args = p.parse_args(argv)
+    defaults = {"models": MODELS, "batches": DEFAULT_BATCHES, "repeats": 3, "target_s": 3.0,
+                "new": 64}
+    for k, v in (QUICK if args.quick else defaults).items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    if min(args.batches) < 1 or args.prompt < 1 or args.new < 1:
+        p.error("--batches, --prompt and --new must be positive")
+    return args
+
+
+def main(argv=None) -> dict[str, Any]:
+    args = parse_args(argv)
+    m = M.machine_info()
+    print(f"decode engine on {m['cpu_model']} ({m['cpus_usable']} CPUs), jax {jax.__version__}, "
+          f"load {M.loadavg()}", flush=True)
+    payload = measure(args.models, args.batches, prompt=args.prompt, new=args.new,
+                      repeats=args.repeats, target_s=args.target_s, max_call_s=args.max_call_s,
+                      budget_s=args.budget_s, block=args.block, sft=not args.no_sft,
+                      sft_batch=args.sft_batch, sft_len=args.sft_len, rss=args.rss,
+                      seed=args.seed)
+    payload["config"]["quick"] = args.quick
+    path = M.write_json(args.name, payload, args.out_dir or RESULTS_DIR)
+    print()
+    print(M.format_table(payload["rows"], COLUMNS))
+    if payload["peer"]["skipped"]:
+        print(f"peer skipped: {payload['peer']['skipped']}")
+    print(f"\nwrote {path} ({payload['wall_s']:.0f} s)")
+    return payload
+
+
+if __name__ == "__main__":
+    main()
