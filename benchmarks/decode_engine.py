@@ -21,7 +21,7 @@ one warm-up, medians over the repeats, ``block_until_ready``):
 
 - ``jaxil_prefill``: the prompts through
   [`Transformer.decode`][jaxil.nn.transformer.Transformer.decode] into an
-  empty cache, one pass; ``hf_prefill_t1`` / ``_t2``: the model's forward
+  empty cache, one pass (``fresh``: the prompt attends to itself); ``hf_prefill_t1`` / ``_t2``: the model's forward
   pass over the prompts with ``use_cache=True`` (``inference_mode``) at 1
   and 2 torch threads.
 - ``jaxil_generate``: [`jaxil.nn.generate.generate`][jaxil.nn.generate.generate]'s
@@ -202,12 +202,14 @@ def stream_read_gbps(megabytes: int = 512, repeats: int = 5) -> float:
 
 
 def jaxil_prefill(config: TransformerConfig) -> Callable:
-    """``(params, prompts [B, T]) -> logits [B, V]``: the prompts into an
-    empty cache in one pass (what `generate` does before decoding)."""
+    """``(params, prompts [B, T]) -> (logits [B, V], lengths [B])``: the
+    prompts into an empty cache in one pass attending to themselves (what
+    `generate` does before decoding)."""
     net = Transformer(config)
 
     def run(params, prompts):
-        logits, cache = net.decode(params, prompts, net.empty_cache(prompts.shape[:1]))
+        logits, cache = net.decode(params, prompts, net.empty_cache(prompts.shape[:1]),
+                                   fresh=True)
         return logits, cache.length
 
     return run

@@ -5,9 +5,10 @@ different lengths in one jitted program:
 
 1. **Prefill.** The prompts `[B, T]` are left-aligned (a prompt starts at
    column 0; columns at and past its length may hold anything) and enter
-   the decoder's cached path,
-   [`Transformer.step`][jaxil.nn.transformer.Transformer.step], in one call
-   per row (vmapped): all `T` columns are written to the cache, then the
+   the decoder's batched step,
+   [`Transformer.decode`][jaxil.nn.transformer.Transformer.decode], as one
+   chunk attending to itself (`fresh`: `O(T²)`, the empty cache is only
+   written): all `T` columns are written to the cache, then the
    cache's `length` is set back to `length − 1`, so the columns past a
    prompt are never attended to and are overwritten as the row grows.
 2. **Decode.** A `lax.while_loop` of one-token steps: the first feeds each
@@ -196,7 +197,7 @@ def make_generate(config: TransformerConfig, max_new_tokens: int, sampling: Samp
         prompt_ids = prompt_ids.astype(jnp.int32)
         prompt_lengths = prompt_lengths.astype(jnp.int32)
         # The prompts are one chunk: a sequence pass over all T columns.
-        _, cache = net.decode(params, prompt_ids, net.empty_cache((B,)))
+        _, cache = net.decode(params, prompt_ids, net.empty_cache((B,)), fresh=True)
         # Forget each prompt's last token and whatever followed it: the first
         # decode step feeds that token again and reads the logits after it.
         cache = cache._replace(length=prompt_lengths - 1)
