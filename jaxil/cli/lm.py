@@ -47,6 +47,7 @@ and reproduces the uninterrupted one.
 from __future__ import annotations
 
 import argparse
+from typing import Optional
 
 from jaxil.cli.args import (add_progress, add_run_dir, add_seeds, nonneg_float, nonneg_int,
                             positive_float, positive_int, probability)
@@ -209,7 +210,10 @@ def _sft(args) -> int:
     if args.model is None and args.lora is not None:
         raise ValueError("--lora adapts a pretrained model; give --model NAME_OR_PATH (e.g. "
                          "smollm2-135m-instruct) or leave out --lora")
-    cfg = sft.SFTConfig(size=args.size, agent_ids=args.agent_ids, learning_rate=args.lr,
+    if args.model is not None and args.size is not None:
+        raise ValueError(f"--size {args.size} sizes a student trained from scratch; --model "
+                         f"{args.model} brings its own architecture: leave out --size")
+    cfg = sft.SFTConfig(size=args.size or "tiny", agent_ids=args.agent_ids, learning_rate=args.lr,
                         batch_episodes=args.batch_episodes, num_updates=args.updates,
                         eval_every=args.eval_every, eval_episodes=args.eval_episodes,
                         lora_rank=args.lora, lora_alpha=args.lora_alpha)
@@ -364,7 +368,7 @@ def _align(args) -> int:
     return 0
 
 
-def _common(p, size_default: str = "tiny") -> None:
+def _common(p, size_default: Optional[str] = "tiny") -> None:
     from jaxil.nn.transformer import SIZES
 
     p.add_argument("--env", required=True,
@@ -373,7 +377,7 @@ def _common(p, size_default: str = "tiny") -> None:
     p.add_argument("--task-knob", action="append", default=[], metavar="NAME=VALUE",
                    help="a difficulty knob of the task, e.g. faults=4 (repeatable)")
     p.add_argument("--size", choices=list(SIZES), default=size_default,
-                   help="the student transformer's size")
+                   help="the student transformer's size (default: tiny)")
     p.add_argument("--agent-ids", action="store_true", help="learned agent-id embedding")
     add_seeds(p)
 
@@ -390,7 +394,7 @@ def register(sub) -> None:
     lm_generate.register(lsub)
 
     s = lsub.add_parser("sft", help="fine-tune a transformer on the scripted expert's episodes")
-    _common(s)
+    _common(s, size_default=None)
     d = SFTConfig()
     s.add_argument("--demos", type=positive_int, default=256, help="demonstration episodes")
     s.add_argument("--heldout", type=nonneg_int, default=64,

@@ -166,10 +166,11 @@ def test_pretrained_settings_that_do_not_fit_are_refused_in_one_line(env, demos,
                                                                      capsys):
     """LoRA without a model, an agent-id embedding on a pretrained model, a
     model mapped for another setting of the task, and on the command line a
-    rank below 1, `--lora` without `--model` and an unknown model name:
-    each one line naming the fix, the CLI exiting non-zero without a
-    traceback. Kills a LoRA rank of 0 taken as full fine-tuning and a model
-    of another context length trained silently."""
+    rank below 1, `--lora` without `--model`, an unknown model name and
+    `--size` beside `--model`: each one line naming the fix, the CLI exiting
+    non-zero without a traceback. Kills a LoRA rank of 0 taken as full
+    fine-tuning, a model of another context length trained silently and a
+    `--size` silently ignored."""
     train, _ = demos
     harder = envs.make("tokens:arith", num_ops=2)
     cases = [(env, CFG.__class__(lora_rank=4), None, "LoRA adapts a pretrained model"),
@@ -182,7 +183,8 @@ def test_pretrained_settings_that_do_not_fit_are_refused_in_one_line(env, demos,
     base = ["lm", "sft", "--env", "tokens:arith", "--updates", "2", "--eval-every", "2"]
     for extra, msg in ((["--model", str(gguf), "--lora", "0"], "rank must be an integer >= 1"),
                        (["--lora", "4"], "--lora adapts a pretrained model; give --model"),
-                       (["--model", "no-such-model"], "neither a file or directory nor a known")):
+                       (["--model", "no-such-model"], "neither a file or directory nor a known"),
+                       (["--model", str(gguf), "--size", "small"], "leave out --size")):
         assert cli_main(base + extra) != 0
         err = capsys.readouterr().err.strip()
         assert msg in err and "Traceback" not in err and len(err.splitlines()) == 1, err
