@@ -34,6 +34,10 @@ one warm-up, medians over the repeats, ``block_until_ready``):
   generate time minus the same side's prefill time (the peer's at the
   thread count of its best generate). The warm-up outputs of
   the two generates are compared token for token (``greedy_tokens_equal``).
+- ``llamacpp_prefill`` / ``llamacpp_generate`` (SmolLM2 at B = 1, where
+  ``llama-cpp-python`` imports): llama.cpp on the same GGUF, greedy, 2
+  threads. It runs the file's quantized kernels (Q4_1, Q8_0) where the
+  other sides run float32, so it is a reference, not a ratio target.
 - ``sft`` (``--sft``, once per model at ``--sft-batch`` × ``--sft-len``):
   one full fine-tuning step — next-token cross-entropy over every token,
   its gradient and an AdamW update — jitted in jaxil
@@ -292,11 +296,55 @@ class Peer:
         return run
 
 
+def llamacpp_unavailable() -> Optional[str]:
+    """Why llama.cpp cannot run here (None when it can)."""
+    try:
+        import llama_cpp  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - a missing or broken install is a reason
+        return f"llama-cpp-python not importable ({type(e).__name__}: {str(e)[:120]})"
+    return None
+
+
+class LlamaCpp:
+    """llama.cpp (`llama-cpp-python`) on the same GGUF, one sequence at a
+    time: a reference row (it runs the file's quantized kernels, Q4_1 and
+    Q8_0, where the other sides run float32)."""
+
+    def __init__(self, path: str, context: int, threads: int = 2):
+        from llama_cpp import Llama
+
+        self.llm = Llama(model_path=path, n_ctx=context, n_threads=threads,
+                         n_threads_batch=threads, n_batch=512, verbose=False)
+
+    def prefill(self, prompts: np.ndarray) -> Callable:
+        def run():
+            for row in prompts:
+                self.llm.reset()
+                self.llm.eval(row.tolist())
+            return np.zeros(())
+        return run
+
+    def generate(self, prompts: np.ndarray, new: int) -> Callable:
+        def run():
+            out = []
+            for row in prompts:
+                toks = []
+                for t in self.llm.generate(row.tolist(), temp=0.0, top_k=1, repeat_penalty=1.0,
+                                           reset=True):
+                    toks.append(t)
+                    if len(toks) == new:
+                        break
+                out.append(toks)
+            return np.asarray(out)
+        return run
+
+
 def measure_point(name: str, batch: int, *, config, params, peer: Optional[Peer], prompt: int,
                   new: int, repeats: int, target_s: float, max_call_s: float,
                   history: dict, deadline: float, block: Optional[int], seed: int,
-                  log=print) -> dict[str, Any]:
-    """One model at one batch: prefill and generate on both sides."""
+                  llamacpp: Optional[LlamaCpp] = None, log=print) -> dict[str, Any]:
+    """One model at one batch: prefill and generate on both sides (and on
+    llama.cpp, when given, as a reference)."""
     rng = np.random.default_rng(seed + batch)
     prompts = rng.integers(1, config.vocab_size, size=(batch, prompt)).astype(np.int32)
     lengths = np.full((batch,), prompt, np.int32)
@@ -337,6 +385,13 @@ def measure_point(name: str, batch: int, *, config, params, peer: Optional[Peer]
         SideSpec("hf_generate_t2", batch * new,
                  need_peer(lambda: peer.generate(prompts, new, 2)), keep("hf_generate_t2")),
     ]
+    if llamacpp is not None:
+        specs += [SideSpec("llamacpp_prefill", batch * prompt,
+                           lambda info: (info.update(compile_s=None), llamacpp.prefill(prompts))[1]),
+                  SideSpec("llamacpp_generate", batch * new,
+                           lambda info: (info.update(compile_s=None),
+                                         llamacpp.generate(prompts, new))[1],
+                           keep("llamacpp_generate"))]
     row["sides"] = sides = time_sides(specs, batch, repeats=repeats, target_s=target_s,
                                       max_call_s=max_call_s, history=history, deadline=deadline)
     if "jaxil_generate" in outputs:
@@ -364,6 +419,11 @@ def measure_point(name: str, batch: int, *, config, params, peer: Optional[Peer]
     if "hf_generate_threads" in row:
         t = row["hf_generate_threads"]
         pairs.append(("hf", f"hf_prefill_t{t}", f"hf_generate_t{t}"))
+    if "llamacpp_generate" in secs:
+        pairs.append(("llamacpp", "llamacpp_prefill", "llamacpp_generate"))
+        if "jaxil_generate" in outputs and "llamacpp_generate" in outputs:
+            row["llamacpp_greedy_tokens_agree"] = float(np.mean(
+                outputs["jaxil_generate"] == outputs["llamacpp_generate"]))
     for side, pre, gen in pairs:
         if pre in secs and gen in secs and secs[gen] - secs[pre] > 0.05 * secs[gen]:
             row[f"{side}_decode_tokens_per_s"] = batch * new / (secs[gen] - secs[pre])
@@ -464,7 +524,7 @@ def _rss_run(batch: int, prompt: int, new: int) -> dict[str, Any]:
 def measure(models: Sequence[str], batches: Sequence[int], *, prompt: int, new: int,
             repeats: int, target_s: float, max_call_s: float, budget_s: Optional[float],
             block: Optional[int], sft: bool, sft_batch: int, sft_len: int, rss: bool,
-            seed: int = 0, log=print) -> dict[str, Any]:
+            llamacpp: bool = True, seed: int = 0, log=print) -> dict[str, Any]:
     t0 = time.perf_counter()
     deadline = t0 + budget_s if budget_s else float("inf")
     why_no_peer = peer_unavailable()
@@ -485,6 +545,12 @@ def measure(models: Sequence[str], batches: Sequence[int], *, prompt: int, new: 
         payload["peer"].update(torch=torch.__version__,
                                transformers=transformers.__version__,
                                threads_before=torch.get_num_threads())
+    why_no_cpp = llamacpp_unavailable() if llamacpp else "not asked for (--no-llamacpp)"
+    payload["llamacpp"] = {"skipped": why_no_cpp}
+    if why_no_cpp is None:
+        import llama_cpp
+
+        payload["llamacpp"]["version"] = llama_cpp.__version__
     payload["limits"] = machine_limits()
     log(f"machine: {payload['limits']['matmul_gflops']:.1f} GFLOP/s (1024² fp32 dot), "
         f"{payload['limits']['stream_read_gbps']:.1f} GB/s (streaming read)", flush=True)
@@ -504,11 +570,15 @@ def measure(models: Sequence[str], batches: Sequence[int], *, prompt: int, new: 
             log(f"{name}: {payload['models'][name]['num_params']:,} parameters ({source})",
                 flush=True)
             history: dict = {}
+            cpp = None
+            if name == "smollm2" and payload["llamacpp"]["skipped"] is None:
+                cpp = LlamaCpp(source, prompt + new)
             for b in batches:
                 row = measure_point(name, b, config=config, params=params, peer=peer,
                                     prompt=prompt, new=new, repeats=repeats, target_s=target_s,
                                     max_call_s=max_call_s, history=history, deadline=deadline,
-                                    block=block, seed=seed, log=log)
+                                    block=block, seed=seed, log=log,
+                                    llamacpp=cpp if b == 1 else None)
                 dec = row.get("jaxil_decode_tokens_per_s")
                 if dec:
                     flops = decode_flops_per_token(config, prompt + new / 2)
@@ -574,6 +644,8 @@ def parse_args(argv=None):
                    help="tokens per SFT row (at most the model's context, prompt + new - 1)")
     p.add_argument("--rss", action="store_true",
                    help="also the peak RSS of a SmolLM2 B = 64 child process")
+    p.add_argument("--no-llamacpp", action="store_true",
+                   help="leave out llama.cpp's reference row (SmolLM2, B = 1; needs llama-cpp-python)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", default=None)
     p.add_argument("--name", default="decode_engine")
@@ -597,7 +669,7 @@ def main(argv=None) -> dict[str, Any]:
                       repeats=args.repeats, target_s=args.target_s, max_call_s=args.max_call_s,
                       budget_s=args.budget_s, block=args.block, sft=not args.no_sft,
                       sft_batch=args.sft_batch, sft_len=args.sft_len, rss=args.rss,
-                      seed=args.seed)
+                      llamacpp=not args.no_llamacpp, seed=args.seed)
     payload["config"]["quick"] = args.quick
     path = M.write_json(args.name, payload, args.out_dir or RESULTS_DIR)
     print()
