@@ -115,6 +115,30 @@ def imitation_gap(env: Any, privileged: Any, transcript: Any, episodes: Any,
     Raises:
       ValueError: `select` does not match the episodes' shape.
     """
+    return imitation_gap_by_turn(env, privileged, transcript, episodes, select, params, 1)[0]
+
+
+def imitation_gap_by_turn(env: Any, privileged: Any, transcript: Any, episodes: Any,
+                          select: Any = None, params: tuple[Any, Any] = (None, None),
+                          num_bins: int = 4, labels: Any = None) -> list[ImitationGap]:
+    """[imitation_gap][jaxil.algorithms.lm.imitation_gap.imitation_gap]
+    over all selected states, then per turn bin: `[all, turn 0, …,
+    turn ≥ num_bins − 1]`.
+
+    A state's turn is how many turns its agent had ended before it, read
+    from the transcript's echo column (`obs[..., 0] == env.eot_token`), so
+    it is the same whether the step's recorded target is the action taken
+    or an expert's label. A context's recurrence (`undetermined`,
+    `shared`) is judged over all selected states: a shared context is at
+    the same turn in both episodes.
+
+    `labels` (`[E, T, N]` int): the privileged expert's recorded tokens
+    (a demonstration's actions, DAgger's labels, OEC's expert segments)
+    instead of replaying `privileged` (which may then be None), for
+    episodes stored without their privileged columns.
+    """
+    if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 1:
+        raise ValueError(f"num_bins must be an int >= 1, got {num_bins!r}")
     obs = np.asarray(episodes.obs)[:, :-1]
     avail = np.asarray(episodes.avail_actions)[:, :-1].astype(bool)
     E, T, N = obs.shape[:3]
@@ -126,11 +150,17 @@ def imitation_gap(env: Any, privileged: Any, transcript: Any, episodes: Any,
                              f"[E, T, N] = {(E, T, N)}, like the episodes' steps")
         sel = sel & (s[..., None] if s.ndim == 2 else s)
     sel = sel & (avail.sum(-1) > 1)
-    p = expert_labels(privileged, obs, avail, params[0])
+    empty = ImitationGap(0, float("nan"), float("nan"), float("nan"))
+    if not sel.any():
+        return [empty] * (num_bins + (num_bins > 1))
+    if labels is None:
+        p = expert_labels(privileged, obs, avail, params[0])
+    else:
+        p = np.asarray(labels)
+        if p.shape != (E, T, N):
+            raise ValueError(f"labels has shape {p.shape}; it must be [E, T, N] = {(E, T, N)}, "
+                             "like the episodes' steps")
     x = expert_labels(transcript, obs, avail, params[1])
-    states = int(sel.sum())
-    if not states:
-        return ImitationGap(0, float("nan"), float("nan"), float("nan"))
 
     K = env.token_width
     rows = np.round(obs[..., :K]).astype(np.int64)  # [E, T, N, K]
@@ -146,10 +176,25 @@ def imitation_gap(env: Any, privileged: Any, transcript: Any, episodes: Any,
                 if sel[e, t, n]:
                     labels.setdefault(h, set()).add(int(p[e, t, n]))
                     episodes_of.setdefault(h, set()).add(e)
-    undetermined = shared = 0
+    undetermined = np.zeros((E, T, N), bool)
+    shared = np.zeros((E, T, N), bool)
     for e, t, n in zip(*np.nonzero(sel)):
         h = keys[e, t, n]
-        shared += len(episodes_of[h]) > 1
-        undetermined += len(labels[h]) > 1
-    return ImitationGap(states=states, differs=float((p != x)[sel].mean()),
-                        undetermined=undetermined / states, shared=shared / states)
+        shared[e, t, n] = len(episodes_of[h]) > 1
+        undetermined[e, t, n] = len(labels[h]) > 1
+
+    def rates(where: np.ndarray) -> ImitationGap:
+        m = int(where.sum())
+        if not m:
+            return empty
+        return ImitationGap(states=m, differs=float((p != x)[where].mean()),
+                            undetermined=float(undetermined[where].mean()),
+                            shared=float(shared[where].mean()))
+
+    out = [rates(sel)]
+    if num_bins > 1:
+        ended = np.round(obs[..., 0]).astype(np.int64) == int(env.eot_token)  # [E, T, N]
+        turn = np.cumsum(ended, axis=1)  # the echo at step t ended a turn before step t
+        bins = np.minimum(turn, num_bins - 1)
+        out += [rates(sel & (bins == b)) for b in range(num_bins)]
+    return out

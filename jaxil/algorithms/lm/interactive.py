@@ -136,7 +136,9 @@ class TokenInteractiveConfig:
       updates_per_round: updates per round.
       sft_tokens: expert tokens of the demonstrations the shared SFT start
         is trained on.
-      sft_updates: updates of that start.
+      sft_updates: updates of that start; 0 starts every run from the
+        untrained student (the `sft_tokens` demonstrations are still in
+        every run's data and budget).
       capacity: episodes the buffer holds (a ring: the oldest are
         overwritten); 0 means `rounds × episodes_per_round`. An `opd`
         run's buffer holds its round's episodes (`episodes_per_round`).
@@ -160,9 +162,12 @@ class TokenInteractiveConfig:
         if self.size not in SIZES:
             raise ValueError(f"size must be one of {list(SIZES)}, got {self.size!r}")
         for name in ("batch_episodes", "rounds", "episodes_per_round", "updates_per_round",
-                     "sft_tokens", "sft_updates", "eval_episodes"):
+                     "sft_tokens", "eval_episodes"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if int(self.sft_updates) < 0:
+            raise ValueError(f"sft_updates must be >= 0 (0: an untrained start), got "
+                             f"{self.sft_updates}")
         if self.capacity < 0:
             raise ValueError(f"capacity must be >= 0 (0: rounds × episodes_per_round), got "
                              f"{self.capacity}")
@@ -660,12 +665,14 @@ def _program(env, expert, expert_params, regimes, seeds, config, base_seed, eval
                 expert_turns=jnp.int32(0), expert_episodes=jnp.int32(0),
                 demo_eps=jnp.int32(sft_eps), round=jnp.int32(0), key=k_run)
 
-        sft = jax.jit(jax.vmap(lambda s: _train(student, tx, s, demos, config.sft_updates,
-                                                config.batch_episodes)))
-        base, _, health = sft(jax.vmap(one)(keys))
-        guard.check(jax.device_get(health), learner="token interactive student (SFT)",
-                    run_labels=[f"seed {s}" for s in uniq], first_step=1,
-                    chunk_len=config.sft_updates)
+        base = jax.vmap(one)(keys)
+        if config.sft_updates:
+            sft = jax.jit(jax.vmap(lambda s: _train(student, tx, s, demos, config.sft_updates,
+                                                    config.batch_episodes)))
+            base, _, health = sft(base)
+            guard.check(jax.device_get(health), learner="token interactive student (SFT)",
+                        run_labels=[f"seed {s}" for s in uniq], first_step=1,
+                        chunk_len=config.sft_updates)
         pick = jnp.asarray([s for _, s in runs])
         st = jax.tree.map(lambda x: x[pick], base)
         opt = jax.vmap(_set_lr)(st.opt_state, hp.lr)
@@ -690,9 +697,11 @@ def _program(env, expert, expert_params, regimes, seeds, config, base_seed, eval
         _, before = summarize_step(untrained(), "round", group=lambda r: "untrained student",
                                    group_name="regime")
         start = [r for r in rows if r["round"] == 0 and r["regime"] == names[0]]
-        _, sft_start = summarize_step(start, "round", group=lambda r: "SFT start (round 0)",
+        label = "SFT start (round 0)" if config.sft_updates else "untrained start (round 0)"
+        _, sft_start = summarize_step(start, "round", group=lambda r: label,
                                       group_name="regime")
-        for g, tokens in ((before, 0.0), (sft_start, float(acc["tokens"][sft_eps - 1]))):
+        start_tokens = float(acc["tokens"][sft_eps - 1]) if config.sft_updates else 0.0
+        for g, tokens in ((before, 0.0), (sft_start, start_tokens)):
             for entry in g:
                 entry["expert_tokens_mean"] = tokens
         budgets = {n: int(h["budget"]) for n, h in regimes}

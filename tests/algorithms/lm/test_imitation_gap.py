@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from jaxil import envs
-from jaxil.algorithms.lm.imitation_gap import expert_labels, imitation_gap
+from jaxil.algorithms.lm.imitation_gap import (expert_labels, imitation_gap,
+                                                imitation_gap_by_turn)
 from jaxil.envs.policies import Policy, uniform_available
 from helpers.fast_compile import fast_call
 
@@ -54,6 +55,31 @@ def test_rates_match_a_hand_count():
     with pytest.raises(ValueError, match="select has shape"):
         imitation_gap(env, _by_column(1), _by_column(0), _tiny_episodes(), select=np.ones(3))
 
+
+
+def test_rates_by_turn_match_a_hand_count():
+    """With `<eot>` = 6, the echo `6` at step 1 of e0 and e2 ends their
+    first turn, so step 1 is turn 1 there and turn 0 in e1. Turn 0 holds
+    e0, e1, e2 at step 0 and e1 at step 1 (3 of 4 undetermined), turn 1
+    holds e0's step 1 alone (e2's has no choice): neither shared nor
+    undetermined. The first entry is the rates over all states. Catches a
+    turn read from the privileged column or from the step count, a bin
+    that drops the last (`≥`) turns, or per-bin contexts that count
+    unselected states."""
+    env = SimpleNamespace(token_width=1, eot_token=6)
+    everything, turn0, turn1 = imitation_gap_by_turn(env, _by_column(1), _by_column(0),
+                                                     _tiny_episodes(), num_bins=2)
+    assert everything == imitation_gap(env, _by_column(1), _by_column(0), _tiny_episodes())
+    assert (turn0.states, turn1.states) == (4, 1)
+    assert turn0.undetermined == pytest.approx(3 / 4) and turn0.shared == pytest.approx(3 / 4)
+    assert turn1.undetermined == 0.0 and turn1.shared == 0.0 and turn1.differs == 1.0
+    recorded = np.asarray(_tiny_episodes().obs)[:, :-1, :, 1]  # the privileged column's labels
+    assert imitation_gap_by_turn(env, None, _by_column(0), _tiny_episodes(), num_bins=2,
+                                 labels=recorded) == [everything, turn0, turn1]
+    with pytest.raises(ValueError, match="labels has shape"):
+        imitation_gap_by_turn(env, None, _by_column(0), _tiny_episodes(), labels=recorded[0])
+    with pytest.raises(ValueError, match="num_bins"):
+        imitation_gap_by_turn(env, _by_column(1), _by_column(0), _tiny_episodes(), num_bins=0)
 
 def test_expert_labels_threads_the_carry():
     """A counting expert (carry + 1 per step) labels step t with t + 1 in
