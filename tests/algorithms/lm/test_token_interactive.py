@@ -140,6 +140,25 @@ def test_bad_settings_fail_in_one_line(env, expert, tmp_path):
         TI.TokenInteractiveConfig(size="huge")
 
 
+
+def test_an_untrained_start_skips_the_sft_and_keeps_the_demos_in_the_budget(env, expert):
+    """`sft_updates=0`: every run starts from its seed's initial student
+    (the program's state equals `student.init` of the seed's key), and the
+    demonstrations are still counted (the BC regime's demo episodes stay
+    those of its budget, OEC's those of the SFT start). Catches an SFT
+    run anyway (e.g. with a default number of updates) and a start that
+    drops the demonstrations from the data. Negative updates are refused."""
+    with pytest.raises(ValueError, match="sft_updates must be >= 0"):
+        dataclasses.replace(CFG, sft_updates=-1)
+    regimes = [(m, TI.token_regime(m, BUDGET, sft_tokens=CFG.sft_tokens)) for m in ("bc", "oec")]
+    program = TI._program(env, expert, None, regimes, 1, dataclasses.replace(CFG, sft_updates=0),
+                          0, CFG.rounds)
+    state = program.init()
+    initial = TI.make_student(env, CFG).init(jax.random.split(jax.random.PRNGKey(0))[0])
+    same = jax.tree.map(lambda a, b: bool(jnp.all(a[0] == b)), state.params, initial)
+    assert all(jax.tree.leaves(same))
+    assert int(state.demo_eps[0]) > int(state.demo_eps[1]) >= 1
+
 @pytest.mark.slow
 def test_cli_run_killed_with_sigkill_resumes_exactly(tmp_path):
     """``jaxil lm interactive`` killed by SIGKILL once its first checkpoint
