@@ -23,6 +23,8 @@ those before it; `tests/test_imports.py` checks this):
 - [`jaxil.envs`][jaxil.envs]: environments behind one stacked-agent interface.
 - [`jaxil.losses`][jaxil.losses]: the objectives as pure, shape-checked functions.
 - [`jaxil.nn`][jaxil.nn]: networks, distributions, the policy layer, mixing.
+- [`jaxil.lm`][jaxil.lm]: a pretrained language model in one call
+  (`jaxil.lm.load("smollm2-135m-instruct")`).
 - [`jaxil.runs`][jaxil.runs]: the run engine (run directories, resume, the guard,
   checkpoints, loggers, sharding).
 - [`jaxil.data`][jaxil.data]: the dataset format, sampling, preferences, interchange.
@@ -47,6 +49,8 @@ _EXPORTS = {
     "make_env": ("jaxil.envs", "make"),
     "list_envs": ("jaxil.envs.registry", "list_envs"),
     "run_episodes": ("jaxil.envs", "run_episodes"),
+    # pretrained language models
+    "lm": ("jaxil.lm", None),
     # learners and policies
     "LEARNERS": ("jaxil.algorithms.offline", "LEARNERS"),
     "Learner": ("jaxil.algorithms.offline", "Learner"),

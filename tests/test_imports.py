@@ -45,6 +45,7 @@ LAYERS = (
     "jaxil.losses",                  # pure maths
     "jaxil.pretrained",              # checkpoint I/O: configs, parameter tables, tokenizers (numpy)
     "jaxil.nn",                      # networks, distributions, the policy, mixing
+    "jaxil.lm",                      # a pretrained language model in one call (jaxil.lm.load)
     "jaxil.runs",                    # the engine: run directories, guard, checkpoints, loggers
     "jaxil.data",                    # the dataset format, sampling, preferences, interchange
     "jaxil.algorithms.offline",      # BC, INDD, MisoDICE, O-MAPL learners (programs)

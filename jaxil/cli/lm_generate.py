@@ -48,37 +48,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the parameters' and the forward pass's dtype (default float32)")
 
 
-def prompt_ids(ckpt, text: str, chat) -> tuple[list[int], bool]:
-    """`(token ids, chat)` of the prompt: one user turn under the chat
-    template (`chat` None: when the checkpoint has one), or the raw text
-    (with BOS where the checkpoint asks for it)."""
-    from jaxil.pretrained import CheckpointError
-
-    if ckpt.tokenizer is None:
-        raise CheckpointError(f"{ckpt.path}: the checkpoint has no tokenizer (no tokenizer.json); "
-                              "add the model's tokenizer.json to the directory")
-    if chat is None:
-        chat = ckpt.chat_template is not None
-    if chat:
-        rendered = ckpt.render_chat([{"role": "user", "content": text}])
-        ids = ckpt.tokenizer.encode(rendered, add_special_tokens=False).ids
-    else:
-        ids = ckpt.tokenizer.encode(text).ids
-    if not ids:
-        raise ValueError("the prompt is empty after tokenization; pass a non-empty --prompt")
-    return ids, chat
-
-
-def stop_ids(ckpt) -> tuple[int, ...]:
-    """The checkpoint's EOS and end-of-turn ids (those it has)."""
-    s = ckpt.special
-    return tuple(sorted({i for i in (s.eos_id, s.end_of_turn_id) if i is not None}))
-
-
 def run(args: argparse.Namespace) -> int:
     import jax
     import numpy as np
 
+    from jaxil.lm import encode_prompt, stop_ids
     from jaxil.nn.generate import Sampling, check_request, make_generate
     from jaxil.nn.pretrained_params import from_checkpoint
     from jaxil.pretrained import load_checkpoint
@@ -86,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     sampling = Sampling(args.temperature, args.top_k, args.top_p)  # bad settings fail first
     t0 = time.perf_counter()
     ckpt = load_checkpoint(args.model, args.dtype)
-    ids, chat = prompt_ids(ckpt, args.prompt, args.chat)
+    ids, chat = encode_prompt(ckpt, args.prompt, args.chat)
     n_new = args.max_new_tokens
     # The cache holds just this request (a step's attention reads all of it),
     # at most the checkpoint's trained context: check_request names the fix.
