@@ -14,7 +14,9 @@ With `--model NAME_OR_PATH` the student is a pretrained model speaking the
 task's vocabulary through its own embeddings (`jaxil.nn.task_vocab`),
 fine-tuned in full or, with `--lora RANK`, through low-rank adapters; with
 `--out` each seed's fine-tuned model is exported as an HF directory,
-`OUT/hf` (`OUT/hf-seed-S` for several seeds):
+`OUT/hf` (`OUT/hf-seed-S` for several seeds), and kept in the task's
+vocabulary as the students, `OUT/students`, which `interactive --expert OUT`
+takes as an expert LM:
 
     jaxil lm sft --env tokens:arith --task-knob num_ops=1 --model smollm2-135m-instruct \
         --lora 8 --demos 64 --updates 40 --eval-every 20 --batch-episodes 8 --out runs/smol
@@ -89,15 +91,32 @@ def _token_env(env_id: str, knobs: list[str], need_expert: bool = True,
 STUDENTS = "students"
 
 
-def _save_students(out: str, env_id: str, knobs: dict, cfg, seeds: list[int], params) -> None:
+def _save_students(out: str, env_id: str, knobs: dict, cfg, seeds: list[int], params,
+                   model=None, model_name: Optional[str] = None) -> None:
+    """Write the students' parameters (stacked `[S]`) to `OUT/students` and
+    what rebuilds their network to `OUT/students.json`: the task, the size
+    of a student trained from scratch, or (`model`, a pretrained
+    [`TaskModel`][jaxil.nn.task_vocab.TaskModel], its parameters the
+    decoder's, adapters merged) the model's name, architecture and task
+    vocabulary."""
     import json
     from pathlib import Path
 
     from jaxil.runs.checkpoint import save_tree
 
+    meta = dict(env_id=env_id, knobs=knobs, size=cfg.size, agent_ids=cfg.agent_ids, seeds=seeds)
+    if model is not None:
+        from jaxil.pretrained.config import to_hf_config
+
+        v = model.vocab
+        meta.update(size=None, model=dict(
+            name=str(model_name or model.source), source=model.source,
+            config=to_hf_config(model.checkpoint.arch),
+            vocab=dict(names=list(v.names), texts=list(v.texts),
+                       pieces=[list(p) for p in v.pieces], model_vocab_size=v.model_vocab_size),
+            lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha if cfg.lora_rank else None))
     save_tree(Path(out) / STUDENTS, params)
-    (Path(out) / f"{STUDENTS}.json").write_text(json.dumps(dict(
-        env_id=env_id, knobs=knobs, size=cfg.size, agent_ids=cfg.agent_ids, seeds=seeds)))
+    (Path(out) / f"{STUDENTS}.json").write_text(json.dumps(meta))
 
 
 def _students_meta(meta_path, flag: str) -> dict:
@@ -114,9 +133,10 @@ def _students_meta(meta_path, flag: str) -> dict:
         raise ValueError(f"{flag}: {meta_path} is not readable JSON ({e}){redo}") from None
     if not isinstance(meta, dict):
         raise ValueError(f"{flag}: {meta_path} holds {type(meta).__name__}, not an object{redo}")
+    pretrained = meta.get("model") is not None
     fields = {"env_id": "a token task id", "knobs": "an object of task knobs",
-              "size": f"one of {list(SIZES)}", "agent_ids": "true or false",
-              "seeds": "a non-empty list of seeds"}
+              "size": "null (a pretrained model)" if pretrained else f"one of {list(SIZES)}",
+              "agent_ids": "true or false", "seeds": "a non-empty list of seeds"}
     missing = [f for f in fields if f not in meta]
     if missing:
         raise ValueError(f"{flag}: {meta_path} has no {', '.join(missing)}{redo}")
@@ -125,7 +145,7 @@ def _students_meta(meta_path, flag: str) -> dict:
         "knobs": isinstance(meta["knobs"], dict) and all(
             isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
             for k, v in meta["knobs"].items()),
-        "size": meta["size"] in SIZES,
+        "size": meta["size"] is None if pretrained else meta["size"] in SIZES,
         "agent_ids": isinstance(meta["agent_ids"], bool),
         "seeds": isinstance(meta["seeds"], list) and len(meta["seeds"]) > 0 and all(
             isinstance(x, int) and not isinstance(x, bool) for x in meta["seeds"]),
@@ -134,16 +154,65 @@ def _students_meta(meta_path, flag: str) -> dict:
         if not ok:
             raise ValueError(f"{flag}: {meta_path} field `{name}` is {meta[name]!r}, not "
                              f"{fields[name]}{redo}")
+    if pretrained and not _model_meta_ok(meta["model"]):
+        raise ValueError(f"{flag}: {meta_path} field `model` is not a pretrained model's name, "
+                         f"config and task vocabulary{redo}")
     return meta
 
 
-def load_students(path: str, env, knobs: dict, flag: str = "--expert", alternative: str = ""):
+def _model_meta_ok(m) -> bool:
+    """Whether `students.json`'s `model` has the fields `_pretrained_config`
+    reads."""
+    def ints(xs):
+        return isinstance(xs, list) and all(isinstance(x, int) and not isinstance(x, bool)
+                                            for x in xs)
+
+    if not isinstance(m, dict) or not isinstance(m.get("name"), str) \
+            or not isinstance(m.get("config"), dict) or not isinstance(m.get("vocab"), dict):
+        return False
+    v = m["vocab"]
+    names, texts, pieces = v.get("names"), v.get("texts"), v.get("pieces")
+    return (isinstance(names, list) and all(isinstance(x, str) for x in names)
+            and isinstance(texts, list) and all(isinstance(x, str) for x in texts)
+            and isinstance(pieces, list) and all(ints(p) for p in pieces)
+            and len(names) == len(texts) == len(pieces) and ints([v.get("model_vocab_size")]))
+
+
+def _pretrained_config(meta: dict, env, where: str):
+    """The task decoder's configuration of a pretrained model's students
+    (`students.json`'s `model`: its architecture and task vocabulary, no
+    checkpoint read), refused in one line when the vocabulary is not
+    `env`'s."""
+    from jaxil.nn.task_vocab import TaskVocab, task_config
+    from jaxil.pretrained import CheckpointError, from_hf_config
+
+    m = meta["model"]
+    v = m["vocab"]
+    vocab = TaskVocab(tuple(v["names"]), tuple(v["texts"]), tuple(tuple(p) for p in v["pieces"]),
+                      v["model_vocab_size"])
+    if vocab.names != tuple(env.vocab.names):
+        raise ValueError(f"{where}: {m['name']} was mapped onto a vocabulary of {len(vocab)} "
+                         f"tokens, not {env.spec.env_id}'s {len(env.vocab.names)}; give the "
+                         "--env and --task-knob of the `jaxil lm sft` run")
+    try:
+        arch = from_hf_config(m["config"])
+    except CheckpointError as e:
+        raise ValueError(f"{where}: field `model.config` is not a model's config ({e}); write it "
+                         "again with `jaxil lm sft --out DIR` (do not edit it)") from None
+    return task_config(arch, vocab, env.token_width, env.max_context)
+
+
+def load_students(path: str, env, knobs: dict, flag: str = "--expert", alternative: str = "",
+                  pretrained_refusal: Optional[str] = None):
     """`(TransformerPolicy, params stacked [S], students.json)` of the
-    students saved by `jaxil lm sft --out PATH` for `env`. Refused in
-    one line, naming `flag` and offering `alternative`, when there are
-    none, when a field of `students.json` is missing or malformed, when
-    they were trained on another task or setting, or when the saved
-    parameters do not have the shapes that setting needs."""
+    students saved by `jaxil lm sft --out PATH` for `env`: transformers of
+    a `--size` trained from scratch, or a pretrained model's decoder in the
+    task's vocabulary (`--model`). Refused in one line, naming `flag` and
+    offering `alternative`, when there are none, when a field of
+    `students.json` is missing or malformed, when they were trained on
+    another task or setting, when the saved parameters do not have the
+    shapes that setting needs, or (`pretrained_refusal`, the reason and
+    what to do instead) when they are a pretrained model's."""
     from pathlib import Path
 
     import jax
@@ -160,7 +229,13 @@ def load_students(path: str, env, knobs: dict, flag: str = "--expert", alternati
     if meta["env_id"] != env.spec.env_id or meta["knobs"] != knobs:
         raise ValueError(f"{flag} {path} was trained on {meta['env_id']} {meta['knobs']}, not "
                          f"{env.spec.env_id} {knobs}; give the same --env and --task-knob")
-    policy = TransformerPolicy(config_for_env(env, meta["size"], agent_ids=meta["agent_ids"]))
+    pretrained = meta.get("model") is not None
+    if pretrained and pretrained_refusal:
+        raise ValueError(f"{flag} {path} holds {meta['model']['name']} fine-tuned with "
+                         f"`jaxil lm sft --model`; {pretrained_refusal}")
+    policy = TransformerPolicy(_pretrained_config(meta, env, f"{flag} {meta_path}") if pretrained
+                               else config_for_env(env, meta["size"],
+                                                   agent_ids=meta["agent_ids"]))
     like = jax.eval_shape(jax.vmap(policy.init),
                           jax.random.split(jax.random.PRNGKey(0), len(meta["seeds"])))
     try:
@@ -173,9 +248,10 @@ def load_students(path: str, env, knobs: dict, flag: str = "--expert", alternati
         have = tuple(np.shape(got[key]))
         if have != tuple(want.shape):
             name = "/".join(str(getattr(k, "key", k)) for k in key)
+            setting = (meta["model"]["name"] if pretrained else f"at size {meta['size']}")
             raise ValueError(
                 f"{flag} {path}: parameter {name} has shape {have[1:]} per student but "
-                f"{env.spec.env_id} {knobs} at size {meta['size']} needs {tuple(want.shape[1:])} "
+                f"{env.spec.env_id} {knobs} {setting} needs {tuple(want.shape[1:])} "
                 f"({have[0]} vs {want.shape[0]} students); {STUDENTS}.json does not describe "
                 "these parameters, so train them again with `jaxil lm sft --out DIR`")
     return policy, params, meta
@@ -186,6 +262,8 @@ def load_expert_lm(path: str, env, knobs: dict, seed_index: int = 0):
     saved by `jaxil lm sft --out PATH` for `env` (refused in one line
     when it was trained on another task or setting): the interactive
     program acts with it greedily, and `opd` reads its distribution."""
+    from pathlib import Path
+
     import jax
 
     from jaxil.runs.checkpoint import params_digest
@@ -198,7 +276,8 @@ def load_expert_lm(path: str, env, knobs: dict, seed_index: int = 0):
                          f"{'s' if n > 1 else ''} (seeds {meta['seeds']}); give --expert-seed "
                          f"0{f' … {n - 1}' if n > 1 else ''}")
     params = jax.tree.map(lambda x: x[seed_index], stacked)
-    return policy, params, f"lm:{meta['size']}:{params_digest(params)}"
+    label = meta["size"] if meta.get("model") is None else Path(meta["model"]["name"]).name
+    return policy, params, f"lm:{label}:{params_digest(params)}"
 
 
 def _sft(args) -> int:
@@ -247,15 +326,22 @@ def _sft(args) -> int:
     if args.out and model is not None:
         from pathlib import Path
 
+        import numpy as np
+
         from jaxil.nn.task_vocab import export_model
 
+        students = []
         for i, s in enumerate(seeds):
             params = sft.decoder_params(jax.tree.map(lambda x: x[i], res.state.params), cfg,
                                         model)
             d = export_model(Path(args.out) / ("hf" if len(seeds) == 1 else f"hf-seed-{s}"),
                              model, params)
             print(f"seed {s}: the fine-tuned model in {d} (HF safetensors)")
-        print(f"results in {args.out}")
+            students.append(params)
+        _save_students(args.out, env.spec.env_id, knobs, cfg, seeds,
+                       jax.tree.map(lambda *xs: np.stack(xs), *students), model, args.model)
+        print(f"results in {args.out}; the students (the task's vocabulary) in "
+              f"{args.out}/{STUDENTS}")
     elif args.out:
         _save_students(args.out, env.spec.env_id, knobs, cfg, seeds, res.state.params)
         print(f"results in {args.out}; the students in {args.out}/{STUDENTS}")
@@ -315,7 +401,11 @@ def _align(args) -> int:
     env, expert, knobs = _token_env(args.env, args.task_knob,
                                     need_expert=args.reward != "r_c"
                                     and "demo" in R.source_roles(args.reward))
-    student, sft_params, meta = load_students(args.sft, env, knobs, "--sft")
+    student, sft_params, meta = load_students(
+        args.sft, env, knobs, "--sft", pretrained_refusal=(
+            "align builds its π_0 and reward model as --size transformers trained from scratch, "
+            "so it takes students of `jaxil lm sft` without --model (the fine-tuned model is an "
+            "expert LM for `jaxil lm interactive --expert DIR`)"))
     seeds = [int(x) for x in meta["seeds"]]
     init_params = jax.tree.map(lambda *xs: jnp.stack(xs),
                                *[sft.initial_params(student, s) for s in seeds])
@@ -461,8 +551,8 @@ def register(sub) -> None:
     i.add_argument("--expert", default="scripted",
                    help="scripted (the task's scripted expert, which reads the hidden state), "
                         "transcript (its expert that acts on the agent's own context only) or "
-                        "the --out directory of a `jaxil lm sft` run (an expert LM, acting "
-                        "greedily)")
+                        "the --out directory of a `jaxil lm sft` run, from scratch or --model "
+                        "(an expert LM, acting greedily)")
     i.add_argument("--expert-seed", type=nonneg_int, default=0,
                    help="which of that run's students is the expert")
     c = TokenInteractiveConfig()
