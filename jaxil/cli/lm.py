@@ -285,7 +285,7 @@ def _sft(args) -> int:
 
     from jaxil.algorithms.lm import sft
 
-    env, expert, knobs = _token_env(args.env, args.task_knob)
+    env, expert, knobs = _token_env(args.env, args.task_knob, kind=args.expert)
     if args.model is None and args.lora is not None:
         raise ValueError("--lora adapts a pretrained model; give --model NAME_OR_PATH (e.g. "
                          "smollm2-135m-instruct) or leave out --lora")
@@ -494,6 +494,11 @@ def register(sub) -> None:
     s.add_argument("--batch-episodes", type=positive_int, default=d.batch_episodes)
     s.add_argument("--lr", type=positive_float, default=d.learning_rate)
     s.add_argument("--eval-episodes", type=positive_int, default=d.eval_episodes)
+    s.add_argument("--expert", choices=("scripted", "transcript"), default="scripted",
+                   help="the demonstrator: scripted (the task's scripted expert, which reads the "
+                        "hidden state) or transcript (its expert that acts on the agent's own "
+                        "context only; train an expert LM on it for `lm interactive --expert "
+                        "DIR`)")
     s.add_argument("--demo-epsilon", type=probability, default=0.0,
                    help="demonstrator of stated quality: the scripted expert emits a uniformly "
                         "random legal token with this probability (default 0: the expert)")
