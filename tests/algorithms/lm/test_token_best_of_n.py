@@ -42,3 +42,16 @@ def test_best_of_n_groups_the_episodes_of_each_prompt():
     np.testing.assert_allclose(score["rewards"]["negated"]["curve"], [5.75, 5.0])
     np.testing.assert_allclose(rep["success"]["oracle"], [0.5, 0.5])
     assert rep["length_spearman"]["steps"] == 1.0 and rep["rollouts"] == K
+
+
+def test_best_of_n_budgets_default_to_the_rollouts_of_one_prompt():
+    """Without `ns` the curves run over N = 1, 2, 4, … up to K, the
+    rollouts of ONE prompt (K = 4 here, M = 2 prompts): the oracle's best
+    of 2 is the mean over prompts of the expected best of a random pair,
+    ((1 + 2 + 3 + 2 + 3 + 3) / 6 + 10) / 2. Kills budgets counted from the
+    number of prompts (N up to M = 2: the best of all K never reported) or
+    from all M·K episodes (N = 8 > K)."""
+    eps = _episodes([0.0, 1.0, 2.0, 3.0, 10.0, 10.0, 10.0, 10.0], [1, 2, 3, 3, 3, 2, 1, 1])
+    rep = token_best_of_n(eps, M, {"truth": lambda e: e.episode_return})
+    assert rep["score"]["ns"] == rep["success"]["ns"] == [1, 2, 4]
+    np.testing.assert_allclose(rep["score"]["oracle"], [5.75, (14 / 6 + 10) / 2, 6.5])
