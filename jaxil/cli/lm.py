@@ -566,7 +566,9 @@ def register(sub) -> None:
     i.add_argument("--updates-per-round", type=positive_int, default=c.updates_per_round)
     i.add_argument("--sft-tokens", type=positive_int, default=c.sft_tokens,
                    help="expert tokens of the shared SFT start")
-    i.add_argument("--sft-updates", type=positive_int, default=c.sft_updates)
+    i.add_argument("--sft-updates", type=nonneg_int, default=c.sft_updates,
+                   help="updates of the shared SFT start (0: every run starts from the untrained "
+                        "student; the --sft-tokens demonstrations stay in its data and budget)")
     i.add_argument("--capacity", type=nonneg_int, default=c.capacity,
                    help="episodes the buffer holds (0: rounds × episodes per round)")
     i.add_argument("--batch-episodes", type=positive_int, default=c.batch_episodes)
