@@ -63,7 +63,7 @@ TASKS = {
     "tokens:exchange": dict(knobs=dict(half=3, values=32, sort=True, max_turns=6),
                             sft=128, multiples=dict(sft=(160, 192, 256, 384),
                                                     untrained=(64, 128, 256, 384)),
-                            ablation=192, episodes=48, agent_ids=True),
+                            ablation=192, episodes=48, agent_ids=True, untrained_units=3),
 }
 METHOD_LABELS = {"bc": "BC", "onpolicy": "on-policy RS", "dagger": "DAgger", "oec": "OEC",
                  "oec_mix": "OEC+BC mix", "gated": "entropy-gated", "opd": "OPD"}
@@ -72,9 +72,9 @@ CORE = ("bc", "onpolicy", "dagger", "oec")
 EXPERTS = ("privileged", "transcript", "lm")
 # (expert, start, methods, with the OEC ablations). OPD runs in a program of its own (one GKD β
 # per program); it needs an expert LM.
-CELLS = (("transcript", "sft", ALL, True), ("transcript", "untrained", CORE, False),
-         ("lm", "sft", CORE, False), ("lm", "sft", ("opd",), False),
-         ("privileged", "sft", CORE, False))
+CELLS = (("transcript", "sft", ALL, True), ("lm", "sft", CORE, False),
+         ("lm", "sft", ("opd",), False), ("privileged", "sft", CORE, False),
+         ("transcript", "untrained", CORE, False))
 # OEC's ablations: its prefix mask, its repetition filter, its verifier and its switch
 # distribution (geometric instead of uniform).
 ABLATIONS = {
@@ -134,15 +134,18 @@ def train_expert_lm(env_id: str, env, task: dict, transcript, args, run_dir: Pat
                         learning_rate=1e-3, batch_episodes=32,
                         num_updates=args.expert_updates, eval_every=args.expert_updates,
                         eval_episodes=args.eval_episodes)
+    done = run_dir / "results.json"
+    before = json.loads(done.read_text()) if done.exists() else {}
     t0 = time.time()
     res = sft.train_sft(env, demos, cfg, seeds=[args.seed], out_dir=run_dir,
                         resume=run_dir.exists(), progress=not args.no_progress)
+    seconds = float(before["wall_seconds"]) if before.get("complete") else time.time() - t0
     params = jax.tree.map(lambda x: x[0], res.state.params)
     policy = sft.make_student(env, cfg)
     print(f"{env_id}: expert LM ({args.expert_size}, {args.expert_demos} transcript demos, "
-          f"{args.expert_updates} updates) in {time.time() - t0:.0f}s")
+          f"{args.expert_updates} updates) in {seconds:.0f}s")
     return policy, params, dict(size=args.expert_size, demos=args.expert_demos,
-                                updates=args.expert_updates, seconds=time.time() - t0)
+                                updates=args.expert_updates, seconds=seconds)
 
 
 def gap_rows(env, transcript, res, regimes, demos, turn_bins: int) -> list[dict]:
@@ -212,7 +215,9 @@ def run_cell(env_id: str, env, task: dict, expert_kind: str, start: str, methods
     from jaxil.algorithms.lm import interactive as TI
 
     s = args.scale
-    sft_units = task["sft"] if start == "sft" else 1
+    # The untrained start still needs one demonstration in the data: the cell's expert's episode
+    # may be longer than the privileged unit (exchange: 23 tokens against 13).
+    sft_units = task["sft"] if start == "sft" else task.get("untrained_units", 1)
     sft_tokens = sft_units * unit
     config = TI.TokenInteractiveConfig(
         rounds=args.rounds, episodes_per_round=task["episodes"] * s, agent_ids=task["agent_ids"],
@@ -223,12 +228,17 @@ def run_cell(env_id: str, env, task: dict, expert_kind: str, start: str, methods
     name = cell_name(expert_kind, start, methods)
     expert, expert_params, expert_name = experts[expert_kind]
     run_dir = root / name
+    # A complete cell that is only restored keeps the training time it was measured with.
+    done = run_dir / "results.json"
+    before = json.loads(done.read_text()) if done.exists() else {}
     t0 = time.time()
     res = TI.run(env, expert, expert_params, regimes, seeds=args.seeds, config=config,
                  base_seed=args.seed, out_dir=run_dir, resume=run_dir.exists(),
                  eval_every=config.rounds, progress=not args.no_progress,
                  expert_name=expert_name)
     train_s = time.time() - t0
+    if before.get("complete"):
+        train_s = float(before["wall_seconds"])
     print(f"{env_id} {name}: {len(regimes)} regimes × {args.seeds} seeds in {train_s:.0f}s")
     print(TI.format_table(res.summary))
     return dict(cell=name, expert=expert_kind, start=start, sft_tokens=sft_tokens,
@@ -304,7 +314,11 @@ def run_task(env_id: str, task: dict, args) -> dict:
             shift[method] = tables
         entry.update(shift=shift, shift_budget=int(first) * unit)
     entry["diagnostic_seconds"] = time.time() - t1
-    entry["seconds"] = time.time() - t_task
+    # Training as measured (a restored cell keeps its own time), plus the expert LM and the
+    # diagnostics; `invocation_seconds` is this invocation's wall time for the task.
+    entry["seconds"] = (lm_info["seconds"] + sum(c["train_seconds"] for c in entry["cells"])
+                        + entry["diagnostic_seconds"])
+    entry["invocation_seconds"] = time.time() - t_task
     print(f"{env_id}: {entry['seconds'] / 60:.1f} min (diagnostics {entry['diagnostic_seconds']:.0f}s)")
     return entry
 
@@ -605,18 +619,16 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    new = [run_task(eid, TASKS[eid], args) for eid in args.tasks]
-    # Merge with the entries of earlier invocations (other tasks).
     path = out / "results.json"
-    old = json.loads(path.read_text()).get("tasks", []) if path.exists() else []
-    keys = {t["env_id"] for t in new}
-    tasks = [t for t in old if t["env_id"] not in keys and "cells" in t] + new
-    order = list(TASKS)
-    tasks.sort(key=lambda t: order.index(t["env_id"]))
-    results = dict(seeds=args.seeds, tasks=tasks,
-                   wall_seconds=sum(t["seconds"] for t in tasks))
-    path.write_text(json.dumps(results, indent=1, default=float))
-    write_report(results, out)
+    for eid in args.tasks:  # results.json and the report are rewritten after every task
+        entry = run_task(eid, TASKS[eid], args)
+        old = json.loads(path.read_text()).get("tasks", []) if path.exists() else []
+        tasks = [t for t in old if t["env_id"] != eid and "cells" in t] + [entry]
+        tasks.sort(key=lambda t: list(TASKS).index(t["env_id"]))
+        results = dict(seeds=args.seeds, tasks=tasks,
+                       wall_seconds=sum(t["seconds"] for t in tasks))
+        path.write_text(json.dumps(results, indent=1, default=float))
+        write_report(results, out)
     print(f"this invocation {(time.time() - t0) / 60:.1f} min; results in {out}")
     return 0
 
