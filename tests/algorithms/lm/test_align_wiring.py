@@ -28,6 +28,7 @@ from jaxil.algorithms.lm.turns import speaking
 from jaxil.envs.policies import random_policy
 
 from helpers.fast_compile import fast_call, fast_compile
+from helpers.params import sharp as _sharp
 
 ENV = envs.make("tokens:arith", num_ops=1)
 M, K = 2, 3  # prompts × rollouts per prompt (M ≠ K: a transposed grouping is seen)
@@ -49,16 +50,6 @@ def token_reward(w, eps):
 def _stamp(params):
     """A number that tells parameter sets apart: the sum of all their values."""
     return sum(jnp.sum(x) for x in jax.tree.leaves(params))
-
-
-def _sharp(params, factor=3.0):
-    """`params` with every kernel and embedding scaled by `factor` (in
-    numpy): sharper distributions than at init, so that the policy's and
-    the reference's log-probabilities differ clearly."""
-    def scale(path, x):
-        name = jax.tree_util.keystr(path)
-        return x * np.float32(factor) if ("kernel" in name or "embed" in name) else x
-    return jax.tree_util.tree_map_with_path(scale, jax.device_get(params))
 
 
 @pytest.fixture(scope="module")

@@ -23,18 +23,11 @@ from jaxil.algorithms.lm import sft
 from jaxil.envs.policies import random_policy
 
 from helpers.fast_compile import fast_call
+from helpers.params import sharp as _sharp
 
 ENV = envs.make("tokens:arith", num_ops=1)
 CFG = R.SequenceRewardConfig(read="turn", batch_episodes=3, learning_rate=1e-4,
                              num_updates=4, eval_every=2)
-
-
-def _sharp(params, factor=3.0):
-    """`params` with every kernel and embedding scaled by `factor` (numpy)."""
-    def scale(path, x):
-        name = jax.tree_util.keystr(path)
-        return x * np.float32(factor) if ("kernel" in name or "embed" in name) else x
-    return jax.tree_util.tree_map_with_path(scale, jax.device_get(params))
 
 
 @pytest.fixture(scope="module")
