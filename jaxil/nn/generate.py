@@ -8,13 +8,13 @@ different lengths in one jitted program:
    the decoder's batched step,
    [`Transformer.decode`][jaxil.nn.transformer.Transformer.decode], as one
    chunk attending to itself (`fresh`: `O(T²)`, the empty cache is only
-   written): all `T` columns are written to the cache, then the
-   cache's `length` is set back to `length − 1`, so the columns past a
-   prompt are never attended to and are overwritten as the row grows.
-2. **Decode.** A `lax.while_loop` of one-token steps: the first feeds each
-   prompt's last token (giving the logits after the whole prompt), every
-   later one the token sampled at the step before. It ends when every row
-   has emitted a stop token or after `max_new_tokens` tokens.
+   written), read out at each prompt's last token (`read_at`): its logits
+   give the first new token. The cache's `length` is each prompt's length,
+   so the columns past a prompt are never attended to and are overwritten
+   as the row grows.
+2. **Decode.** A `lax.while_loop` of one-token steps, each feeding the
+   token sampled before it: `max_new_tokens − 1` steps at most (the last
+   token is not fed back). It ends when every row has emitted a stop token.
 
 Sampling ([`Sampling`][jaxil.nn.generate.Sampling]) is greedy at
 temperature 0; otherwise the logits are divided by the temperature, cut to
@@ -196,12 +196,22 @@ def make_generate(config: TransformerConfig, max_new_tokens: int, sampling: Samp
         B = prompt_ids.shape[0]
         prompt_ids = prompt_ids.astype(jnp.int32)
         prompt_lengths = prompt_lengths.astype(jnp.int32)
-        # The prompts are one chunk: a sequence pass over all T columns.
-        _, cache = net.decode(params, prompt_ids, net.empty_cache((B,)), fresh=True)
-        # Forget each prompt's last token and whatever followed it: the first
-        # decode step feeds that token again and reads the logits after it.
-        cache = cache._replace(length=prompt_lengths - 1)
-        last = jnp.take_along_axis(prompt_ids, (prompt_lengths - 1)[:, None], axis=1)[:, 0]
+        # The prompts are one chunk: a sequence pass over all T columns,
+        # read out at each prompt's last token. The cache keeps the prompt's
+        # slots; the columns after it are never attended to (a slot is read
+        # only up to the row's length) and are overwritten as the row grows.
+        logits, cache = net.decode(params, prompt_ids, net.empty_cache((B,)), fresh=True,
+                                   read_at=prompt_lengths - 1)
+        cache = cache._replace(length=prompt_lengths)
+
+        def emit(i, logits, out, done, lengths, key):
+            """Sample token `i` of each row from `logits` and record it."""
+            key, sub = jax.random.split(key)
+            token = jnp.where(done, fill, sample_tokens(sub, logits, sampling))
+            out = jax.lax.dynamic_update_slice(out, token[:, None], (0, i))
+            lengths = lengths + (~done).astype(jnp.int32)
+            done = done | jnp.isin(token, stops)
+            return out, jnp.where(done, idle, token), done, lengths, key
 
         def cond(state):
             i, _, _, _, done, _, _ = state
@@ -210,15 +220,15 @@ def make_generate(config: TransformerConfig, max_new_tokens: int, sampling: Samp
         def body(state):
             i, out, cache, last, done, lengths, key = state
             logits, cache = step(params, last[:, None], cache)
-            key, sub = jax.random.split(key)
-            token = jnp.where(done, fill, sample_tokens(sub, logits, sampling))
-            out = jax.lax.dynamic_update_slice(out, token[:, None], (0, i))
-            lengths = lengths + (~done).astype(jnp.int32)
-            done = done | jnp.isin(token, stops)
-            return i + 1, out, cache, jnp.where(done, idle, token), done, lengths, key
+            out, last, done, lengths, key = emit(i, logits, out, done, lengths, key)
+            return i + 1, out, cache, last, done, lengths, key
 
-        state = (jnp.int32(0), jnp.full((B, max_new_tokens), fill, jnp.int32), cache, last,
-                 jnp.zeros((B,), bool), jnp.zeros((B,), jnp.int32), key)
+        # The first new token comes from the prefill's logits; each later one
+        # costs one decode step (the last token is never fed back).
+        out, last, done, lengths, key = emit(
+            0, logits, jnp.full((B, max_new_tokens), fill, jnp.int32), jnp.zeros((B,), bool),
+            jnp.zeros((B,), jnp.int32), key)
+        state = (jnp.int32(1), out, cache, last, done, lengths, key)
         _, out, _, _, _, lengths, _ = jax.lax.while_loop(cond, body, state)
         return Generation(out, lengths)
 

@@ -559,13 +559,16 @@ class _Decoder(nn.Module):
     def sequence(self, tokens, agent):
         return self.read_out(self.sequence_features(tokens, agent))
 
-    def step(self, tokens, cache: KVCache, agent, block: int = 0, fresh: bool = False):
+    def step(self, tokens, cache: KVCache, agent, block: int = 0, fresh: bool = False,
+             read_at=None):
         """A batch of rows `tokens [B, K]` appended to their caches (leading
         `[B]`): each layer writes only the new tokens' slots (a scatter into
         the layer's own buffer, which XLA updates in place inside a loop),
         and attention reads the cache where it lies (`_attend_cache`); with
         `fresh` (empty caches: a prefill) the chunk attends to itself
-        instead, `O(K²)` rather than `O(K·C)`, never reading the cache."""
+        instead, `O(K²)` rather than `O(K·C)`, never reading the cache.
+        The logits are read at column `read_at [B]` when given, else at each
+        row's last non-PAD token."""
         c = self.config
         kept, pos = jax.vmap(lambda t, n: _kept_positions(t, n, c.max_context, c.pad_id))(
             tokens, cache.length)
@@ -587,7 +590,10 @@ class _Decoder(nn.Module):
             ks.append(ck)
             vs.append(cv)
         n = jnp.sum(kept, axis=1)
-        last = tokens.shape[1] - 1 - jnp.argmax(kept[:, ::-1], axis=1)
+        if read_at is None:
+            last = tokens.shape[1] - 1 - jnp.argmax(kept[:, ::-1], axis=1)
+        else:
+            last = read_at
         out = self.read_out(self.ln_final(x[rows[:, 0], last]))
         logits = jnp.where((n > 0)[:, None], out, cache.logits)
         return logits, KVCache(tuple(ks), tuple(vs), cache.length + n, logits)
@@ -655,7 +661,8 @@ class Transformer:
 
     def decode(self, params: Any, tokens: jax.Array, cache: KVCache,
                agents: Optional[jax.Array] = None, block: int = 0,
-               fresh: bool = False) -> tuple[jax.Array, KVCache]:
+               fresh: bool = False, read_at: Optional[jax.Array] = None
+               ) -> tuple[jax.Array, KVCache]:
         """Append one step's tokens to each row of a batch of contexts: the
         decode step of rollouts and of [`jaxil.nn.generate`][jaxil.nn.generate].
 
@@ -679,18 +686,24 @@ class Transformer:
           fresh: the caches are empty (a prefill): the chunk attends to its
             own tokens (`O(K²)` per layer) and the cache is only written.
             Wrong for a cache that holds tokens.
+          read_at: `int [B]` the column of `tokens` whose next-token logits
+            each row returns (e.g. a left-aligned prompt's last token, with
+            other tokens after it); None for each row's last non-PAD token.
 
         Returns:
           `(logits [B, V], cache)`: each row's next-token logits at its last
-          non-PAD token (its previous ones if the row is all PAD), and the
-          extended caches.
+          non-PAD token or at `read_at` (its previous ones if the row is all
+          PAD), and the extended caches.
         """
         chex.assert_rank(tokens, 2)
         chex.assert_type(tokens, int)
         if agents is None:
             agents = jnp.zeros(tokens.shape[:1], jnp.int32)
+        if read_at is not None:
+            read_at = jnp.asarray(read_at, jnp.int32)
+            chex.assert_shape(read_at, tokens.shape[:1])
         return self.module.apply(params, tokens, cache, agents, int(block), bool(fresh),
-                                 method=_Decoder.step)
+                                 read_at, method=_Decoder.step)
 
     def sequence_logits(self, params: Any, tokens: jax.Array,
                         agent: jax.Array | int = 0) -> jax.Array:

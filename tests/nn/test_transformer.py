@@ -219,6 +219,27 @@ def test_batched_decode_equals_each_row_alone(block):
                                        atol=1e-5)
 
 
+def test_fresh_chunk_read_at_a_column_equals_the_prefix_alone():
+    """A fresh chunk read out at `read_at [B]` gives, per row, the logits of
+    that row's tokens up to and including column `read_at[b]` stepped
+    alone, whatever follows it in the chunk; the cache holds the whole
+    chunk. Fails if `read_at` is ignored (the last column is read), off by
+    one, or applied to the wrong row."""
+    net = _EXACT_POL.net
+    params = _params(net, seed=5)
+    rng = np.random.default_rng(4)
+    rows, width = 3, 6
+    tokens = rng.integers(1, _EXACT.vocab_size, size=(rows, width)).astype(np.int32)
+    read_at = np.array([1, 5, 3], np.int32)
+    logits, cache = jax.jit(lambda p, t, r: net.decode(p, t, net.empty_cache((rows,)),
+                                                       fresh=True, read_at=r))(
+        params, jnp.asarray(tokens), jnp.asarray(read_at))
+    np.testing.assert_array_equal(cache.length, [width] * rows)
+    for b in range(rows):
+        want, _ = _step(params, jnp.asarray(tokens[b, :read_at[b] + 1]), net.empty_cache(), 0)
+        np.testing.assert_allclose(logits[b], want, atol=1e-4, rtol=1e-4)
+
+
 # -- (2) PAD is invisible -----------------------------------------------------------------
 
 
