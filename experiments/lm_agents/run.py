@@ -135,10 +135,11 @@ def train_expert_lm(env_id: str, env, task: dict, transcript, args, run_dir: Pat
                         num_updates=args.expert_updates, eval_every=args.expert_updates,
                         eval_episodes=args.eval_episodes)
     done = run_dir / "results.json"
-    before = json.loads(done.read_text()) if done.exists() else {}
+    before = json.loads(done.read_text()) if done.exists() and not args.overwrite else {}
     t0 = time.time()
     res = sft.train_sft(env, demos, cfg, seeds=[args.seed], out_dir=run_dir,
-                        resume=run_dir.exists(), progress=not args.no_progress)
+                        resume=run_dir.exists() and not args.overwrite,
+                        overwrite=args.overwrite, progress=not args.no_progress)
     seconds = float(before["wall_seconds"]) if before.get("complete") else time.time() - t0
     params = jax.tree.map(lambda x: x[0], res.state.params)
     policy = sft.make_student(env, cfg)
@@ -230,10 +231,11 @@ def run_cell(env_id: str, env, task: dict, expert_kind: str, start: str, methods
     run_dir = root / name
     # A complete cell that is only restored keeps the training time it was measured with.
     done = run_dir / "results.json"
-    before = json.loads(done.read_text()) if done.exists() else {}
+    before = json.loads(done.read_text()) if done.exists() and not args.overwrite else {}
     t0 = time.time()
     res = TI.run(env, expert, expert_params, regimes, seeds=args.seeds, config=config,
-                 base_seed=args.seed, out_dir=run_dir, resume=run_dir.exists(),
+                 base_seed=args.seed, out_dir=run_dir,
+                 resume=run_dir.exists() and not args.overwrite, overwrite=args.overwrite,
                  eval_every=config.rounds, progress=not args.no_progress,
                  expert_name=expert_name)
     train_s = time.time() - t0
@@ -610,6 +612,9 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true",
                    help="2 budgets, 2 seeds, short rounds, a small expert LM")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start every cell afresh, replacing its run directory under --out "
+                        "(default: resume it, which refuses a cell run with other settings)")
     args = p.parse_args(argv)
     if args.quick:
         args.seeds, args.rounds, args.updates_per_round = 2, 2, 10
@@ -621,7 +626,11 @@ def main(argv=None) -> int:
     t0 = time.time()
     path = out / "results.json"
     for eid in args.tasks:  # results.json and the report are rewritten after every task
-        entry = run_task(eid, TASKS[eid], args)
+        try:
+            entry = run_task(eid, TASKS[eid], args)
+        except ValueError as e:  # e.g. a cell's run directory holds a run with other settings
+            print(f"error: {eid}: {e}", file=sys.stderr)
+            return 2
         old = json.loads(path.read_text()).get("tasks", []) if path.exists() else []
         tasks = [t for t in old if t["env_id"] != eid and "cells" in t] + [entry]
         tasks.sort(key=lambda t: list(TASKS).index(t["env_id"]))
