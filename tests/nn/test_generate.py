@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from helpers.pretrained import write_hf
-from jaxil.nn.generate import Sampling, filter_logits, generate, sample_tokens
+from jaxil.nn.generate import Sampling, filter_logits, generate, greedy_tokens, sample_tokens
 from jaxil.nn.pretrained_params import from_pretrained
 from jaxil.nn.transformer import Transformer, TransformerConfig
 
@@ -118,6 +118,25 @@ def test_stop_tokens_end_a_row_and_the_rest_is_fill(llama):
         assert (tokens[b, n:] == -7).all()
     np.testing.assert_array_equal(lengths, ends)
     assert min(ends) < N_NEW  # the stop token did end a row early
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_greedy_tokens_equal_numpy_argmax_with_ties_and_nans(jit):
+    """`greedy_tokens` equals numpy's argmax (the lowest id among ties, the
+    first NaN of a row) on random logits rounded to make ties common, with
+    NaNs in some rows, over two leading axes. Fails if ties go to the
+    highest id, if a NaN row returns the out-of-range id V or a finite
+    maximum, or if the reduction runs over the wrong axis."""
+    rng = np.random.default_rng(0)
+    logits = np.round(rng.normal(size=(3, 5, 97)), 1).astype(np.float32)
+    logits[0, 1, [4, 60]] = np.nan
+    logits[2, 3, 96] = np.nan
+    logits[1, 2, :] = 0.5  # an all-tie row
+    fn = jax.jit(greedy_tokens) if jit else greedy_tokens
+    got = np.asarray(fn(jnp.asarray(logits)))
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, np.argmax(logits, axis=-1))
+    assert got[0, 1] == 4 and got[2, 3] == 96 and got[1, 2] == 0
 
 
 def test_top_k_one_and_tiny_temperature_are_greedy(llama):
