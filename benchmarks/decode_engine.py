@@ -51,7 +51,9 @@ machine: at B ≥ 64 the FLOP/s (2 × the parameters in the matrix products
 + attention, per token) as a fraction of a 1024² float32 ``jnp.dot`` timed
 in the same run, and at B = 1 the weight bytes read per second as a
 fraction of a streaming read (a jitted sum over 512 MB) timed in the same
-run. ``--rss`` measures the peak resident memory of a child process that
+run. For SmolLM2 (``argmax``): the milliseconds of a greedy choice over
+``[B, 49152]`` logits, ``jnp.argmax`` against
+[`greedy_tokens`][jaxil.nn.generate.greedy_tokens]. ``--rss`` measures the peak resident memory of a child process that
 loads SmolLM2 and generates at B = 64 (jaxil alone).
 
     python benchmarks/decode_engine.py                          # every model, B = 1 … 512
@@ -79,7 +81,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxil.nn.generate import Sampling, attention_block, make_generate
+from jaxil.nn.generate import Sampling, attention_block, greedy_tokens, make_generate
 from jaxil.nn.pretrained_params import from_pretrained
 from jaxil.nn.transformer import Transformer, TransformerConfig
 from jaxil.runs import measure as M
@@ -471,6 +473,21 @@ def measure_sft(name: str, *, config, params, peer: Optional[Peer], batch: int, 
     return row
 
 
+def measure_argmax(batch: int, vocab: int, repeats: int, seed: int = 0) -> dict[str, Any]:
+    """Milliseconds of a greedy choice over `[batch, vocab]` float32 logits:
+    `jnp.argmax` against [`greedy_tokens`][jaxil.nn.generate.greedy_tokens]
+    (the row maximum, then the lowest id attaining it), which `generate`
+    uses; medians, compiled ahead."""
+    x = jax.random.normal(jax.random.key(seed), (batch, vocab), jnp.float32)
+    row: dict[str, Any] = {"batch": batch, "vocab": vocab}
+    for side, fn in (("jnp_argmax", lambda a: jnp.argmax(a, axis=-1)),
+                     ("greedy_tokens", greedy_tokens)):
+        f, _ = M.compile_ahead(fn, x)
+        row[f"{side}_ms"] = M.time_call(f, x, warmup=1, repeats=max(repeats, 5)).median_s * 1e3
+    row["speedup"] = row["jnp_argmax_ms"] / row["greedy_tokens_ms"]
+    return row
+
+
 def machine_limits() -> dict[str, Any]:
     """A 1024² float32 matmul's GFLOP/s and a streaming read's GB/s, now."""
     rows = M.matmul_rates({"square_1024": (1024, 1024, 1024)}, repeats=7, target_s=2.0)
@@ -573,6 +590,12 @@ def measure(models: Sequence[str], batches: Sequence[int], *, prompt: int, new: 
             cpp = None
             if name == "smollm2" and payload["llamacpp"]["skipped"] is None:
                 cpp = LlamaCpp(source, prompt + new)
+            if name == "smollm2":
+                payload["argmax"] = [measure_argmax(b, config.vocab_size, repeats, seed)
+                                     for b in batches]
+                log("  greedy choice over the vocabulary, ms (jnp.argmax / greedy_tokens): "
+                    + ", ".join(f"B={r['batch']} {r['jnp_argmax_ms']:.2f}/{r['greedy_tokens_ms']:.2f}"
+                                for r in payload["argmax"]), flush=True)
             for b in batches:
                 row = measure_point(name, b, config=config, params=params, peer=peer,
                                     prompt=prompt, new=new, repeats=repeats, target_s=target_s,

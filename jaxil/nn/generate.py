@@ -151,20 +151,34 @@ def filter_logits(logits: jax.Array, sampling: Sampling) -> jax.Array:
     return out.reshape(shape)
 
 
+#: The block width of [`greedy_tokens`][jaxil.nn.generate.greedy_tokens]'s
+#: first pass.
+ARGMAX_BLOCK = 512
+
+
 def greedy_tokens(logits: jax.Array) -> jax.Array:
     """`argmax` over the last axis of `logits [..., V]`, `int32 [...]`: the
-    lowest id among ties, the first NaN if a row has one (as `jnp.argmax`).
+    lowest id among ties (as `jnp.argmax`). A row with a NaN gets some id in
+    `0 .. V − 1` (XLA's CPU max may or may not propagate the NaN).
 
-    Computed as the row maximum, then the lowest id that attains it: two
-    plain reductions, which XLA's CPU backend vectorizes, where `jnp.argmax`
-    is one reduction over (value, index) pairs that it runs element by
-    element (`benchmarks/decode_engine.py` times both at a vocabulary of
-    49,152)."""
+    In two passes: the maximum of each block of `ARGMAX_BLOCK` ids (a plain
+    reduction, which XLA's CPU backend vectorizes), then `jnp.argmax` inside
+    the first block that attains the row's maximum. `jnp.argmax` over the
+    whole row is one reduction over (value, index) pairs, which that backend
+    runs element by element: at `[256, 49152]` this is about 7× faster
+    (`benchmarks/decode_engine.py` times both)."""
     V = logits.shape[-1]
-    top = jnp.max(logits, axis=-1, keepdims=True)
-    hit = (logits == top) | jnp.isnan(logits)
-    ids = jnp.arange(V, dtype=jnp.int32)
-    return jnp.min(jnp.where(hit, ids, V), axis=-1).astype(jnp.int32)
+    nb = -(-V // ARGMAX_BLOCK)
+    x = logits
+    if nb * ARGMAX_BLOCK != V:  # pad the last block with ids that never win
+        pad = jnp.full(x.shape[:-1] + (nb * ARGMAX_BLOCK - V,), -jnp.inf, x.dtype)
+        x = jnp.concatenate([x, pad], axis=-1)
+    blocks = x.reshape(x.shape[:-1] + (nb, ARGMAX_BLOCK))
+    block_max = jnp.max(blocks, axis=-1)
+    top = jnp.max(block_max, axis=-1, keepdims=True)
+    first = jnp.argmax(block_max == top, axis=-1)
+    inside = jnp.take_along_axis(blocks, first[..., None, None], axis=-2)[..., 0, :]
+    return (first * ARGMAX_BLOCK + jnp.argmax(inside, axis=-1)).astype(jnp.int32)
 
 
 def sample_tokens(key: jax.Array, logits: jax.Array, sampling: Sampling) -> jax.Array:

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from helpers.pretrained import write_hf
-from jaxil.nn.generate import Sampling, filter_logits, generate, greedy_tokens, sample_tokens
+from jaxil.nn.generate import (ARGMAX_BLOCK, Sampling, filter_logits, generate, greedy_tokens,
+                               sample_tokens)
 from jaxil.nn.pretrained_params import from_pretrained
 from jaxil.nn.transformer import Transformer, TransformerConfig
 
@@ -121,22 +122,28 @@ def test_stop_tokens_end_a_row_and_the_rest_is_fill(llama):
 
 
 @pytest.mark.parametrize("jit", [False, True])
-def test_greedy_tokens_equal_numpy_argmax_with_ties_and_nans(jit):
-    """`greedy_tokens` equals numpy's argmax (the lowest id among ties, the
-    first NaN of a row) on random logits rounded to make ties common, with
-    NaNs in some rows, over two leading axes. Fails if ties go to the
-    highest id, if a NaN row returns the out-of-range id V or a finite
-    maximum, or if the reduction runs over the wrong axis."""
+def test_greedy_tokens_equal_numpy_argmax_on_ties(jit):
+    """`greedy_tokens` equals numpy's argmax (the lowest id among ties) on
+    random logits rounded to make ties common, over two leading axes and a
+    vocabulary of several blocks, the last one partial; a row with NaNs
+    gets an id in range. Fails if ties go to the highest id, if a tie across
+    blocks goes to the later block, if the padded last block's ids are lost
+    or win, or if the reduction runs over the wrong axis."""
     rng = np.random.default_rng(0)
-    logits = np.round(rng.normal(size=(3, 5, 97)), 1).astype(np.float32)
-    logits[0, 1, [4, 60]] = np.nan
-    logits[2, 3, 96] = np.nan
+    V = 3 * ARGMAX_BLOCK + 37
+    logits = np.round(rng.normal(size=(3, 5, V)), 1).astype(np.float32)
     logits[1, 2, :] = 0.5  # an all-tie row
+    logits[1, 3, [ARGMAX_BLOCK + 5, 2 * ARGMAX_BLOCK + 9]] = 9.0  # a tie across blocks
+    logits[2, 4, V - 2] = 9.0  # the maximum in the partial block
+    logits[0, 0, :] = -1.0  # all equal and negative: id 0, not a padded id
     fn = jax.jit(greedy_tokens) if jit else greedy_tokens
     got = np.asarray(fn(jnp.asarray(logits)))
     assert got.dtype == np.int32
     np.testing.assert_array_equal(got, np.argmax(logits, axis=-1))
-    assert got[0, 1] == 4 and got[2, 3] == 96 and got[1, 2] == 0
+    assert got[1, 2] == 0 and got[1, 3] == ARGMAX_BLOCK + 5 and got[2, 4] == V - 2
+    nan_row = logits[0, 1].copy()
+    nan_row[[700, 1200]] = np.nan
+    assert 0 <= int(fn(jnp.asarray(nan_row))) < V
 
 
 def test_top_k_one_and_tiny_temperature_are_greedy(llama):
