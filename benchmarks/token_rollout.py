@@ -291,11 +291,14 @@ class _Side:
         self.walls: list[float] = []
         self.cpus: list[float] = []
         self.n = 1
+        self.burst = 1
 
-    def time(self) -> tuple[float, float, Any]:
+    def time(self, calls: int = 1) -> tuple[float, float, Any]:
+        """`(wall s, cpu s, output)` per call of `calls` back-to-back calls."""
         t0, c0 = time.perf_counter(), time.process_time()
-        out = jax.block_until_ready(self.call())
-        return time.perf_counter() - t0, time.process_time() - c0, out
+        for _ in range(calls):
+            out = jax.block_until_ready(self.call())
+        return (time.perf_counter() - t0) / calls, (time.process_time() - c0) / calls, out
 
 
 def _predict(history: dict[str, tuple[int, float]], name: str, batch: int) -> float | None:
@@ -322,12 +325,26 @@ def compiled_call(fn: Callable, args: Sequence[Any], info: dict[str, Any],
     return functools.partial(compiled, *args)
 
 
+#: Seconds of idle before each timed burst of :func:`time_sides`.
+SETTLE_S = 0.2
+#: Seconds a timed burst of back-to-back calls lasts (at least one call).
+BURST_S = 0.05
+MAX_BURST = 200
+
+
 def time_sides(specs: Sequence[SideSpec], batch: int, *, repeats: int, target_s: float,
                max_call_s: float, history: dict[str, tuple[int, float]],
                deadline: float) -> dict[str, dict[str, Any]]:
     """Every side of ``specs`` prepared, run once as a warm-up, then timed
     alternately (each round times every side once) for up to ``repeats``
-    rounds, fewer for calls slower than ``target_s`` / ``repeats``.
+    rounds, fewer for calls slower than ``target_s`` / ``repeats``. A timed
+    sample is a burst of back-to-back calls lasting about ``BURST_S`` (one
+    call when a call is longer), its time divided by the calls, and each
+    burst starts ``SETTLE_S`` after the side before it. Both matter for
+    millisecond calls on a 2-core machine: torch's worker threads keep
+    spinning for a while after a call and took a core from an XLA call that
+    followed (a tiny Llama's prefill timed 4.4 ms there against 1.2 ms
+    alone), and a single call after a pause pays for waking its own threads.
 
     Returns ``{name: info}``: ``skipped`` (the reason, or None), and for a
     timed side ``call_s`` / ``cpu_s`` (medians), ``tokens``,
@@ -357,6 +374,8 @@ def time_sides(specs: Sequence[SideSpec], batch: int, *, repeats: int, target_s:
                 spec.check(info, out)
             del out
             side.n = int(min(repeats, max(1, math.floor(target_s / max(w, 1e-9)))))
+            side.burst = int(min(MAX_BURST, max(1, math.ceil(BURST_S / max(w, 1e-9)))))
+            info["burst"] = side.burst
             live.append(side)
         except Skip as e:
             info["skipped"] = str(e)
@@ -368,7 +387,8 @@ def time_sides(specs: Sequence[SideSpec], batch: int, *, repeats: int, target_s:
     for r in range(max((s.n for s in live), default=0)):  # alternate the sides
         for side in live:
             if r < side.n:
-                w, c, _ = side.time()
+                time.sleep(SETTLE_S)  # let the side before it go idle
+                w, c, _ = side.time(side.burst)
                 side.walls.append(w)
                 side.cpus.append(c)
     for side in live:
