@@ -87,6 +87,27 @@ SHIFT_METHODS = ("bc", "dagger", "oec")
 GAP_SOURCES = {"bc": "demonstrations", "dagger": "DAgger labels", "oec": "OEC segments"}
 
 
+TIMING = "train_seconds.json"
+
+
+def first_timing(run_dir: Path, overwrite: bool, train):
+    """`(train(), seconds)`: run `train` in `run_dir` and return the
+    seconds its training took the first time it ran to the end. The engine
+    rewrites a run directory's `results.json` when it restores a finished
+    run, so the first measured time is kept apart, in `train_seconds.json`;
+    `resumed` there says that run continued a stopped one, whose earlier
+    part is not counted."""
+    path = run_dir / TIMING
+    kept = json.loads(path.read_text()) if path.exists() and not overwrite else None
+    resumed = run_dir.exists() and not overwrite
+    t0 = time.time()
+    res = train()
+    if kept is None:
+        kept = {"seconds": time.time() - t0, "resumed": resumed}
+        path.write_text(json.dumps(kept))
+    return res, float(kept["seconds"])
+
+
 def cell_name(expert: str, start: str, methods) -> str:
     return f"{expert}-{start}" + ("-opd" if tuple(methods) == ("opd",) else "")
 
@@ -134,13 +155,10 @@ def train_expert_lm(env_id: str, env, task: dict, transcript, args, run_dir: Pat
                         learning_rate=1e-3, batch_episodes=32,
                         num_updates=args.expert_updates, eval_every=args.expert_updates,
                         eval_episodes=args.eval_episodes)
-    done = run_dir / "results.json"
-    before = json.loads(done.read_text()) if done.exists() and not args.overwrite else {}
-    t0 = time.time()
-    res = sft.train_sft(env, demos, cfg, seeds=[args.seed], out_dir=run_dir,
-                        resume=run_dir.exists() and not args.overwrite,
-                        overwrite=args.overwrite, progress=not args.no_progress)
-    seconds = float(before["wall_seconds"]) if before.get("complete") else time.time() - t0
+    res, seconds = first_timing(run_dir, args.overwrite, lambda: sft.train_sft(
+        env, demos, cfg, seeds=[args.seed], out_dir=run_dir,
+        resume=run_dir.exists() and not args.overwrite, overwrite=args.overwrite,
+        progress=not args.no_progress))
     params = jax.tree.map(lambda x: x[0], res.state.params)
     policy = sft.make_student(env, cfg)
     print(f"{env_id}: expert LM ({args.expert_size}, {args.expert_demos} transcript demos, "
@@ -230,17 +248,11 @@ def run_cell(env_id: str, env, task: dict, expert_kind: str, start: str, methods
     expert, expert_params, expert_name = experts[expert_kind]
     run_dir = root / name
     # A complete cell that is only restored keeps the training time it was measured with.
-    done = run_dir / "results.json"
-    before = json.loads(done.read_text()) if done.exists() and not args.overwrite else {}
-    t0 = time.time()
-    res = TI.run(env, expert, expert_params, regimes, seeds=args.seeds, config=config,
-                 base_seed=args.seed, out_dir=run_dir,
-                 resume=run_dir.exists() and not args.overwrite, overwrite=args.overwrite,
-                 eval_every=config.rounds, progress=not args.no_progress,
-                 expert_name=expert_name)
-    train_s = time.time() - t0
-    if before.get("complete"):
-        train_s = float(before["wall_seconds"])
+    res, train_s = first_timing(run_dir, args.overwrite, lambda: TI.run(
+        env, expert, expert_params, regimes, seeds=args.seeds, config=config,
+        base_seed=args.seed, out_dir=run_dir, resume=run_dir.exists() and not args.overwrite,
+        overwrite=args.overwrite, eval_every=config.rounds, progress=not args.no_progress,
+        expert_name=expert_name))
     print(f"{env_id} {name}: {len(regimes)} regimes × {args.seeds} seeds in {train_s:.0f}s")
     print(TI.format_table(res.summary))
     return dict(cell=name, expert=expert_kind, start=start, sft_tokens=sft_tokens,
