@@ -74,7 +74,11 @@ EXPERTS = ("privileged", "transcript", "lm")
 # per program); it needs an expert LM.
 CELLS = (("transcript", "sft", ALL, True), ("lm", "sft", CORE, False),
          ("lm", "sft", ("opd",), False), ("privileged", "sft", CORE, False),
-         ("transcript", "untrained", CORE, False))
+         ("transcript", "untrained", CORE, False),
+         ("transcript", "untrained", ("oec_mix", "gated"), False),
+         ("lm", "untrained", ("opd",), False))
+# A cell's directory and name: expert-start, and a suffix for a cell of other methods.
+CELL_SUFFIX = {("opd",): "-opd", ("oec_mix", "gated"): "-mix"}
 # OEC's ablations: its prefix mask, its repetition filter, its verifier and its switch
 # distribution (geometric instead of uniform).
 ABLATIONS = {
@@ -109,7 +113,7 @@ def first_timing(run_dir: Path, overwrite: bool, train):
 
 
 def cell_name(expert: str, start: str, methods) -> str:
-    return f"{expert}-{start}" + ("-opd" if tuple(methods) == ("opd",) else "")
+    return f"{expert}-{start}" + CELL_SUFFIX.get(tuple(methods), "")
 
 
 def regimes_for(task: dict, start: str, methods, ablations: bool, unit: int, sft_tokens: int,
@@ -337,6 +341,25 @@ def run_task(env_id: str, task: dict, args) -> dict:
     return entry
 
 
+def merge_task(prev: dict, entry: dict) -> dict:
+    """A task's results: `entry`'s cells and diagnostics, and those of
+    `prev` (an earlier invocation's) that `entry` lacks, cells in `CELLS`'
+    order; `seconds` recounted over the merged cells."""
+    names = [cell_name(e, s, m) for e, s, m, _ in CELLS]
+    ran = {c["cell"] for c in entry["cells"]}
+    cells = [c for c in prev["cells"] if c["cell"] not in ran] + entry["cells"]
+    cells.sort(key=lambda c: names.index(c["cell"]) if c["cell"] in names else len(names))
+    out = dict(entry, cells=cells)
+    if "gap" not in entry and "shift" not in entry:
+        out["diagnostic_seconds"] = prev.get("diagnostic_seconds", 0.0)
+    for k in ("gap", "shift", "shift_budget"):
+        if k not in entry and k in prev:
+            out[k] = prev[k]
+    out["seconds"] = (out["expert_lm"]["seconds"] + sum(c["train_seconds"] for c in cells)
+                      + out["diagnostic_seconds"])
+    return out
+
+
 def _groups(cell: dict) -> dict:
     return {g["regime"]: g for g in cell["summary"]["regimes"]}
 
@@ -505,12 +528,12 @@ def write_report(results: dict, out: Path) -> None:
             lines.append("")
     (out / "table.md").write_text("\n".join(lines) + "\n")
 
-    order = [n for n in ("transcript-sft", "lm-sft", "privileged-sft", "transcript-untrained")]
+    order = ["transcript-sft", "lm-sft", "privileged-sft", "transcript-untrained", "lm-untrained"]
     fig, axes = plt.subplots(len(tasks), len(order), figsize=(4.6 * len(order), 3.6 * len(tasks)),
                              squeeze=False)
     for row, t in zip(axes, tasks):
         for ax, name in zip(row, order):
-            for cname in (name, name + "-opd"):
+            for cname in (name, name + "-opd", name + "-mix"):
                 c = _cell(t, cname)
                 if c is None:
                     continue
@@ -644,6 +667,9 @@ def main(argv=None) -> int:
             print(f"error: {eid}: {e}", file=sys.stderr)
             return 2
         old = json.loads(path.read_text()).get("tasks", []) if path.exists() else []
+        prev = next((t for t in old if t["env_id"] == eid and "cells" in t), None)
+        if prev is not None:  # cells (and diagnostics) this invocation did not run are kept
+            entry = merge_task(prev, entry)
         tasks = [t for t in old if t["env_id"] != eid and "cells" in t] + [entry]
         tasks.sort(key=lambda t: list(TASKS).index(t["env_id"]))
         results = dict(seeds=args.seeds, tasks=tasks,
