@@ -537,17 +537,24 @@ def write_report(results: dict, out: Path) -> None:
                 c = _cell(t, cname)
                 if c is None:
                     continue
-                for method, label in METHOD_LABELS.items():
+                for k, (method, label) in enumerate(METHOD_LABELS.items()):
                     x, y, e = _curve(c, method)
-                    if len(x):
-                        ax.errorbar(x, y, yerr=e, marker="o", capsize=3, label=label)
+                    if len(x):  # one colour per method in every panel
+                        ax.errorbar(x, y, yerr=e, marker="o", capsize=3, label=label,
+                                    color=f"C{k}")
             ax.set_title(f"{t['env_id']}: {name}", fontsize=9)
             ax.set_xlabel("expert tokens (demonstrations included)", fontsize=8)
             ax.set_ylim(-0.03, 1.03)
             ax.grid(alpha=0.3)
         row[0].set_ylabel("greedy success rate")
-    axes[0][1].legend(fontsize=7)
-    fig.tight_layout()
+    handles = {}
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    order_labels = [lab for lab in METHOD_LABELS.values() if lab in handles]
+    fig.legend([handles[lab] for lab in order_labels], order_labels, loc="upper center",
+               ncol=len(order_labels), fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
     fig.savefig(out / "scaling.png", dpi=110)
     plt.close(fig)
 
