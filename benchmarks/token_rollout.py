@@ -325,8 +325,6 @@ def compiled_call(fn: Callable, args: Sequence[Any], info: dict[str, Any],
     return functools.partial(compiled, *args)
 
 
-#: Seconds of idle before each timed burst of :func:`time_sides`.
-SETTLE_S = 0.2
 #: Seconds a timed burst of back-to-back calls lasts (at least one call).
 BURST_S = 0.05
 MAX_BURST = 200
@@ -339,12 +337,12 @@ def time_sides(specs: Sequence[SideSpec], batch: int, *, repeats: int, target_s:
     alternately (each round times every side once) for up to ``repeats``
     rounds, fewer for calls slower than ``target_s`` / ``repeats``. A timed
     sample is a burst of back-to-back calls lasting about ``BURST_S`` (one
-    call when a call is longer), its time divided by the calls, and each
-    burst starts ``SETTLE_S`` after the side before it. Both matter for
-    millisecond calls on a 2-core machine: torch's worker threads keep
-    spinning for a while after a call and took a core from an XLA call that
-    followed (a tiny Llama's prefill timed 4.4 ms there against 1.2 ms
-    alone), and a single call after a pause pays for waking its own threads.
+    call when a call is longer), its time divided by the calls. That matters
+    for millisecond calls on a 2-core machine: torch's worker threads keep
+    spinning for a while after a call and took a core from a single XLA
+    call timed next (a tiny Llama's prefill timed 4.4 ms there against
+    1.2 ms alone). A pause between the sides does not help: after 0.2-2 s
+    idle the same XLA calls ran 30-80 % slower than back to back.
 
     Returns ``{name: info}``: ``skipped`` (the reason, or None), and for a
     timed side ``call_s`` / ``cpu_s`` (medians), ``tokens``,
@@ -387,7 +385,6 @@ def time_sides(specs: Sequence[SideSpec], batch: int, *, repeats: int, target_s:
     for r in range(max((s.n for s in live), default=0)):  # alternate the sides
         for side in live:
             if r < side.n:
-                time.sleep(SETTLE_S)  # let the side before it go idle
                 w, c, _ = side.time(side.burst)
                 side.walls.append(w)
                 side.cpus.append(c)
