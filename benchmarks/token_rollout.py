@@ -342,7 +342,7 @@ def time_sides(specs: Sequence[SideSpec], batch: int, *, repeats: int, target_s:
     spinning for a while after a call and took a core from a single XLA
     call timed next (a tiny Llama's prefill timed 4.4 ms there against
     1.2 ms alone). A pause between the sides does not help: after 0.2-2 s
-    idle the same XLA calls ran 30-80 % slower than back to back.
+    idle the same XLA calls ran 30-100 % slower than back to back.
 
     Returns ``{name: info}``: ``skipped`` (the reason, or None), and for a
     timed side ``call_s`` / ``cpu_s`` (medians), ``tokens``,
