@@ -53,8 +53,9 @@ in the same run, and at B = 1 the weight bytes read per second as a
 fraction of a streaming read (a jitted sum over 512 MB) timed in the same
 run. For SmolLM2 (``argmax``): the milliseconds of a greedy choice over
 ``[B, 49152]`` logits, ``jnp.argmax`` against
-[`greedy_tokens`][jaxil.nn.generate.greedy_tokens]. ``--rss`` measures the peak resident memory of a child process that
-loads SmolLM2 and generates at B = 64 (jaxil alone).
+[`greedy_tokens`][jaxil.nn.generate.greedy_tokens]. ``--rss`` measures the
+peak resident memory of a child process that loads SmolLM2 and generates at
+B = 64 (jaxil alone).
 
     python benchmarks/decode_engine.py                          # every model, B = 1 … 512
     python benchmarks/decode_engine.py --quick                  # tiny models, B = 1, 8
@@ -476,7 +477,7 @@ def measure_sft(name: str, *, config, params, peer: Optional[Peer], batch: int, 
 def measure_argmax(batch: int, vocab: int, repeats: int, seed: int = 0) -> dict[str, Any]:
     """Milliseconds of a greedy choice over `[batch, vocab]` float32 logits:
     `jnp.argmax` against [`greedy_tokens`][jaxil.nn.generate.greedy_tokens]
-    (the row maximum, then the lowest id attaining it), which `generate`
+    (block maxima, then `argmax` inside the winning block), which `generate`
     uses; medians, compiled ahead."""
     x = jax.random.normal(jax.random.key(seed), (batch, vocab), jnp.float32)
     row: dict[str, Any] = {"batch": batch, "vocab": vocab}
