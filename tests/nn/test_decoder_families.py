@@ -23,7 +23,8 @@ import pytest
 
 from jaxil.nn.pretrained_params import (config_from_arch, from_pretrained, params_from_table,
                                         table_from_params)
-from jaxil.nn.transformer import SIZES, Transformer, TransformerConfig, transformer_config
+from jaxil.nn.transformer import (SIZES, Transformer, TransformerConfig, keys_slots_last,
+                                  transformer_config)
 from jaxil.pretrained import CheckpointError, export_hf, from_hf_config, load_checkpoint
 from tests.helpers.pretrained import CONFIGS, GGUF_LLAMA, hf_tensors, write_gguf, write_hf
 
@@ -247,7 +248,9 @@ def test_cached_steps_equal_the_sequence_pass(checkpoints, kind):
     step = jax.jit(net.step)
     cache = net.empty_cache()
     assert len(cache.k) == config.num_layers
-    assert cache.k[0].shape == (config.kv_heads, 12, config.head_dim)
+    keys = (config.head_dim, 12) if keys_slots_last(config) else (12, config.head_dim)
+    assert cache.k[0].shape == (config.kv_heads,) + keys
+    assert cache.v[0].shape == (config.kv_heads, 12, config.head_dim)
     for s, chunk in enumerate(tokens.reshape(4, 3)):
         logits, cache = step(params, jnp.asarray(chunk), cache)
         np.testing.assert_allclose(np.asarray(logits), full[3 * s + 2], rtol=1e-4,

@@ -4,6 +4,7 @@ is causal, the forward pass matches a float64 numpy reference, acting is
 legal, the Policy runs inside jitted rollouts with carry resets, and
 teacher-forced SFT learns."""
 
+import dataclasses
 import math
 
 import jax
@@ -24,6 +25,7 @@ from jaxil.nn.transformer import (
     TransformerConfig,
     TransformerPolicy,
     config_for_env,
+    keys_slots_last,
     obs_tokens,
     transformer_config,
 )
@@ -184,38 +186,59 @@ def test_cached_decoding_equals_full_recomputation(jit):
         np.testing.assert_array_equal(acts, np.asarray(D.categorical_mode(want[t], avail)))
 
 
+# _EXACT with grouped-query attention: 4 query heads on 2 key/value heads,
+# so a 4-token step has 8 query rows per key/value head (the fused
+# multiply-and-sum path) and the key cache is laid out slots last.
+_EXACT_GQA = dataclasses.replace(_EXACT, num_heads=4, num_kv_heads=2, fused_qkv=False)
+
+
 @pytest.mark.parametrize("block", [0, 3])
-def test_batched_decode_equals_each_row_alone(block):
+@pytest.mark.parametrize("config", [_EXACT, _EXACT_GQA], ids=["mha", "gqa"])
+def test_batched_decode_equals_each_row_alone(config, block):
     """`Transformer.decode` over a batch of contexts that fill at different
     rates (their own PAD patterns, overflowing the context) returns, row by
     row and step by step, what `Transformer.step` gives that row alone, and
-    leaves each row's cache equal to its own. With `block=3` attention reads
-    the cache in blocks up to the longest row's fill. Fails if the scatter
-    writes a row's keys into another row or at the batch's slot instead of
-    the row's own, if one row's fill decides another row's mask, or if the
-    block loop drops or double-counts a slot."""
-    net, C = _EXACT_POL.net, _EXACT.max_context
+    leaves each row's cache equal to its own; and each row's logits equal
+    the teacher-forced pass over its kept tokens. With `block=3` attention
+    reads the cache in blocks up to the longest row's fill. Fails if the
+    scatter writes a row's keys into another row, at the batch's slot
+    instead of the row's own, or along the wrong axis of the slots-last key
+    layout; if one row's fill decides another row's mask; or if the block
+    loop drops or double-counts a slot."""
+    net, C = Transformer(config), config.max_context
     params = _params(net)
     chunks = np.concatenate([_exact_chunks(3), _exact_chunks(4)], axis=1)  # [T, 4, K]
     steps, rows = chunks.shape[:2]
     agents = jnp.asarray([0, 1, 1, 0])
     decode = jax.jit(lambda p, t, c: net.decode(p, t, c, agents, block))
+    step, seq = jax.jit(net.step), jax.jit(net.sequence_logits)
     batch = net.empty_cache((rows,))
     alone = [net.empty_cache() for _ in range(rows)]
+    kept = [[] for _ in range(rows)]
     differ = False
     for t in range(steps):
         logits, batch = decode(params, jnp.asarray(chunks[t]), batch)
         differ |= len(set(np.asarray(batch.length).tolist())) > 1
         for r in range(rows):
-            want, alone[r] = _step(params, jnp.asarray(chunks[t, r]), alone[r], int(agents[r]))
+            want, alone[r] = step(params, jnp.asarray(chunks[t, r]), alone[r], int(agents[r]))
             np.testing.assert_allclose(logits[r], want, atol=1e-4, rtol=1e-4)
+            kept[r] += [int(x) for x in chunks[t, r] if x != PAD]
+            if len(kept[r]) <= C and chunks[t, r].max() > PAD:
+                full = seq(params, jnp.asarray(kept[r], jnp.int32), int(agents[r]))
+                np.testing.assert_allclose(logits[r], full[-1], atol=1e-4, rtol=1e-4)
     lengths = np.asarray(batch.length)
     assert differ and lengths.max() == C  # the rows' fills differed; one overflowed
+    slots_last = keys_slots_last(config)
+    assert slots_last == (config is _EXACT_GQA)
     for r in range(rows):
         n = int(alone[r].length)
         assert int(lengths[r]) == n
-        for layer in range(_EXACT.num_layers):
-            np.testing.assert_allclose(batch.k[layer][r, :, :n], alone[r].k[layer][:, :n],
+        for layer in range(config.num_layers):
+            keys, own = batch.k[layer][r], alone[r].k[layer]
+            if slots_last:
+                keys, own = np.swapaxes(keys, -1, -2), np.swapaxes(own, -1, -2)
+            np.testing.assert_allclose(keys[:, :n], own[:, :n], atol=1e-5)
+            np.testing.assert_allclose(batch.v[layer][r, :, :n], alone[r].v[layer][:, :n],
                                        atol=1e-5)
 
 
