@@ -21,9 +21,11 @@ one warm-up, medians over the repeats, ``block_until_ready``):
 
 - ``jaxil_prefill``: the prompts through
   [`Transformer.decode`][jaxil.nn.transformer.Transformer.decode] into an
-  empty cache, one pass (``fresh``: the prompt attends to itself); ``hf_prefill_t1`` / ``_t2``: the model's forward
-  pass over the prompts with ``use_cache=True`` (``inference_mode``) at 1
-  and 2 torch threads.
+  empty cache, one pass (``fresh``: the prompt attends to itself), logits at
+  each row's last token; ``hf_prefill_t1`` / ``_t2``: the model's forward
+  pass over the prompts with ``use_cache=True`` and ``logits_to_keep=1``
+  (the head at the last position only, as ``generate``'s own prefill;
+  ``inference_mode``) at 1 and 2 torch threads.
 - ``jaxil_generate``: [`jaxil.nn.generate.generate`][jaxil.nn.generate.generate]'s
   compiled program, greedy, ``--new`` tokens per row (no stop token);
   ``hf_generate_t1`` / ``hf_generate_t2``: transformers' ``generate``,
@@ -256,7 +258,10 @@ class Peer:
         def run():
             torch.set_num_threads(threads)
             with torch.inference_mode():
-                return self.model(input_ids=ids, use_cache=True).logits[:, -1]
+                # Logits at the last position only, as `generate`'s own prefill
+                # (without it the head runs over every position: at SmolLM2's
+                # B = 512 a [512, 32, 49152] float32 array, 3.2 GB).
+                return self.model(input_ids=ids, use_cache=True, logits_to_keep=1).logits[:, -1]
 
         return run
 

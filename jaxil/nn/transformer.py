@@ -36,7 +36,8 @@ The network has two paths over the same parameters:
 - [`Transformer.decode`][jaxil.nn.transformer.Transformer.decode] — append up to `K` new tokens to each
   row of a batch of [`KVCache`][jaxil.nn.transformer.KVCache]s and return the next-token logits at the
   last of them (`O(K·C)` attention per layer, `C = max_context`); each
-  layer's cache is its own `[B, H_kv, C, D]` buffer, written only at the
+  layer's cache is its own pair of `[B, H_kv, ·, ·]` buffers (layouts in
+  [`KVCache`][jaxil.nn.transformer.KVCache]), written only at the
   new tokens' slots (in place inside a compiled loop) and read where it
   lies. [`Transformer.step`][jaxil.nn.transformer.Transformer.step] is the same for one agent;
 - [`Transformer.sequence_logits`][jaxil.nn.transformer.Transformer.sequence_logits] — teacher forcing over a whole token
@@ -689,7 +690,7 @@ class Transformer:
         decode step of rollouts and of [`jaxil.nn.generate`][jaxil.nn.generate].
 
         Each layer computes only the new tokens and writes only their cache
-        slots (a scatter into that layer's `[B, H_kv, C, D]` buffer; inside a
+        slots (a scatter into that layer's `[B, H_kv, ·, ·]` buffers; inside a
         `lax.scan` or `while_loop` XLA performs it in place, so the cache is
         never copied or restacked per step), and attention reads the cache
         in its stored layout.
