@@ -39,8 +39,8 @@ What a decode step costs: it is the decoder's batched step,
 [`Transformer.decode`][jaxil.nn.transformer.Transformer.decode]. Each
 layer keeps its keys and values in buffers of its own (values `[B, H_kv,
 C, D]`, keys the same or, with grouped-query attention, `[B, H_kv, D, C]`;
-see [`KVCache`][jaxil.nn.transformer.KVCache]) that the step updates in place (a scatter of the new token's slot inside
-the `while_loop`): the cache is never copied or restacked, and a step's
+see [`KVCache`][jaxil.nn.transformer.KVCache]) that the step updates in
+place (a scatter of the new token's slot inside the `while_loop`): the cache is never copied or restacked, and a step's
 memory traffic is the weights plus one read of the attended cache slots.
 With `block=0` attention reads all `max_context` slots (masked past each
 row's length), so keep `max_context` close to the longest prompt plus
