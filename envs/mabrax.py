@@ -31,6 +31,13 @@ velocity), while brax's default drops x and gives 17 dims, which shifts every
 agent's view by one and clamps index 17. The adapter therefore builds the
 half-cheetah with `exclude_current_positions_from_observation=False` (the
 mapping never shows x to an agent; the global state drops it too).
+JaxMARL's `ant_4x2` tables pair each agent with the wrong leg: brax's ant
+lists its actuators from leg 4 (hip_4, ankle_4, hip_1, ...) while the
+action table assumes leg 1 first, so agent 0 observes leg 1's joints and
+drives leg 4's, agent 1 observes leg 2 and drives leg 1, and so on (a
+one-hot action on each actuator, checked against brax 0.14.2). The adapter
+keeps JaxMARL's tables as they are; `experiments/misodice_table/MAMUJOCO.md`
+has the check and the plan for MaMuJoCo environments on MJX.
 JaxMARL's `humanoid_9|8` mapping indexes a 376-dim observation but brax's
 humanoid has 244, so it is not registered. JaxMARL marks MABrax as
 deprecated and brax says it is no longer actively maintained (MJX replaces
