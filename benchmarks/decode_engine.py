@@ -14,10 +14,17 @@ Models (``--models``):
 Without torch and transformers the tiny models are jaxil's own random
 initialisation and the peer's columns are empty (the JSON says why).
 
-At each batch B (``--batches``) every row gets a random prompt of
+Each engine runs in a process of its own, started afresh for each model
+(:mod:`benchmarks.side_process`): jaxil in one, transformers in another,
+llama.cpp in a third. The parent orders the timings, one call at a time,
+so no two engines ever run at once, and no engine shares its process with
+another's threads, allocator or caches (in one process with the
+transformers model, jaxil's SmolLM2 prefill at B = 256 timed 14.8 s; alone,
+10.9 s). At each batch B (``--batches``) every row gets a random prompt of
 ``--prompt`` tokens (the same for both sides) and the sides are timed
 alternately (:func:`benchmarks.token_rollout.time_sides`: compiled ahead,
-one warm-up, medians over the repeats, ``block_until_ready``):
+one warm-up, medians over the repeats, ``block_until_ready``, each timed by
+the process that runs it):
 
 - ``jaxil_prefill``: the prompts through
   [`Transformer.decode`][jaxil.nn.transformer.Transformer.decode] into an
@@ -31,7 +38,9 @@ one warm-up, medians over the repeats, ``block_until_ready``):
   ``hf_generate_t1`` / ``hf_generate_t2``: transformers' ``generate``,
   greedy (``do_sample=False``), ``min_new_tokens = max_new_tokens``, its KV
   cache, at 1 and at 2 torch threads (the peer's speed depends on its
-  thread count on a shared machine; the ratio takes its best).
+  thread count on a shared machine; the ratio takes its best; a thread
+  count whose warm-up is more than 1.5× the other's is not timed further,
+  ``SLOWER_BY`` of :func:`~benchmarks.token_rollout.time_sides`).
   Both include the prefill; ``decode tokens/s`` is ``B × new`` over the
   generate time minus the same side's prefill time (the peer's at the
   thread count of its best generate). The warm-up outputs of
@@ -70,6 +79,7 @@ table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import subprocess
@@ -90,8 +100,10 @@ from jaxil.nn.transformer import Transformer, TransformerConfig
 from jaxil.runs import measure as M
 
 try:
+    from benchmarks.side_process import SideProcess
     from benchmarks.token_rollout import SideSpec, Skip, compiled_call, peer_unavailable, time_sides
 except ImportError:  # run as a script: its own folder is on sys.path, the repository root is not
+    from side_process import SideProcess
     from token_rollout import SideSpec, Skip, compiled_call, peer_unavailable, time_sides
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -130,29 +142,22 @@ def _tiny_hf(kind: str, context: int, out: Path):
     return model
 
 
-def load_model(name: str, context: int, workdir: Path, peer_ok: bool):
-    """``(config, params, peer_model or None, source)`` of a model at this
-    context length (the same weights on both sides)."""
+def load_jaxil(name: str, context: int, hf_dir: Optional[Path]) -> tuple[TransformerConfig, Any, str]:
+    """``(config, params, source)`` of jaxil's side of a model at this
+    context length: SmolLM2 from its GGUF, a tiny model from the peer's saved
+    directory ``hf_dir`` (the same weights), or, without one, jaxil's own
+    random initialisation."""
     if name == "smollm2":
         from jaxil.pretrained import resolve
 
         path = resolve("smollm2-135m-instruct")
         config, params = from_pretrained(path, max_context=context)
-        peer = None
-        if peer_ok:
-            import torch
-            import transformers
-
-            peer = transformers.AutoModelForCausalLM.from_pretrained(
-                str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
-        return config, params, peer, str(path)
+        return config, params, str(path)
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose from {list(MODELS)}")
-    if peer_ok:
-        out = workdir / name
-        peer = _tiny_hf(name, context, out)
-        config, params = from_pretrained(out, max_context=context)
-        return config, params, peer, "transformers random init (seed 0)"
+    if hf_dir is not None:
+        config, params = from_pretrained(hf_dir, max_context=context)
+        return config, params, "transformers random init (seed 0)"
     arch = dict(vocab_size=TINY_VOCAB, token_width=1, max_context=context, d_model=64,
                 num_layers=2, pad_id=None)
     if name == "gpt2-tiny":
@@ -162,7 +167,24 @@ def load_model(name: str, context: int, workdir: Path, peer_ok: bool):
                                    norm="rmsnorm", positions="rope", mlp="swiglu",
                                    activation="silu", d_ff=256, qkv_bias=False, out_bias=False,
                                    mlp_bias=False, ln_eps=1e-6, **arch)
-    return config, Transformer(config).init(jax.random.key(0)), None, "jaxil random init"
+    return config, Transformer(config).init(jax.random.key(0)), "jaxil random init"
+
+
+def load_peer(name: str, context: int, workdir: Path):
+    """transformers' side of a model: SmolLM2 from the same GGUF, or a tiny
+    random model, saved under ``workdir / name`` for jaxil to load."""
+    if name == "smollm2":
+        import torch
+        import transformers
+
+        from jaxil.pretrained import resolve
+
+        path = resolve("smollm2-135m-instruct")
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose from {list(MODELS)}")
+    return _tiny_hf(name, context, workdir / name)
 
 
 # -- accounting --------------------------------------------------------------------------
@@ -347,61 +369,169 @@ class LlamaCpp:
         return run
 
 
-def measure_point(name: str, batch: int, *, config, params, peer: Optional[Peer], prompt: int,
-                  new: int, repeats: int, target_s: float, max_call_s: float,
-                  history: dict, deadline: float, block: Optional[int], seed: int,
-                  llamacpp: Optional[LlamaCpp] = None, log=print) -> dict[str, Any]:
+# -- the processes -----------------------------------------------------------------------
+#
+# Each engine runs in a process of its own (benchmarks.side_process): jaxil in
+# one, transformers in another, llama.cpp in a third, started afresh for each
+# model; the parent only orders the timings. These functions run in those
+# processes; `state` holds the loaded model.
+
+
+def proc_probe(state: dict) -> dict[str, Any]:
+    """What this machine can run besides jaxil: the peer's and llama.cpp's
+    versions, or the reason each is skipped."""
+    out: dict[str, Any] = {"peer": {"skipped": peer_unavailable()},
+                           "llamacpp": {"skipped": llamacpp_unavailable()}}
+    if out["peer"]["skipped"] is None:
+        import torch
+        import transformers
+
+        out["peer"].update(torch=torch.__version__, transformers=transformers.__version__,
+                           threads_before=torch.get_num_threads())
+    if out["llamacpp"]["skipped"] is None:
+        import llama_cpp
+
+        out["llamacpp"]["version"] = llama_cpp.__version__
+    return out
+
+
+def proc_limits(state: dict) -> dict[str, Any]:
+    return machine_limits()
+
+
+def proc_argmax(state: dict, *, batches: list[int], vocab: int, repeats: int,
+                seed: int) -> list[dict[str, Any]]:
+    return [measure_argmax(b, vocab, repeats, seed) for b in batches]
+
+
+def proc_load(state: dict, *, engine: str, name: str, context: int, workdir: str,
+              block: Optional[int] = None, attended: float = 0.0) -> dict[str, Any]:
+    """Load ``name`` into this process for ``engine`` ("jaxil", "hf" or
+    "llamacpp"); for jaxil, the facts the parent's accounting needs."""
+    if engine == "hf":
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        state["peer"] = Peer(load_peer(name, context, Path(workdir)))
+        return {}
+    if engine == "llamacpp":
+        from jaxil.pretrained import resolve
+
+        state["cpp"] = LlamaCpp(str(resolve("smollm2-135m-instruct")), context)
+        return {}
+    hf_dir = Path(workdir) / name
+    config, params, source = load_jaxil(name, context, hf_dir if (hf_dir / "config.json").exists()
+                                        else None)
+    state.update(config=config, params=params)
+    return {"source": source,
+            "num_params": int(sum(np.asarray(x).size for x in jax.tree.leaves(params))),
+            "matmul_params": matmul_params(config), "weight_bytes": weight_bytes(params),
+            "layers": config.num_layers, "d_model": config.d_model,
+            "heads": config.num_heads, "kv_heads": config.kv_heads,
+            "vocab": config.vocab_size, "max_context": config.max_context,
+            "block": attention_block(config, block),
+            "kv_cache_bytes_per_row": kv_cache_bytes(config, 1),
+            "decode_flops_per_token": decode_flops_per_token(config, attended)}
+
+
+def proc_prepare(state: dict, info: dict[str, Any], *, side: str, tokens: list,
+                 new: int = 1, seed: int = 0, block: Optional[int] = None,
+                 lr: float = 1e-5) -> Callable[[], Any]:
+    """The call of one side, in the process that holds its engine:
+    ``jaxil_prefill`` / ``jaxil_generate`` / ``jaxil_sft``,
+    ``hf_prefill_t{n}`` / ``hf_generate_t{n}`` (n torch threads) /
+    ``hf_sft``, ``llamacpp_prefill`` / ``llamacpp_generate``. ``tokens`` are
+    the prompts (the SFT batch for ``*_sft``)."""
+    ids = np.asarray(tokens, np.int32)
+    engine, what = side.split("_", 1)
+    if engine == "jaxil":
+        config, params = state["config"], state["params"]
+        if what == "prefill":
+            return compiled_call(jaxil_prefill(config), (params, jnp.asarray(ids)), info, "fp32")
+        if what == "generate":
+            run = make_generate(config, new, Sampling(), (), -1, attention_block(config, block))
+            return compiled_call(run, (params, jnp.asarray(ids),
+                                       jnp.full((ids.shape[0],), ids.shape[1], jnp.int32),
+                                       jax.random.key(seed)), info, "fp32")
+        tx = optax.adamw(lr, weight_decay=0.0)
+        return compiled_call(sft_step(config, tx), (params, jax.jit(tx.init)(params),
+                                                    jnp.asarray(ids)), info, "fp32")
+    info["compile_s"] = None
+    if engine == "llamacpp":
+        cpp = state["cpp"]
+        return cpp.prefill(ids) if what == "prefill" else cpp.generate(ids, new)
+    peer = state["peer"]
+    if what == "sft":
+        return peer.sft(ids, lr)
+    what, threads = what.rsplit("_t", 1)
+    if what == "prefill":
+        return peer.prefill(ids, int(threads))
+    return peer.generate(ids, new, int(threads))
+
+
+# -- the parent --------------------------------------------------------------------------
+
+
+def _sides(procs: dict[str, SideProcess], why: dict[str, str]):
+    """``spec(name, count, keep=None, **kwargs)``: a SideSpec (``count``
+    tokens per call) whose call is
+    prepared and timed in the process of its engine (the name's prefix),
+    skipped with ``why[engine]`` when that engine has no process."""
+
+    def spec(name: str, count: int, keep: Optional[Callable] = None,
+             group: Optional[str] = None, **kwargs) -> SideSpec:
+        engine = name.split("_", 1)[0]
+
+        def prepare(info):
+            if engine not in procs:
+                raise Skip(why.get(engine) or f"{engine} unavailable")
+            return procs[engine].prepare(name, "proc_prepare", info, keep_output=keep is not None,
+                                         side=name, **kwargs)
+
+        return SideSpec(name, count, prepare, keep, group)
+
+    return spec
+
+
+def measure_point(name: str, batch: int, *, procs: dict[str, SideProcess], why: dict[str, str],
+                  facts: dict[str, Any], prompt: int, new: int, repeats: int, target_s: float,
+                  max_call_s: float, history: dict, deadline: float, block: Optional[int],
+                  seed: int, llamacpp: bool = False, log=print) -> dict[str, Any]:
     """One model at one batch: prefill and generate on both sides (and on
-    llama.cpp, when given, as a reference)."""
+    llama.cpp, when asked, as a reference), each in its engine's process."""
     rng = np.random.default_rng(seed + batch)
-    prompts = rng.integers(1, config.vocab_size, size=(batch, prompt)).astype(np.int32)
-    lengths = np.full((batch,), prompt, np.int32)
-    blk = attention_block(config, block)
+    prompts = rng.integers(1, facts["vocab"], size=(batch, prompt)).astype(np.int32)
     row: dict[str, Any] = {"model": name, "batch": batch, "prompt": prompt, "new": new,
-                           "block": blk, "kv_cache_bytes": kv_cache_bytes(config, batch)}
-    run_gen = make_generate(config, new, Sampling(), (), -1, blk)
+                           "block": facts["block"],
+                           "kv_cache_bytes": facts["kv_cache_bytes_per_row"] * batch}
     outputs: dict[str, np.ndarray] = {}
 
     def keep(side):
         def check(info, out):
-            outputs[side] = np.asarray(out.tokens if side == "jaxil_generate" else out)
+            outputs[side] = np.asarray(out)
         return check
 
-    def prep_jaxil_prefill(info):
-        return compiled_call(jaxil_prefill(config), (params, jnp.asarray(prompts)), info, "fp32")
-
-    def prep_jaxil_generate(info):
-        call = compiled_call(run_gen, (params, jnp.asarray(prompts), jnp.asarray(lengths),
-                                       jax.random.key(seed)), info, "fp32")
-        return call
-
-    def need_peer(make):
-        def prep(info):
-            if peer is None:
-                raise Skip("peer unavailable")
-            info["compile_s"] = None
-            return make()
-        return prep
-
-    specs = [
-        SideSpec("jaxil_prefill", batch * prompt, prep_jaxil_prefill),
-        SideSpec("hf_prefill_t1", batch * prompt, need_peer(lambda: peer.prefill(prompts, 1))),
-        SideSpec("hf_prefill_t2", batch * prompt, need_peer(lambda: peer.prefill(prompts, 2))),
-        SideSpec("jaxil_generate", batch * new, prep_jaxil_generate, keep("jaxil_generate")),
-        SideSpec("hf_generate_t1", batch * new,
-                 need_peer(lambda: peer.generate(prompts, new, 1)), keep("hf_generate_t1")),
-        SideSpec("hf_generate_t2", batch * new,
-                 need_peer(lambda: peer.generate(prompts, new, 2)), keep("hf_generate_t2")),
-    ]
-    if llamacpp is not None:
-        specs += [SideSpec("llamacpp_prefill", batch * prompt,
-                           lambda info: (info.update(compile_s=None), llamacpp.prefill(prompts))[1]),
-                  SideSpec("llamacpp_generate", batch * new,
-                           lambda info: (info.update(compile_s=None),
-                                         llamacpp.generate(prompts, new))[1],
-                           keep("llamacpp_generate"))]
+    spec = _sides(procs, why)
+    p = prompts.tolist()
+    specs = [spec("jaxil_prefill", batch * prompt, tokens=p),
+             spec("hf_prefill_t1", batch * prompt, group="hf_prefill", tokens=p),
+             spec("hf_prefill_t2", batch * prompt, group="hf_prefill", tokens=p),
+             spec("jaxil_generate", batch * new, keep("jaxil_generate"), tokens=p, new=new,
+                  seed=seed, block=block),
+             spec("hf_generate_t1", batch * new, keep("hf_generate_t1"), group="hf_generate",
+                  tokens=p, new=new),
+             spec("hf_generate_t2", batch * new, keep("hf_generate_t2"), group="hf_generate",
+                  tokens=p, new=new)]
+    if llamacpp and "llamacpp" in procs:
+        specs += [spec("llamacpp_prefill", batch * prompt, tokens=p),
+                  spec("llamacpp_generate", batch * new, keep("llamacpp_generate"), tokens=p,
+                       new=new)]
     row["sides"] = sides = time_sides(specs, batch, repeats=repeats, target_s=target_s,
                                       max_call_s=max_call_s, history=history, deadline=deadline)
+    for engine, proc in procs.items():  # free the programs and buffers of this batch
+        for s in specs:
+            if s.name.startswith(engine + "_"):
+                proc.request("drop", side=s.name)
     if "jaxil_generate" in outputs:
         for hf in ("hf_generate_t1", "hf_generate_t2"):
             if hf in outputs:
@@ -440,7 +570,7 @@ def measure_point(name: str, batch: int, *, config, params, peer: Optional[Peer]
         b = row.get(f"hf_{what}_tokens_per_s")
         row[f"{what}_ratio"] = a / b if a and b else None
     if "jaxil_generate" in sides and not sides["jaxil_generate"].get("skipped"):
-        row["xla_temp_bytes"] = sides["jaxil_generate"].get("temp_bytes")
+        row["xla_temp_bytes"] = sides["jaxil_generate"].get("xla_temp_bytes")
     log(f"  {name} B={batch}: " + ", ".join(
         f"{k} {M.si(v['tokens_per_s'])} tok/s" if not v.get("skipped") else f"{k} skipped"
         for k, v in sides.items())
@@ -449,29 +579,24 @@ def measure_point(name: str, batch: int, *, config, params, peer: Optional[Peer]
     return row
 
 
-def measure_sft(name: str, *, config, params, peer: Optional[Peer], batch: int, length: int,
-                repeats: int, target_s: float, seed: int) -> dict[str, Any]:
-    """One full fine-tuning step on both sides (same tokens, AdamW, lr 1e-5)."""
-    lr = 1e-5
-    tokens = np.random.default_rng(seed).integers(1, config.vocab_size,
-                                                  size=(batch, length)).astype(np.int32)
-    tx = optax.adamw(lr, weight_decay=0.0)
-    opt_state = jax.jit(tx.init)(params)
-    step = sft_step(config, tx)
 
-    def prep_jaxil(info):
-        return compiled_call(step, (params, opt_state, jnp.asarray(tokens)), info, "fp32")
 
-    def prep_hf(info):
-        if peer is None:
-            raise Skip("peer unavailable")
-        info["compile_s"] = None
-        return peer.sft(tokens, lr)
-
+def measure_sft(name: str, *, procs: dict[str, SideProcess], why: dict[str, str],
+                facts: dict[str, Any], batch: int, length: int, repeats: int, target_s: float,
+                seed: int) -> dict[str, Any]:
+    """One full fine-tuning step on both sides (same tokens, AdamW, lr 1e-5),
+    each in its engine's process."""
+    tokens = np.random.default_rng(seed).integers(1, facts["vocab"],
+                                                  size=(batch, length)).astype(np.int32).tolist()
+    spec = _sides(procs, why)
     n = batch * (length - 1)
-    sides = time_sides([SideSpec("jaxil_sft", n, prep_jaxil), SideSpec("hf_sft", n, prep_hf)],
-                       batch, repeats=repeats, target_s=target_s, max_call_s=1e9, history={},
-                       deadline=float("inf"))
+    specs = [spec("jaxil_sft", n, tokens=tokens), spec("hf_sft", n, tokens=tokens)]
+    sides = time_sides(specs, batch, repeats=repeats, target_s=target_s, max_call_s=1e9,
+                       history={}, deadline=float("inf"))
+    for engine, proc in procs.items():
+        for s in specs:
+            if s.name.startswith(engine + "_"):
+                proc.request("drop", side=s.name)
     row = {"model": name, "batch": batch, "length": length, "sides": sides}
     a, b = (sides[k].get("tokens_per_s") for k in ("jaxil_sft", "hf_sft"))
     row.update(jaxil_sft_tokens_per_s=a, hf_sft_tokens_per_s=b,
@@ -550,85 +675,81 @@ def measure(models: Sequence[str], batches: Sequence[int], *, prompt: int, new: 
             llamacpp: bool = True, seed: int = 0, log=print) -> dict[str, Any]:
     t0 = time.perf_counter()
     deadline = t0 + budget_s if budget_s else float("inf")
-    why_no_peer = peer_unavailable()
-    if why_no_peer is None:
-        import transformers
-
-        transformers.logging.set_verbosity_error()
+    here = Path(__file__).resolve()
+    with SideProcess("probe", here) as probe:
+        found = probe.setup("proc_probe")
+        limits = probe.setup("proc_limits")
     payload: dict[str, Any] = {
         "benchmark": "decode_engine", "machine": M.machine_info(),
         "versions": M.library_versions(), "load_before": M.loadavg(),
         "config": {"models": list(models), "batches": list(batches), "prompt": prompt,
                    "new": new, "repeats": repeats, "target_s": target_s, "block": block,
                    "seed": seed},
-        "peer": {"skipped": why_no_peer}, "rows": [], "sft": [], "models": {}}
-    if why_no_peer is None:
-        import torch
-
-        payload["peer"].update(torch=torch.__version__,
-                               transformers=transformers.__version__,
-                               threads_before=torch.get_num_threads())
-    why_no_cpp = llamacpp_unavailable() if llamacpp else "not asked for (--no-llamacpp)"
-    payload["llamacpp"] = {"skipped": why_no_cpp}
-    if why_no_cpp is None:
-        import llama_cpp
-
-        payload["llamacpp"]["version"] = llama_cpp.__version__
-    payload["limits"] = machine_limits()
-    log(f"machine: {payload['limits']['matmul_gflops']:.1f} GFLOP/s (1024² fp32 dot), "
-        f"{payload['limits']['stream_read_gbps']:.1f} GB/s (streaming read)", flush=True)
+        "processes": "each engine in a process of its own, timed one at a time",
+        "peer": found["peer"], "rows": [], "sft": [], "models": {}, "limits": limits}
+    if not llamacpp:
+        found["llamacpp"] = {"skipped": "not asked for (--no-llamacpp)"}
+    payload["llamacpp"] = found["llamacpp"]
+    why = {"hf": payload["peer"]["skipped"], "llamacpp": payload["llamacpp"]["skipped"]}
+    log(f"machine: {limits['matmul_gflops']:.1f} GFLOP/s (1024² fp32 dot), "
+        f"{limits['stream_read_gbps']:.1f} GB/s (streaming read)", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for name in models:
             t_load = time.perf_counter()
-            config, params, model, source = load_model(name, prompt + new - 1, Path(tmp),
-                                                       why_no_peer is None)
-            peer = Peer(model) if model is not None else None
-            payload["models"][name] = {
-                "source": source, "load_s": time.perf_counter() - t_load,
-                "num_params": int(sum(np.asarray(x).size for x in jax.tree.leaves(params))),
-                "matmul_params": matmul_params(config), "weight_bytes": weight_bytes(params),
-                "layers": config.num_layers, "d_model": config.d_model,
-                "heads": config.num_heads, "kv_heads": config.kv_heads,
-                "vocab": config.vocab_size, "max_context": config.max_context}
-            log(f"{name}: {payload['models'][name]['num_params']:,} parameters ({source})",
-                flush=True)
-            history: dict = {}
-            cpp = None
-            if name == "smollm2" and payload["llamacpp"]["skipped"] is None:
-                cpp = LlamaCpp(source, prompt + new)
-            if name == "smollm2":
-                payload["argmax"] = [measure_argmax(b, config.vocab_size, repeats, seed)
-                                     for b in batches]
-                log("  greedy choice over the vocabulary, ms (jnp.argmax / greedy_tokens): "
-                    + ", ".join(f"B={r['batch']} {r['jnp_argmax_ms']:.2f}/{r['greedy_tokens_ms']:.2f}"
-                                for r in payload["argmax"]), flush=True)
-            for b in batches:
-                row = measure_point(name, b, config=config, params=params, peer=peer,
-                                    prompt=prompt, new=new, repeats=repeats, target_s=target_s,
-                                    max_call_s=max_call_s, history=history, deadline=deadline,
-                                    block=block, seed=seed, log=log,
-                                    llamacpp=cpp if b == 1 else None)
-                dec = row.get("jaxil_decode_tokens_per_s")
-                if dec:
-                    flops = decode_flops_per_token(config, prompt + new / 2)
-                    row["decode_gflops"] = dec * flops / 1e9
-                    row["decode_flops_fraction"] = row["decode_gflops"] / \
-                        payload["limits"]["matmul_gflops"]
-                    steps_per_s = dec / b
-                    row["weight_gbps"] = steps_per_s * weight_bytes(params) / 1e9
-                    row["weight_bandwidth_fraction"] = row["weight_gbps"] / \
-                        payload["limits"]["stream_read_gbps"]
-                payload["rows"].append(row)
-            if sft and time.perf_counter() < deadline:
-                # Within the positions the model was built with (GPT-2's are learned).
-                r = measure_sft(name, config=config, params=params, peer=peer, batch=sft_batch,
-                                length=min(sft_len, config.max_context), repeats=repeats,
-                                target_s=target_s, seed=seed)
-                payload["sft"].append(r)
-                log(f"  {name} SFT B={sft_batch} T={sft_len}: jaxil "
-                    f"{M.si(r['jaxil_sft_tokens_per_s'] or 0)} tok/s, transformers "
-                    f"{M.si(r['hf_sft_tokens_per_s'] or 0)} tok/s", flush=True)
-            del params, model, peer
+            context = prompt + new - 1
+            with contextlib.ExitStack() as stack:
+                procs: dict[str, SideProcess] = {}
+                if why["hf"] is None:  # first: it writes the tiny models jaxil loads
+                    procs["hf"] = stack.enter_context(SideProcess("transformers", here))
+                    procs["hf"].setup("proc_load", engine="hf", name=name, context=context,
+                                      workdir=tmp)
+                procs["jaxil"] = stack.enter_context(SideProcess("jaxil", here))
+                facts = procs["jaxil"].setup("proc_load", engine="jaxil", name=name,
+                                             context=context, workdir=tmp, block=block,
+                                             attended=prompt + new / 2)
+                if name == "smollm2" and why["llamacpp"] is None:
+                    procs["llamacpp"] = stack.enter_context(SideProcess("llama.cpp", here))
+                    procs["llamacpp"].setup("proc_load", engine="llamacpp", name=name,
+                                            context=prompt + new, workdir=tmp)
+                payload["models"][name] = {k: v for k, v in facts.items()
+                                           if k not in ("block", "kv_cache_bytes_per_row",
+                                                        "decode_flops_per_token")}
+                payload["models"][name]["load_s"] = time.perf_counter() - t_load
+                log(f"{name}: {facts['num_params']:,} parameters ({facts['source']})",
+                    flush=True)
+                history: dict = {}
+                if name == "smollm2":
+                    payload["argmax"] = procs["jaxil"].setup(
+                        "proc_argmax", batches=list(batches), vocab=facts["vocab"],
+                        repeats=repeats, seed=seed)
+                    log("  greedy choice over the vocabulary, ms (jnp.argmax / greedy_tokens): "
+                        + ", ".join(f"B={r['batch']} {r['jnp_argmax_ms']:.2f}/"
+                                    f"{r['greedy_tokens_ms']:.2f}" for r in payload["argmax"]),
+                        flush=True)
+                for b in batches:
+                    row = measure_point(name, b, procs=procs, why=why, facts=facts,
+                                        prompt=prompt, new=new, repeats=repeats,
+                                        target_s=target_s, max_call_s=max_call_s,
+                                        history=history, deadline=deadline, block=block,
+                                        seed=seed, log=log, llamacpp=b == 1)
+                    dec = row.get("jaxil_decode_tokens_per_s")
+                    if dec:
+                        row["decode_gflops"] = dec * facts["decode_flops_per_token"] / 1e9
+                        row["decode_flops_fraction"] = row["decode_gflops"] / \
+                            limits["matmul_gflops"]
+                        row["weight_gbps"] = dec / b * facts["weight_bytes"] / 1e9
+                        row["weight_bandwidth_fraction"] = row["weight_gbps"] / \
+                            limits["stream_read_gbps"]
+                    payload["rows"].append(row)
+                if sft and time.perf_counter() < deadline:
+                    # Within the positions the model was built with (GPT-2's are learned).
+                    r = measure_sft(name, procs=procs, why=why, facts=facts, batch=sft_batch,
+                                    length=min(sft_len, facts["max_context"]), repeats=repeats,
+                                    target_s=target_s, seed=seed)
+                    payload["sft"].append(r)
+                    log(f"  {name} SFT B={sft_batch} T={sft_len}: jaxil "
+                        f"{M.si(r['jaxil_sft_tokens_per_s'] or 0)} tok/s, transformers "
+                        f"{M.si(r['hf_sft_tokens_per_s'] or 0)} tok/s", flush=True)
     if rss and "smollm2" in models:
         payload["rss"] = rss_child(64, prompt, new)
         log(f"SmolLM2 B=64 peak RSS: {payload['rss']}", flush=True)

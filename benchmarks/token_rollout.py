@@ -96,6 +96,11 @@ from jaxil.nn.transformer import PAD, Transformer, TransformerPolicy, config_for
 from jaxil.runs import measure as M
 from jaxil.runs.precision import matmul_precision
 
+try:  # one Skip for sides timed here and in a process of their own
+    from benchmarks.side_process import Skip
+except ImportError:  # run as a script: its own folder is on sys.path, the repository root is not
+    from side_process import Skip
+
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 ENV_ID = "tokens:repair"
 DEFAULT_SIZES = ("tiny", "small")
@@ -264,23 +269,25 @@ class HFPeer:
 # -- timing sides alternately -------------------------------------------------------------
 
 
-class Skip(Exception):
-    """A side that cannot run here; the message is the reason the row records."""
-
-
 @dataclasses.dataclass
 class SideSpec:
     """One program to time at one point.
 
     ``prepare(info)`` returns a call that runs the program to completion
     (recording facts such as ``compile_s`` in ``info``; raising :class:`Skip`
-    when it cannot run); ``tokens`` is what one call processes; ``check(info,
-    out)``, if given, reads the warm-up call's output (and may raise)."""
+    when it cannot run), or a
+    [`RemoteCall`][benchmarks.side_process.RemoteCall] that times it in a
+    process of its own; ``tokens`` is what one call processes; ``check(info,
+    out)``, if given, reads the warm-up call's output (and may raise). Sides
+    of one ``group`` are alternatives of which only the fastest counts (a
+    peer at different thread counts): one whose warm-up took more than
+    ``SLOWER_BY`` times the group's fastest is not timed further."""
 
     name: str
     tokens: int
     prepare: Callable[[dict[str, Any]], Callable[[], Any]]
     check: Callable[[dict[str, Any], Any], None] | None = None
+    group: str | None = None
 
 
 class _Side:
@@ -294,7 +301,10 @@ class _Side:
         self.burst = 1
 
     def time(self, calls: int = 1) -> tuple[float, float, Any]:
-        """`(wall s, cpu s, output)` per call of `calls` back-to-back calls."""
+        """`(wall s, cpu s, output)` per call of `calls` back-to-back calls
+        (timed by the child process for a remote call)."""
+        if hasattr(self.call, "time"):
+            return self.call.time(calls)
         t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(calls):
             out = jax.block_until_ready(self.call())
@@ -324,6 +334,10 @@ def compiled_call(fn: Callable, args: Sequence[Any], info: dict[str, Any],
         raise Skip(reason)
     return functools.partial(compiled, *args)
 
+
+#: A side of a group whose warm-up is this many times slower than the
+#: group's fastest is left out of the timed rounds.
+SLOWER_BY = 1.5
 
 #: Seconds a timed burst of back-to-back calls lasts (at least one call).
 BURST_S = 0.05
@@ -382,6 +396,17 @@ def time_sides(specs: Sequence[SideSpec], batch: int, *, repeats: int, target_s:
                 info["skipped"] = f"out of memory: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
                 continue
             raise
+    fastest: dict[str, float] = {}
+    for side, spec in ((sd, next(sp for sp in specs if sp.name == sd.name)) for sd in live):
+        if spec.group is not None:
+            fastest[spec.group] = min(fastest.get(spec.group, math.inf), side.row["warmup_s"])
+    for side in list(live):
+        group = next(sp for sp in specs if sp.name == side.name).group
+        if group is not None and side.row["warmup_s"] > SLOWER_BY * fastest[group]:
+            side.row["skipped"] = (f"slower than its group's fastest by more than {SLOWER_BY}x "
+                                   f"in the warm-up ({side.row['warmup_s']:.3g} s against "
+                                   f"{fastest[group]:.3g} s)")
+            live.remove(side)
     for r in range(max((s.n for s in live), default=0)):  # alternate the sides
         for side in live:
             if r < side.n:
