@@ -39,7 +39,8 @@ the process that runs it):
   greedy (``do_sample=False``), ``min_new_tokens = max_new_tokens``, its KV
   cache, at 1 and at 2 torch threads (the peer's speed depends on its
   thread count on a shared machine; the ratio takes its best; a thread
-  count whose warm-up is more than 1.5× the other's is not timed further,
+  count whose first timed round is more than 1.5× the other's is not timed
+  further,
   ``SLOWER_BY`` of :func:`~benchmarks.token_rollout.time_sides`).
   Both include the prefill; ``decode tokens/s`` is ``B × new`` over the
   generate time minus the same side's prefill time (the peer's at the

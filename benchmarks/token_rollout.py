@@ -280,8 +280,8 @@ class SideSpec:
     process of its own; ``tokens`` is what one call processes; ``check(info,
     out)``, if given, reads the warm-up call's output (and may raise). Sides
     of one ``group`` are alternatives of which only the fastest counts (a
-    peer at different thread counts): one whose warm-up took more than
-    ``SLOWER_BY`` times the group's fastest is not timed further."""
+    peer at different thread counts): one whose first timed round took more
+    than ``SLOWER_BY`` times the group's fastest is not timed further."""
 
     name: str
     tokens: int
@@ -335,8 +335,8 @@ def compiled_call(fn: Callable, args: Sequence[Any], info: dict[str, Any],
     return functools.partial(compiled, *args)
 
 
-#: A side of a group whose warm-up is this many times slower than the
-#: group's fastest is left out of the timed rounds.
+#: A side of a group whose first timed round is this many times slower
+#: than the group's fastest is left out of the later rounds.
 SLOWER_BY = 1.5
 
 #: Seconds a timed burst of back-to-back calls lasts (at least one call).
@@ -364,7 +364,9 @@ def time_sides(specs: Sequence[SideSpec], batch: int, *, repeats: int, target_s:
     ``prepare`` or ``check`` recorded ``context_tokens``) and ``timing``. A
     side is skipped past ``deadline``, when its call is predicted (from
     ``history``, which this updates) to take longer than ``max_call_s``,
-    when it raises :class:`Skip`, or when it runs out of memory."""
+    when it raises :class:`Skip`, when it runs out of memory, or after its
+    first timed round when it is slower than its group's fastest (see
+    :class:`SideSpec`)."""
     infos: dict[str, dict[str, Any]] = {}
     live: list[_Side] = []
     for spec in specs:
@@ -396,23 +398,27 @@ def time_sides(specs: Sequence[SideSpec], batch: int, *, repeats: int, target_s:
                 info["skipped"] = f"out of memory: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
                 continue
             raise
-    fastest: dict[str, float] = {}
-    for side, spec in ((sd, next(sp for sp in specs if sp.name == sd.name)) for sd in live):
-        if spec.group is not None:
-            fastest[spec.group] = min(fastest.get(spec.group, math.inf), side.row["warmup_s"])
-    for side in list(live):
-        group = next(sp for sp in specs if sp.name == side.name).group
-        if group is not None and side.row["warmup_s"] > SLOWER_BY * fastest[group]:
-            side.row["skipped"] = (f"slower than its group's fastest by more than {SLOWER_BY}x "
-                                   f"in the warm-up ({side.row['warmup_s']:.3g} s against "
-                                   f"{fastest[group]:.3g} s)")
-            live.remove(side)
+    groups = {spec.name: spec.group for spec in specs}
     for r in range(max((s.n for s in live), default=0)):  # alternate the sides
         for side in live:
             if r < side.n:
                 w, c, _ = side.time(side.burst)
                 side.walls.append(w)
                 side.cpus.append(c)
+        if r == 0:  # a group's alternatives: keep timing only those near its fastest
+            fastest: dict[str, float] = {}
+            for side in live:
+                if groups[side.name] is not None:
+                    g = groups[side.name]
+                    fastest[g] = min(fastest.get(g, math.inf), side.walls[0])
+            for side in list(live):
+                g = groups[side.name]
+                if g is not None and side.walls[0] > SLOWER_BY * fastest[g]:
+                    side.row["skipped"] = (
+                        f"slower than its group's fastest by more than {SLOWER_BY}x in the "
+                        f"first timed round ({side.walls[0]:.3g} s against {fastest[g]:.3g} s)")
+                    side.row["first_round_s"] = side.walls[0]
+                    live.remove(side)
     for side in live:
         t = M.Timing(side.walls, side.cpus, side.row["warmup_s"])
         s = t.median_s

@@ -58,10 +58,10 @@ def test_a_child_process_runs_loads_times_and_reports(tmp_path):
 
 
 def test_time_sides_leaves_out_a_groups_slower_alternative():
-    """Of two alternatives in one group, the one whose warm-up is many times
-    slower is skipped with the reason, and the fastest is timed; a side with
-    no group is always timed. Fails if the rule drops the faster side, or
-    drops sides of different groups against each other."""
+    """Of two alternatives in one group, the one many times slower in its
+    first timed round is skipped with the reason, and the fastest is timed;
+    a side with no group is always timed. Fails if the rule drops the
+    faster side, or drops sides of different groups against each other."""
     def sleeper(s):
         return lambda info: (lambda: time.sleep(s))
 
