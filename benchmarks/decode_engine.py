@@ -40,7 +40,8 @@ the process that runs it):
   cache, at 1 and at 2 torch threads (the peer's speed depends on its
   thread count on a shared machine; the ratio takes its best; a thread
   count whose first timed round is more than 1.5× the other's is not timed
-  further,
+  further (generate only; both prefills are timed, since decode subtracts
+  the prefill at the thread count of the best generate),
   ``SLOWER_BY`` of :func:`~benchmarks.token_rollout.time_sides`).
   Both include the prefill; ``decode tokens/s`` is ``B × new`` over the
   generate time minus the same side's prefill time (the peer's at the
@@ -515,8 +516,10 @@ def measure_point(name: str, batch: int, *, procs: dict[str, SideProcess], why: 
     spec = _sides(procs, why)
     p = prompts.tolist()
     specs = [spec("jaxil_prefill", batch * prompt, tokens=p),
-             spec("hf_prefill_t1", batch * prompt, group="hf_prefill", tokens=p),
-             spec("hf_prefill_t2", batch * prompt, group="hf_prefill", tokens=p),
+             # Both prefill thread counts are always timed: decode subtracts the
+             # prefill at the thread count of the peer's best generate.
+             spec("hf_prefill_t1", batch * prompt, tokens=p),
+             spec("hf_prefill_t2", batch * prompt, tokens=p),
              spec("jaxil_generate", batch * new, keep("jaxil_generate"), tokens=p, new=new,
                   seed=seed, block=block),
              spec("hf_generate_t1", batch * new, keep("hf_generate_t1"), group="hf_generate",
