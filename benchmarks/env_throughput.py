@@ -10,7 +10,10 @@ of
   the same way: JaxMARL's ``env.step`` (which auto-resets: step, reset and a
   select, as ``envs.AutoReset`` does), Jumanji's ``AutoResetWrapper`` (a
   ``lax.cond`` that becomes the same select under ``vmap``), random legal
-  actions drawn from the upstream mask (or box) with the same sampler.
+  actions drawn from the upstream mask (or box) with the same sampler; for
+  the MaMuJoCo ids (MJX) the bare physics: ``frame_skip`` calls of
+  ``mjx.step`` on random controls, reset at the time limit, with no
+  observation, reward or health check.
 
 With ``--reset none`` neither side resets: the adapter's plain ``step`` against
 JaxMARL's ``step_env`` / Jumanji's ``step`` (episodes that end keep being
@@ -185,6 +188,28 @@ def raw_runner(
             actions = {a: acts[i] for i, a in enumerate(agents)}
             obs, state, _, _, _ = raw_step(raw, k_step, state, actions)
             return state, obs
+
+        return _scan_runner(name, reset_one, step_one, num_envs, num_steps)
+
+    if type(env).__name__ == "MaMuJoCoEnv":
+        from mujoco import mjx
+
+        m, mx, skip = env.model, env.mjx_model, env.robot.frame_skip
+        name = "mjx.step x frame_skip" + (" (reset at the limit)" if auto_reset else "")
+
+        def reset_one(key):
+            return mjx.make_data(mx), jnp.int32(0)
+
+        def step_one(carry, key):
+            data, t = carry
+            ctrl = jax.random.uniform(key, (m.nu,), minval=-1.0, maxval=1.0)
+            data = jax.lax.fori_loop(0, skip, lambda _, d: mjx.step(mx, d),
+                                     data.replace(ctrl=ctrl))
+            if auto_reset:  # the bare physics has no falls: reset at the time limit only
+                over = t + 1 >= env.spec.max_steps
+                data = jax.tree.map(lambda a, b: jnp.where(over, a, b), mjx.make_data(mx), data)
+                return data, jnp.where(over, 0, t + 1)
+            return data, t + 1
 
         return _scan_runner(name, reset_one, step_one, num_envs, num_steps)
 

@@ -26,7 +26,7 @@ _FACTORIES: dict[str, Callable[..., MultiAgentEnv]] = {}
 # the family of the id asked for is imported (Jumanji's and JaxMARL's imports
 # cost seconds each); listing the ids, or an unknown family, imports them all.
 _FAMILY_MODULES = {"smax": ".smax", "mpe": ".mpe", "jumanji": ".jumanji", "mabrax": ".mabrax",
-                   "tokens": ".tokens"}
+                   "mamujoco": ".mamujoco", "tokens": ".tokens"}
 _loaded: set[str] = set()
 #: The entry-point group a package lists its environment modules under.
 ENTRY_POINT_GROUP = "jaxil.envs"

@@ -16,6 +16,7 @@ import helpers.teachers  # noqa: F401  (registers toy:continuous)
 # The other SMAX maps are the same adapter at other sizes: they run with -m slow.
 FAST_SMAX = {"smax:3m"}  # 2s3z and smacv2_5_units share the adapter; -m slow runs them
 # MABrax (1000-step episodes of rigid-body physics) is an optional extra: slow too.
+# MaMuJoCo (MJX) runs its half-cheetah by default, the hopper and the ants with -m slow.
 
 
 # The Jumanji tasks share one adapter too: LevelBasedForaging, the benchmark
@@ -33,7 +34,15 @@ def _is_fast(eid):
         return eid == "tokens:repair"
     # MPE's continuous variant is the discrete adapter with a box: -m slow runs it (its
     # probe was 28 s of the default suite); toy:continuous covers the box by default.
+    if eid.startswith("mamujoco:"):  # one MJX adapter: the half-cheetah compiles fastest
+        return eid == "mamujoco:halfcheetah_6x1"
     return not eid.startswith("mabrax:") and eid != "mpe:simple_spread_continuous"
+
+
+# MaMuJoCo episodes are cut at 30 steps here (1000 by default): the probe's
+# rollouts then cross several time limits in seconds of MJX physics instead
+# of minutes, and the limit's handling is the same at any length.
+_KWARGS = {"mamujoco": {"max_steps": 30}}
 
 
 # The library's environments: the toy ones that test helpers register (in
@@ -58,8 +67,8 @@ def _rollout_steps(env):
 def _env(eid):
     if eid not in _cache:
         try:
-            _cache[eid] = (envs.make(eid), None)
-        except ImportError as e:  # an optional extra (MABrax needs brax)
+            _cache[eid] = (envs.make(eid, **_KWARGS.get(eid.split(":")[0], {})), None)
+        except ImportError as e:  # an optional extra (MABrax needs brax, MaMuJoCo mujoco-mjx)
             pytest.skip(str(e))
     return _cache[eid][0]
 
@@ -126,8 +135,8 @@ def _probe(eid, seed=0):
     if (eid, seed) not in _probes:
         if eid not in _cache:
             try:
-                _cache[eid] = (envs.make(eid), None)
-            except ImportError as e:  # an optional extra (MABrax needs brax)
+                _cache[eid] = (envs.make(eid, **_KWARGS.get(eid.split(":")[0], {})), None)
+            except ImportError as e:  # an optional extra (MABrax needs brax, MaMuJoCo mujoco-mjx)
                 pytest.skip(str(e))
         env, fn = _cache[eid]
         if fn is None:
