@@ -34,7 +34,7 @@ Dynamics, rewards and ends follow Gymnasium's v5 environments:
 
 Against the datasets' Gym v2 environments (mujoco-py, MuJoCo 2.0): the v2
 ant observation had 111 entries, 84 of them external contact forces that
-MuJoCo ≥ 2.0 leaves at zero unless asked (Gym issue #1541), so its contact
+MuJoCo ≥ 2.0 leaves at zero unless `mj_rnePostConstraint` is called, so its contact
 cost was zero too; here the ant observes the 27 that carried information
 and pays no contact cost. v5's healthy bonus is paid only while healthy
 (v2 paid it on the terminal step as well), and MJX computes in float32
