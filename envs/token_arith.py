@@ -109,6 +109,16 @@ class ArithEnv(TokenEnv):
                                   number(operands[:1]), body])
         return ArithTask(operands, ops, chain, jnp.int32(0)), prompt[None]
 
+    def chat_intro(self) -> str:
+        Q = self.modulus
+        return (f"You evaluate a chain of operations modulo {Q}, left to right with no "
+                f"precedence: 7 + 12 * 3 means (7 + 12) * 3. Do not compute yourself; use the "
+                f"calculator one operation at a time. Each turn, write exactly one command:\n"
+                f"CALC a op b - with a and b in 0-{Q - 1} and op one of + - *; the answer is "
+                f"= r\n"
+                f"SUBMIT r - give the chain's final value and finish.\n"
+                f"Write only the command, e.g. CALC 7 + 12")
+
     def _features(self, task):
         return jnp.concatenate([task.progress[None], task.chain, task.ops, task.operands])[None]
 

@@ -114,6 +114,18 @@ class ExchangeEnv(TokenEnv):
         other = task.halves[::-1]
         return (task.heard_len == self.half) & jnp.all(task.heard == other, axis=1)
 
+    def chat_intro(self) -> str:
+        H, M = self.half, self.values
+        order = "sorted in increasing order" if self.sort else "A's numbers first, then B's"
+        return (f"You are one of two agents, A and B. Each holds {H} numbers (0-{M - 1}); the "
+                f"team must submit all {2 * H}, {order}. You take turns, A first. On your turn "
+                f"write exactly one command:\n"
+                f"SAY m1 ... mk - tell the other agent 1 to {H} numbers; they hear HEAR m1 ... "
+                f"mk\n"
+                f"SUBMIT z1 ... z{2 * H} - submit the whole list and finish; both hear PASS or "
+                f"FAIL.\n"
+                f"Write only the command, e.g. SAY 4 9 2")
+
     def _features(self, task):
         on = self._on_turn(task).astype(jnp.int32)[:, None]
         ok = self._heard_ok(task).astype(jnp.int32)[:, None]

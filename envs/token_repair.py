@@ -108,6 +108,18 @@ class RepairEnv(TokenEnv):
         task = RepairTask(x=x, y=y, report=jnp.int32(-1))
         return task, jnp.full((1, 1), VOCAB["repair"], jnp.int32)
 
+    def chat_intro(self) -> str:
+        L, M = self.length, self.values
+        return (f"You are repairing a hidden file: a list of {L} numbers, each 0-{M - 1}. "
+                f"Some entries are wrong. Test i checks entry i. Each turn, write exactly one "
+                f"command:\n"
+                f"TEST - run the tests; the answer is PASS, or the first failing test as "
+                f"FAIL i WANT v GOT u\n"
+                f"VIEW i - show entry i (0-{L - 1}); the answer is = u\n"
+                f"EDIT i v - set entry i to v (0-{M - 1}); the answer is OK\n"
+                f"SUBMIT - finish; you win if every test passes.\n"
+                f"Write only the command, e.g. EDIT 3 7")
+
     def _features(self, task):
         return jnp.concatenate([task.x, task.y, task.report[None]])[None]
 

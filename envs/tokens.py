@@ -358,6 +358,20 @@ class TokenEnv(MultiAgentEnv):
     def _on_turn(self, task: Any) -> jax.Array:
         return jnp.ones((self.spec.num_agents,), jnp.bool_)
 
+    def chat_intro(self) -> str:
+        """The system message of the task's chat form
+        ([`envs.token_chat`][jaxil.envs.token_chat]): what the task is and
+        its command syntax. A task overrides it with its own description;
+        this default lists the commands."""
+        lines = [f"You act in the task {self.spec.env_id}. Each of your turns is exactly one "
+                 "command, its words separated by single spaces. The commands:"]
+        names = self.vocab.names
+        for c in self.commands:
+            args = " ".join("<" + "|".join(names[int(t)] for t in ids[:4])
+                            + ("|..." if len(ids) > 4 else "") + ">" for ids in c.args)
+            lines.append(f"{c.name} {args}".rstrip())
+        return "\n".join(lines)
+
     # -- the machinery ----------------------------------------------------------
     def privileged(self, obs: jax.Array) -> Privileged:
         """Split the expert-only columns of `obs [..., O]` (int32)."""
