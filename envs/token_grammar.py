@@ -185,9 +185,20 @@ def token_automaton(regex: str, vocab_bytes: Sequence[bytes], eot: int,
                 final[dense[s]] = True
             elif int(tok) != int(eot):
                 table[dense[s], int(tok)] = dense[nxt]
+    # Keep the states the model's tokens reach (not the one after the NUL).
+    reach, todo = {0}, [0]
+    while todo:
+        for nxt in np.unique(table[todo.pop()]):
+            if nxt >= 0 and int(nxt) not in reach:
+                reach.add(int(nxt))
+                todo.append(int(nxt))
+    keep = np.asarray(sorted(reach))
+    renum = np.full((len(states) + 1,), -1, np.int32)
+    renum[keep] = np.arange(len(keep))
+    table, final = renum[table[keep]], final[keep]  # renum[-1] is -1
     # The longest accepted path; a cycle means commands of unbounded length.
-    depth = np.full((len(states),), -1)
-    onstack = np.zeros((len(states),), bool)
+    depth = np.full((len(keep),), -1)
+    onstack = np.zeros((len(keep),), bool)
 
     def longest(s: int) -> int:
         if depth[s] >= 0:
