@@ -61,8 +61,9 @@ import numpy as np
 from flax import struct
 
 from .core import DiscreteActions, EnvSpec, MultiAgentEnv, Step
-from .policies import Policy
+from .policies import Policy, as_policy
 from .token_grammar import command_regex, token_automaton, token_bytes
+from .token_tasks import token_expert
 from .tokens import PAD, TokenEnv
 
 __all__ = ["ChatEnv", "ChatState", "chat_expert", "chat_text", "ERROR_TEXT"]
@@ -589,11 +590,8 @@ def chat_expert(env: ChatEnv, kind: str = "transcript") -> Policy:
     (a student's, when it labels), it ends the turn where that is legal,
     else plays the first legal token.
     """
-    from .token_tasks import token_expert
-
     inner = env.inner
     pol, _, _ = token_expert(inner, kind)
-    from .policies import as_policy
     pol = as_policy(pol)
     K_in, C, F = inner.token_width, inner.cmd_width, inner.num_features
     T = env.turn_tokens

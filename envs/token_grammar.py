@@ -28,7 +28,8 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-__all__ = ["Automaton", "command_regex", "command_texts", "token_automaton", "token_bytes"]
+__all__ = ["Automaton", "bytes_to_unicode", "command_regex", "command_texts", "token_automaton",
+           "token_bytes"]
 
 
 def _args_words(env: Any) -> list[tuple[str, list[list[str]], int]]:
@@ -85,14 +86,22 @@ def command_texts(env: Any, limit: int = 5000, seed: int = 0) -> list[str]:
     return texts
 
 
-_BYTE_LEVEL_INVERSE: dict[str, int] = {}
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map of byte-level BPE."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) \
+        + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
 
 
 def _byte_level_inverse() -> dict[str, int]:
-    if not _BYTE_LEVEL_INVERSE:
-        from jaxil.pretrained.tokenizer import bytes_to_unicode
-        _BYTE_LEVEL_INVERSE.update({c: b for b, c in bytes_to_unicode().items()})
-    return _BYTE_LEVEL_INVERSE
+    return {c: b for b, c in bytes_to_unicode().items()}
 
 
 def token_bytes(tokenizer: Any) -> list[bytes]:

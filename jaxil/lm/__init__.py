@@ -40,7 +40,7 @@ from typing import Any, Mapping, Optional, Sequence
 from tokenizers import Tokenizer
 
 from jaxil.nn.pretrained_params import from_checkpoint
-from jaxil.nn.transformer import Transformer, TransformerConfig
+from jaxil.nn.transformer import Transformer, TransformerConfig, TransformerPolicy
 from jaxil.pretrained.errors import CheckpointError
 from jaxil.pretrained.load import Checkpoint, load_checkpoint
 from jaxil.pretrained.tokenizer import SpecialTokens
@@ -175,8 +175,6 @@ def chat_policy(lm: LM, env: Any) -> tuple[Any, Any]:
         vocabulary, or the model has learned positions shorter than the
         episode's context.
     """
-    from jaxil.nn.transformer import TransformerPolicy
-
     V = env.spec.num_actions
     if not hasattr(env, "pieces") or V != lm.config.vocab_size:
         raise ValueError(f"{env.spec.env_id} is not a chat form of this model's vocabulary "

@@ -21,6 +21,7 @@ from typing import Any, Mapping, Optional
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
+from jaxil.envs.token_grammar import bytes_to_unicode
 from jaxil.pretrained.errors import CheckpointError
 
 _LLAMA3_SPLIT = (
@@ -46,20 +47,6 @@ PRE_TOKENIZER_READINGS = ("transformers", "llama.cpp")
 [gguf_tokenizer][jaxil.pretrained.tokenizer.gguf_tokenizer] follows."""
 
 _CONTROL, _USER_DEFINED = 3, 4
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character map of byte-level BPE."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) \
-        + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
 
 
 @dataclasses.dataclass(frozen=True)
