@@ -291,6 +291,15 @@ class ChatEnv(MultiAgentEnv):
         free[[PAD, self.wait_token]] = False
         self._free = free
 
+    @property
+    def token_names(self) -> tuple[str, ...]:
+        """The model's token strings, by id (the chat form's vocabulary)."""
+        if getattr(self, "_token_names", None) is None:
+            tok = self.tokenizer
+            self._token_names = tuple(tok.id_to_token(i) or ""
+                                      for i in range(self.spec.num_actions))
+        return self._token_names
+
     # -- construction helpers -----------------------------------------------------
     @classmethod
     def from_model(cls, inner: TokenEnv, model: Any, **kwargs: Any) -> "ChatEnv":

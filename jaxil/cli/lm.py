@@ -280,12 +280,49 @@ def load_expert_lm(path: str, env, knobs: dict, seed_index: int = 0):
     return policy, params, f"lm:{label}:{params_digest(params)}"
 
 
+def _check_chat_flags(args) -> None:
+    """`--chat` needs `--model`; `--constrained` needs `--chat` (one line each)."""
+    if args.chat and args.model is None:
+        raise ValueError("--chat renders the task as text for a pretrained model; give --model "
+                         "NAME_OR_PATH (e.g. smollm2-135m-instruct)")
+    if args.constrained and not args.chat:
+        raise ValueError("--constrained decodes the chat form's commands by their grammar; add "
+                         "--chat (the private vocabulary's masks already allow only commands)")
+
+
+def _chat_form(args, env, kind: str):
+    """`(chat env, chat expert of kind, chat TaskModel)` of `--model` on the
+    task `env` (`--constrained` decoding or free text)."""
+    from jaxil.envs.token_chat import ChatEnv, chat_expert
+    from jaxil.nn.task_vocab import chat_model
+    from jaxil.pretrained.load import load_checkpoint
+
+    ckpt = load_checkpoint(args.model)
+    chat = ChatEnv.from_model(env, ckpt, constrained=args.constrained)
+    model = chat_model(ckpt, chat)
+    print(f"{args.model} in the chat form of {env.spec.env_id} ({model.vocab.describe()}; "
+          f"{'constrained' if args.constrained else 'free'} decoding, up to "
+          f"{chat.turn_tokens} tokens a turn, {chat.max_context} in a context)")
+    return chat, chat_expert(chat, kind), model
+
+
+def _add_chat_flags(p) -> None:
+    p.add_argument("--chat", action="store_true",
+                   help="with --model: the task's chat form under the model's tokenizer and chat "
+                        "template (it writes its commands as text; jaxil.envs.token_chat) "
+                        "instead of the task's private vocabulary")
+    p.add_argument("--constrained", action="store_true",
+                   help="with --chat: legal tokens from the command grammar's automaton, so "
+                        "every command parses (default: free text, the parser judges)")
+
+
 def _sft(args) -> int:
     import jax
 
     from jaxil.algorithms.lm import sft
 
     env, expert, knobs = _token_env(args.env, args.task_knob, kind=args.expert)
+    _check_chat_flags(args)
     if args.model is None and args.lora is not None:
         raise ValueError("--lora adapts a pretrained model; give --model NAME_OR_PATH (e.g. "
                          "smollm2-135m-instruct) or leave out --lora")
@@ -297,7 +334,10 @@ def _sft(args) -> int:
                         eval_every=args.eval_every, eval_episodes=args.eval_episodes,
                         lora_rank=args.lora, lora_alpha=args.lora_alpha)
     model = None
-    if args.model is not None:
+    if args.chat:
+        env, expert, model = _chat_form(args, env, args.expert)
+        sft.check_model(env, cfg, model)
+    elif args.model is not None:
         from jaxil.nn.task_vocab import task_decoder
 
         model = task_decoder(args.model, env)
@@ -338,6 +378,9 @@ def _sft(args) -> int:
                              model, params)
             print(f"seed {s}: the fine-tuned model in {d} (HF safetensors)")
             students.append(params)
+        if args.chat:  # the HF directories are the students: the model's own vocabulary
+            print(f"results in {args.out}")
+            return 0
         _save_students(args.out, env.spec.env_id, knobs, cfg, seeds,
                        jax.tree.map(lambda *xs: np.stack(xs), *students), model, args.model)
         print(f"results in {args.out}; the students (the task's vocabulary) in "
@@ -357,6 +400,16 @@ def _interactive(args) -> int:
     env, expert, knobs = _token_env(args.env, args.task_knob, need_expert=named,
                                     kind=args.expert if named else "scripted")
     expert_params, expert_name = None, args.expert
+    _check_chat_flags(args)
+    if args.model is not None and not args.chat:
+        raise ValueError("an interactive run takes a pretrained student in the task's chat form: "
+                         "add --chat to --model")
+    model = None
+    if args.chat:
+        if not named:
+            raise ValueError("with --chat the expert is the task's own, written as text: "
+                             "--expert scripted or transcript")
+        env, expert, model = _chat_form(args, env, args.expert)
     if not named:
         expert, expert_params, expert_name = load_expert_lm(args.expert, env, knobs,
                                                             args.expert_seed)
@@ -380,7 +433,7 @@ def _interactive(args) -> int:
         res = TI.run(env, expert, expert_params, [(name, regime)], seeds=args.seeds,
                      config=config, base_seed=args.seed, out_dir=args.out, resume=args.resume,
                      overwrite=args.overwrite, eval_every=args.eval_every,
-                     progress=not args.no_progress, expert_name=expert_name)
+                     progress=not args.no_progress, expert_name=expert_name, model=model)
     print(TI.format_table(res.summary))
     print(f"wall time {res.summary['wall_seconds']:.1f}s"
           + (f"; results in {args.out}" if args.out else ""))
@@ -506,6 +559,7 @@ def register(sub) -> None:
                    help="fine-tune a pretrained model (a shipped name such as "
                         "smollm2-135m-instruct, a GGUF file or an HF directory) in the task's "
                         "vocabulary instead of a --size transformer from scratch")
+    _add_chat_flags(s)
     s.add_argument("--lora", type=int, default=None, metavar="RANK",
                    help="with --model: train low-rank adapters of this rank on its projection "
                         "kernels, the model frozen (default: full fine-tuning)")
@@ -560,6 +614,11 @@ def register(sub) -> None:
                         "(an expert LM, acting greedily)")
     i.add_argument("--expert-seed", type=nonneg_int, default=0,
                    help="which of that run's students is the expert")
+    i.add_argument("--model", default=None, metavar="NAME_OR_PATH",
+                   help="with --chat: the student is this pretrained model (a shipped name such "
+                        "as smollm2-135m-instruct, a GGUF file or an HF directory), fine-tuned "
+                        "in full; --size is not used")
+    _add_chat_flags(i)
     c = TokenInteractiveConfig()
     i.add_argument("--rounds", type=positive_int, default=c.rounds)
     i.add_argument("--episodes-per-round", type=positive_int, default=c.episodes_per_round)

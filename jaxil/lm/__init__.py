@@ -40,6 +40,7 @@ from typing import Any, Mapping, Optional, Sequence
 from tokenizers import Tokenizer
 
 from jaxil.nn.pretrained_params import from_checkpoint
+from jaxil.nn.task_vocab import chat_model
 from jaxil.nn.transformer import Transformer, TransformerConfig, TransformerPolicy
 from jaxil.pretrained.errors import CheckpointError
 from jaxil.pretrained.load import Checkpoint, load_checkpoint
@@ -162,27 +163,17 @@ def load(name_or_path: Any, *, dtype: str = "float32", compute_dtype: Optional[s
     return LM(config, params, Transformer(config), ckpt)
 
 
-def chat_policy(lm: LM, env: Any) -> tuple[Any, Any]:
+def chat_policy(lm: LM, env: Any) -> tuple[TransformerPolicy, Any]:
     """`(policy network, params)`: the model acting in a chat-form token
     task ([`envs.token_chat.ChatEnv`][jaxil.envs.token_chat.ChatEnv]) as a
-    [`TransformerPolicy`][jaxil.nn.transformer.TransformerPolicy]: the
-    decoder with the environment's token width and context length, token 0
-    as padding (the chat form never writes it). The parameters are the
-    model's own (the positions are rotary, so any context length fits).
+    [`TransformerPolicy`][jaxil.nn.transformer.TransformerPolicy]
+    ([`chat_model`][jaxil.nn.task_vocab.chat_model]: the decoder with the
+    environment's token width and context, token 0 as padding, the model's
+    own parameters).
 
     Raises:
-      ValueError: `env` is not a chat-form environment of this model's
-        vocabulary, or the model has learned positions shorter than the
-        episode's context.
+      CheckpointError: `env` is not a chat form of this model's vocabulary,
+        or the model has learned positions shorter than the episode's context.
     """
-    V = env.spec.num_actions
-    if not hasattr(env, "pieces") or V != lm.config.vocab_size:
-        raise ValueError(f"{env.spec.env_id} is not a chat form of this model's vocabulary "
-                         f"({V} tokens against the model's {lm.config.vocab_size}); build it "
-                         "with ChatEnv.from_model(task, lm)")
-    if lm.config.positions == "learned" and env.max_context > lm.config.max_context:
-        raise ValueError(f"the episode's context ({env.max_context} tokens) is longer than the "
-                         f"model's {lm.config.max_context} learned positions")
-    config = dataclasses.replace(lm.config, token_width=env.token_width,
-                                 max_context=env.max_context, pad_id=0)
-    return TransformerPolicy(config), lm.params
+    model = chat_model(lm, env)
+    return TransformerPolicy(model.config), model.params

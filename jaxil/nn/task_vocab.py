@@ -134,8 +134,17 @@ class TaskVocab:
         out[ids[keep]] = rows[keep].astype(table.dtype)
         return out
 
+    @property
+    def is_identity(self) -> bool:
+        """Whether this is the model's own vocabulary (task token `i` is model
+        token `i`, every one of them: a chat-form task's)."""
+        return len(self.pieces) == self.model_vocab_size and all(
+            p == (i,) for i, p in enumerate(self.pieces))
+
     def describe(self) -> str:
         """One line: how many tokens are exact and which are composed."""
+        if self.is_identity:
+            return f"the model's own vocabulary of {self.model_vocab_size} tokens"
         exact = sum(len(p) == 1 for p in self.pieces)
         comp = self.composed
         tail = f"; {len(comp)} composed of their pieces' mean: {' '.join(comp)}" if comp else ""
@@ -303,6 +312,47 @@ def task_decoder(name_or_path: Any, env: Any, *, spellings: Optional[Mapping[str
     config = task_config(ckpt.arch, vocab, env.token_width, env.max_context, compute_dtype)
     table = {k: np.asarray(v, np.float32) for k, v in ckpt.params.items()}
     params = params_from_table(config, task_table(vocab, table), str(ckpt.path))
+    return TaskModel(vocab, config, params, ckpt)
+
+
+def chat_model(model: Any, env: Any, *, compute_dtype: Optional[str] = None) -> TaskModel:
+    """A pretrained model in its own vocabulary, as the decoder of a
+    chat-form task ([`envs.token_chat.ChatEnv`][jaxil.envs.token_chat.ChatEnv]
+    built for this model): the identity vocabulary, the environment's
+    `token_width` and `max_context`, token 0 as padding (the chat form never
+    writes it). Everything that takes a [`TaskModel`][jaxil.nn.task_vocab.TaskModel]
+    (SFT, export) takes it.
+
+    Args:
+      model: a short name of a shipped model, a GGUF file, an HF directory, a
+        loaded [`Checkpoint`][jaxil.pretrained.load.Checkpoint] or a
+        [`jaxil.lm.LM`][jaxil.lm.LM] (its parameters are used as they are).
+      env: the chat-form environment.
+      compute_dtype: the forward pass's dtype (None: the parameters').
+
+    Raises:
+      CheckpointError: the loader's one-line errors, an environment that is
+        not a chat form of this model's vocabulary, a context longer than
+        learned positions cover.
+    """
+    ckpt = getattr(model, "checkpoint", model)
+    if not isinstance(ckpt, Checkpoint):
+        ckpt = load_checkpoint(ckpt)
+    V = ckpt.arch.vocab_size
+    if getattr(env, "tokenizer", None) is None or env.spec.num_actions != V:
+        raise CheckpointError(f"{env.spec.env_id} is not a chat form of this model ({V} tokens "
+                              f"against the environment's {env.spec.num_actions}); build it with "
+                              "ChatEnv.from_model(task, model)")
+    vocab = TaskVocab(tuple(env.token_names), tuple(env.token_names),
+                      tuple((i,) for i in range(V)), V)
+    config = task_config(ckpt.arch, vocab, env.token_width, env.max_context, compute_dtype)
+    if hasattr(model, "params") and hasattr(model, "config") and not isinstance(model, Checkpoint):
+        config = dataclasses.replace(config, param_dtype=model.config.param_dtype,
+                                     dtype=compute_dtype or model.config.dtype)
+        params = model.params
+    else:
+        table = {k: np.asarray(v, np.float32) for k, v in ckpt.params.items()}
+        params = params_from_table(config, table, str(ckpt.path))
     return TaskModel(vocab, config, params, ckpt)
 
 

@@ -84,12 +84,15 @@ from jaxil.algorithms.interactive.schedule import expert_probability
 from jaxil.algorithms.lm.corrections import expert_tokens, passes_repetition, token_loss_mask
 from jaxil.algorithms.lm.distill import (check_expert_lm, expert_log_probs, expert_tokens_scored,
                                          opd_loss_from_scores)
-from jaxil.algorithms.lm.sft import TokenEpisodes, _check_token_env, collect_demos, from_episodes
+from jaxil.algorithms.lm.sft import (SFTConfig, TokenEpisodes, _check_token_env, check_model,
+                                     collect_demos, from_episodes)
 from jaxil.algorithms.lm.takeover import TakeoverRule, takeover_episodes
 from jaxil.algorithms.lm.turns import speaking
 from jaxil.losses.sequence import agent_token_mask, masked_sequence_nll
+from jaxil.nn.task_vocab import TaskModel
 from jaxil.nn.transformer import SIZES, TransformerPolicy, config_for_env, obs_tokens
 from jaxil.runs import engine, guard
+from jaxil.runs.checkpoint import params_digest
 from jaxil.runs.measure import format_table as fmt_table
 from jaxil.runs.summary import mean_std, summarize_step
 from jaxil.runs.updates import fused_updates
@@ -291,8 +294,12 @@ def _set_lr(opt_state, lr):
     return (clip, adam._replace(hyperparams=dict(adam.hyperparams, learning_rate=lr)))
 
 
-def make_student(env: MultiAgentEnv, config: TokenInteractiveConfig) -> TransformerPolicy:
-    """The transformer an interactive token run trains on `env`."""
+def make_student(env: MultiAgentEnv, config: TokenInteractiveConfig,
+                 model: Optional[TaskModel] = None) -> TransformerPolicy:
+    """The student network: a transformer of `config.size` trained from
+    scratch, or a pretrained `model`'s decoder (its own configuration)."""
+    if model is not None:
+        return TransformerPolicy(model.config)
     return TransformerPolicy(config_for_env(env, config.size, agent_ids=config.agent_ids))
 
 
@@ -484,15 +491,18 @@ def _demos_for(env, expert, expert_params, key, need_tokens: int) -> Demos:
 
 
 def identity(env: MultiAgentEnv, regimes, seeds: int, config: TokenInteractiveConfig,
-             base_seed: int, expert_name: str) -> dict:
-    """What determines a run's result, as its run directory records it."""
+             base_seed: int, expert_name: str, model: Optional[TaskModel] = None) -> dict:
+    """What determines a run's result, as its run directory records it (a
+    pretrained student by its starting parameters' digest)."""
     task = {k: v for k, v in sorted(vars(env).items())
             if isinstance(v, (bool, int, float, str)) and not k.startswith("_")}
     return dict(learner="token-interactive", env_id=env.spec.env_id, spec=env.spec.to_dict(),
                 task=task, config=dataclasses.asdict(config), expert=expert_name,
                 regimes=[dict(name=n, **{k: (float(v) if isinstance(v, float) else v)
                                          for k, v in h.items()}) for n, h in regimes],
-                seeds=seeds, base_seed=base_seed)
+                seeds=seeds, base_seed=base_seed,
+                **({} if model is None else
+                   {"model": params_digest(model.params)[:16]}))
 
 
 def run(env: MultiAgentEnv, expert: Any, expert_params: Any,
@@ -500,7 +510,8 @@ def run(env: MultiAgentEnv, expert: Any, expert_params: Any,
         config: TokenInteractiveConfig = TokenInteractiveConfig(), base_seed: int = 0,
         out_dir: Optional[str | Path] = None, resume: bool = False, overwrite: bool = False,
         eval_every: int = 1, progress: bool = False, expert_name: str = "scripted",
-        stop_after_rounds: Optional[int] = None) -> engine.RunResult:
+        stop_after_rounds: Optional[int] = None,
+        model: Optional[TaskModel] = None) -> engine.RunResult:
     """Run every regime × `seeds` seeds together (see the module docstring).
 
     `expert`: an acting expert (a [`jaxil.envs.policies.Policy`][jaxil.envs.policies.Policy],
@@ -516,6 +527,10 @@ def run(env: MultiAgentEnv, expert: Any, expert_params: Any,
     ± std over seeds at the last evaluation; also `results.json`) and
     `state` (the students' parameters `state.params`, stacked `[R]`).
     `stop_after_rounds` stops early, as a kill would (`resume` continues).
+    `model`: a pretrained student (a [`TaskModel`][jaxil.nn.task_vocab.TaskModel]
+    of this environment, e.g. [`chat_model`][jaxil.nn.task_vocab.chat_model]
+    for a chat-form task): every run starts from its parameters and
+    `config.size` / `agent_ids` are not used.
 
     Raises:
       ValueError: not a token environment, a bad setting or regime, `opd`
@@ -536,7 +551,7 @@ def run(env: MultiAgentEnv, expert: Any, expert_params: Any,
         raise ValueError(f"regime names must be unique, got {names}")
     recorded, (regimes, distill_beta) = regimes, _split_distill(regimes)
     if distill_beta is not None:
-        check_expert_lm(make_student(env, config), expert)
+        check_expert_lm(make_student(env, config, model), expert)
     for name, h in regimes:
         check_regime(h, config.sft_tokens)
         if h["scratch"]:
@@ -544,11 +559,13 @@ def run(env: MultiAgentEnv, expert: Any, expert_params: Any,
     rd = None
     if out_dir is not None:
         rd = engine.open_run(out_dir, identity(env, recorded, seeds, config, base_seed,
-                                               expert_name),
+                                               expert_name, model),
                              step_key="round", resume=resume, overwrite=overwrite)
     try:
+        if model is not None:
+            check_model(env, dataclasses.replace(SFTConfig(), agent_ids=config.agent_ids), model)
         program = _program(env, expert, expert_params, regimes, seeds, config, base_seed,
-                           eval_every, distill_beta)
+                           eval_every, distill_beta, model)
     except BaseException:
         if rd is not None:
             rd.close()
@@ -597,7 +614,7 @@ def budget_warnings(table: Sequence[dict], budgets: dict[str, int], episode_toke
 
 
 def _program(env, expert, expert_params, regimes, seeds, config, base_seed, eval_every,
-             distill_beta=None):
+             distill_beta=None, model=None):
     need = max(int(h["demo_labels"]) for _, h in regimes)
     # An expert LM acts greedily (the demonstrations, takeovers and labels);
     # OPD reads its distribution.
@@ -619,7 +636,7 @@ def _program(env, expert, expert_params, regimes, seeds, config, base_seed, eval
     demo_cost = {k: np.asarray([acc[k][e - 1] for e in demo_eps], np.int64)
                  for k in ("tokens", "turns", "episodes")}
 
-    student = make_student(env, config)
+    student = make_student(env, config, model)
     tx = _optimizer(config)
     if distill_beta is None:
         round_fn = make_round(env, student, acting, config, tx)
@@ -638,7 +655,10 @@ def _program(env, expert, expert_params, regimes, seeds, config, base_seed, eval
     evaluate = jax.jit(jax.vmap(evaluate_one))
     hp = stack_regimes(hps)
     seed_keys = lambda: jnp.stack([jax.random.PRNGKey(base_seed + s) for s in range(seeds)])
-    initial_params = lambda key: student.init(jax.random.split(key)[0])
+    if model is None:
+        initial_params = lambda key: student.init(jax.random.split(key)[0])
+    else:  # every seed starts from the model (vmapped eagerly: broadcast, not a constant)
+        initial_params = lambda key: model.params
 
     def untrained() -> list[dict]:
         """The students before any training (before the SFT start), scored

@@ -255,7 +255,8 @@ def check_model(env: envs.MultiAgentEnv, config: SFTConfig, model: Optional[Task
         raise ValueError("a pretrained model has no agent-id embedding; leave out agent_ids "
                          "(--agent-ids): the agents' prompts tell them apart")
     eid, c = env.spec.env_id, model.config
-    want = (tuple(env.vocab.names), env.token_width, env.max_context)
+    names = env.vocab.names if hasattr(env, "vocab") else getattr(env, "token_names", ())
+    want = (tuple(names), env.token_width, env.max_context)
     got = (model.vocab.names, c.token_width, c.max_context)
     if want != got or c.vocab_size != env.spec.num_actions:
         raise ValueError(f"the model was mapped for another task or setting (vocabulary of "
@@ -462,8 +463,10 @@ def sft_identity(env: envs.MultiAgentEnv, demos: TokenEpisodes, config: SFTConfi
                  seeds=[int(s) for s in seeds], eval_seed=eval_seed, demos=demos.digest(),
                  heldout=heldout.digest() if heldout is not None else None)
     if model is not None:
+        v = model.vocab
         ident["model"] = dict(params=params_digest(model.params)[:16],
-                              spellings=list(model.vocab.texts))
+                              spellings=(f"identity:{v.model_vocab_size}" if v.is_identity
+                                         else list(v.texts)))
     return ident
 
 
