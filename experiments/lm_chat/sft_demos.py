@@ -1,0 +1,90 @@
+"""SFT of a pretrained model on transcript-only expert chats: success
+against the number of demonstrations.
+
+    python experiments/lm_chat/sft_demos.py --demos 4 16 64 --out experiments/lm_chat/results
+
+For each demonstration count, one SFT run (full fine-tuning, the run engine,
+`OUT/sft_demos/N` resumable) of SmolLM2-135M-Instruct in the chat form of a
+token task, free decoding, on episodes of the task's transcript-only
+expert written as text; evaluated greedily on fixed instances, free and
+constrained. Writes `sft_demos.json` (one row per count: held-out NLL and
+accuracy of the assistant tokens, success free and constrained, seconds per
+update and per evaluation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+import jaxil.lm
+from jaxil import envs
+from jaxil.algorithms.lm import sft
+from jaxil.envs.token_chat import ChatEnv, chat_expert
+from jaxil.nn.task_vocab import chat_model
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--env", default="tokens:arith")
+    ap.add_argument("--num-ops", type=int, default=1, help="tokens:arith's num_ops")
+    ap.add_argument("--demos", type=int, nargs="+", default=[4, 16, 64])
+    ap.add_argument("--heldout", type=int, default=8)
+    ap.add_argument("--updates", type=int, default=40)
+    ap.add_argument("--batch-episodes", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--eval-episodes", type=int, default=16)
+    ap.add_argument("--out", default="experiments/lm_chat/results")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    lm = jaxil.lm.load(args.model)
+    task = envs.make(args.env, num_ops=args.num_ops)
+    env = ChatEnv.from_model(task, lm)
+    model = chat_model(lm, env)
+    pool = sft.collect_demos(env, chat_expert(env, "transcript"), None, jax.random.PRNGKey(7),
+                             max(args.demos) + args.heldout)
+    held = pool.take(slice(max(args.demos), None))
+    print(f"demonstrations: success {float(pool.won.mean()):.3f}", flush=True)
+    rows = []
+    for n in args.demos:
+        cfg = sft.SFTConfig(num_updates=args.updates, eval_every=args.updates,
+                            batch_episodes=args.batch_episodes, learning_rate=args.lr,
+                            eval_episodes=args.eval_episodes)
+        t0 = time.perf_counter()
+        res = sft.train_sft(env, pool.take(slice(0, n)), cfg, seeds=[0], heldout=held,
+                            model=model, out_dir=out / "sft_demos" / str(n), resume=True)
+        wall = time.perf_counter() - t0
+        last = max(r["update"] for r in res.rows)
+        first = {r["update"]: r for r in res.rows}
+        params = jax.tree.map(lambda x: x[0], res.state.params)
+        # The same students, constrained by the grammar.
+        cons = ChatEnv.from_model(task, lm, constrained=True)
+        net = jaxil.lm.chat_policy(lm, cons)[0]
+        t1 = time.perf_counter()
+        ep = jax.jit(lambda p, k: envs.run_episodes(cons, net.policy(deterministic=True), p, k,
+                                                    args.eval_episodes))(
+            params, jax.random.PRNGKey(10_000))
+        jax.block_until_ready(ep.won)
+        row = dict(demos=n, updates=last, lr=args.lr, batch_episodes=args.batch_episodes,
+                   nll_start=first[0]["eval_nll"], nll=first[last]["eval_nll"],
+                   accuracy=first[last]["eval_accuracy"],
+                   success_start=first[0]["eval_win_rate"],
+                   success_free=first[last]["eval_win_rate"],
+                   success_constrained=float(np.asarray(ep.won).mean()),
+                   wall_s=round(wall, 1), constrained_eval_s=round(time.perf_counter() - t1, 1))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        (out / "sft_demos.json").write_text(json.dumps(dict(
+            model=args.model, env=args.env, num_ops=args.num_ops, heldout=args.heldout,
+            eval_episodes=args.eval_episodes, rows=rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()
