@@ -898,13 +898,15 @@ class TransformerPolicy:
         return Policy(init=init, act=act)
 
     # -- teacher-forced scoring ------------------------------------------------------
-    def _chunks(self, per_token: Any, obs: jax.Array) -> jax.Array:
+    def _chunks(self, per_token: Any, obs: jax.Array, finish: Any = None) -> jax.Array:
         """`per_token(context [C], agent) -> [C, X]` run once per agent
         over its context (the non-PAD tokens of its `K`-wide chunks,
         packed left into `max_context` slots, PAD after), read at each
         step's last stored token: `[T, N, X]` (zeros before the first
         token). Packing first makes the pass cost `C` positions instead of
-        `T·K` (most chunks hold one token and `K − 1` PADs)."""
+        `T·K` (most chunks hold one token and `K − 1` PADs). `finish`, when
+        given, maps the `[T, X]` rows read (e.g. features to logits by the
+        head, at `T` positions rather than `C`)."""
         chex.assert_rank(obs, 3)
         self._check_obs(obs)
         T, n, _ = obs.shape
@@ -919,7 +921,10 @@ class TransformerPolicy:
             out = per_token(context, agent)
             # Each chunk reads the last stored token at or before its end.
             at = jnp.cumsum(kept).reshape(T, K)[:, -1] - 1
-            return jnp.where((at >= 0)[:, None], out[jnp.maximum(at, 0)], 0.0)
+            rows = out[jnp.maximum(at, 0)]
+            if finish is not None:
+                rows = finish(rows)
+            return jnp.where((at >= 0)[:, None], rows, 0.0)
 
         return jnp.swapaxes(jax.vmap(one_agent)(tokens, self._agents(obs)), 0, 1)
 
@@ -934,12 +939,16 @@ class TransformerPolicy:
 
         Returns:
           `[T, N, V]`: the logits `act` saw at each step, from one
-          [`Transformer.sequence_logits`][jaxil.nn.transformer.Transformer.sequence_logits] pass per agent over its
+          [`Transformer.sequence_features`][jaxil.nn.transformer.Transformer.sequence_features] pass per agent over its
           whole context (the chunks' tokens packed into `max_context`
-          slots).
+          slots), the head applied at the steps' positions only.
         """
-        return self._chunks(lambda tokens, agent: self.net.sequence_logits(params, tokens, agent),
-                            obs)
+        # The head reads only the T steps' positions: [T, V] logits rather
+        # than [C, V] (a pretrained vocabulary makes the latter the largest
+        # array of a training step). Steps before the first token stay zero.
+        return self._chunks(
+            lambda tokens, agent: self.net.sequence_features(params, tokens, agent), obs,
+            finish=lambda features: self.net.read_out(params, features))
 
     def chunk_features(self, params: Any, obs: jax.Array) -> jax.Array:
         """Teacher-forced final hidden states of every step of one episode.
