@@ -159,9 +159,10 @@ class ChatEnv(MultiAgentEnv):
       system: the system message (None: `inner.chat_intro()`).
 
     Raises:
-      ValueError: a bad argument, a template ChatEnv cannot cut into pieces,
-        a tokenizer that uses token 0 in the chat's text, no free token for
-        `wait_token` (one line each, naming the problem).
+      ValueError: a bad argument, a template ChatEnv cannot cut into pieces
+        or that does not end an assistant turn with `eot`, a tokenizer that
+        uses token 0 in the chat's text, a turn limit below the longest
+        command (one line each, naming the problem).
     """
 
     stochastic_step = False
@@ -205,8 +206,6 @@ class ChatEnv(MultiAgentEnv):
             raise ValueError(f"token 0 ({tokenizer.id_to_token(0)!r}) appears in the chat's "
                              "text; ChatEnv pads with token 0, so it needs a tokenizer whose "
                              "id 0 is a special token the text never uses")
-        if self.wait_token in used or self.wait_token in P["header"]:
-            pass  # the wait token is forced and echoed as <pad>; its text never matters
         Wm = max(1, max(len(b) for b in bare + spaced))
         self._bare = _table(bare, Wm)
         self._spaced = _table(spaced, Wm)
@@ -480,7 +479,8 @@ class ChatEnv(MultiAgentEnv):
         msg = jnp.pad(msg, ((0, 0), (0, width - msg.shape[1])))
         error = jnp.pad(jnp.asarray(self._error), (0, width - self._error.shape[0]))
         msg = jnp.where(err[:, None], error[None], jnp.where(heard[:, None], msg, PAD))
-        on_next = inner._on_turn(out.task)
+        done = jnp.asarray(out.done, jnp.bool_) & ok.any()
+        on_next = inner._on_turn(out.task) & ~done  # no header after the last answer
         opened = s.opened & ~ended
         header = on_next & ~opened
         after = jnp.asarray(self._after_turn, jnp.int32)
@@ -491,7 +491,6 @@ class ChatEnv(MultiAgentEnv):
         head, queue, qlen = jax.vmap(self._deliver, in_axes=(0, 0, None))(queue, qlen, K - 1)
         echo = jnp.where(speak, tok, PAD)
         tokens = jnp.concatenate([echo[:, None], head], axis=1)
-        done = jnp.asarray(out.done, jnp.bool_) & ok.any()
         won = done & jnp.asarray(out.won, jnp.bool_)
         reward = jnp.where(done, won.astype(jnp.float32)
                            + inner.score_weight * jnp.asarray(out.score, jnp.float32), 0.0)

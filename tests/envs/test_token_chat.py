@@ -205,7 +205,8 @@ def test_a_hand_made_chat_is_the_template_and_its_assistant_mask():
     messages = [{"role": "system", "content": env.system}, {"role": "user", "content": "repair"}]
     for t, a in zip(turns, answers):
         messages += [{"role": "assistant", "content": t}, {"role": "user", "content": a}]
-    want = tiny_tokenizer().encode(render(messages, True), add_special_tokens=False).ids
+    # The episode ends at SUBMIT: no assistant header after its answer.
+    want = tiny_tokenizer().encode(render(messages, False), add_special_tokens=False).ids
     # The agent's context, step by step, and which of its tokens it chose.
     K = env.token_width
     rows = np.round(np.concatenate([obs[:1], nxt])[:, 0, :K]).astype(int)
@@ -216,14 +217,13 @@ def test_a_hand_made_chat_is_the_template_and_its_assistant_mask():
             if tok:
                 got.append(int(tok))
                 mine.append(bool(j == 0 and t >= 1 and mask[t - 1]))
-    assert got[:len(want)] == want
+    assert got == want
     expected = np.zeros(len(want), bool)
     for k in range(len(turns)):
         start = len(tiny_tokenizer().encode(render(messages[:2 + 2 * k], True),
                                             add_special_tokens=False).ids)
         expected[start:start + lens[k] + 1] = True
-    assert mine[:len(want)] == expected.tolist()
-    assert not any(mine[len(want):])
+    assert mine == expected.tolist()
 
 
 SMALL = {"tokens:repair": {}, "tokens:arith": {"num_ops": 1, "modulus": 7},
