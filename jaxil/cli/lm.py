@@ -20,6 +20,17 @@ takes as an expert LM:
 
     jaxil lm sft --env tokens:arith --task-knob num_ops=1 --model smollm2-135m-instruct \
         --lora 8 --demos 64 --updates 40 --eval-every 20 --batch-episodes 8 --out runs/smol
+With `--model NAME_OR_PATH --chat` the task is its chat form instead
+(`jaxil.envs.token_chat`): the model reads the system prompt, the tool output
+and its own commands as text under its tokenizer and chat template, in its
+own vocabulary; `--constrained` masks its tokens by the command grammar.
+`sft` and `interactive` both take it:
+
+    jaxil lm sft --env tokens:arith --task-knob num_ops=1 --model smollm2-135m-instruct \
+        --chat --expert transcript --demos 16 --updates 40 --out runs/smol-chat
+    jaxil lm interactive oec --env tokens:arith --task-knob num_ops=1 \
+        --model smollm2-135m-instruct --chat --expert transcript --budget 400
+
 `interactive` runs one method of `jaxil.algorithms.lm.interactive`
 (`bc`, `dagger`, `oec`, `oec_mix`, `onpolicy` or `gated`)
 against the task's scripted expert, or with `--expert SFT_DIR` against an
