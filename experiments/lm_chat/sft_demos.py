@@ -1,7 +1,7 @@
 """SFT of a pretrained model on transcript-only expert chats: success
 against the number of demonstrations.
 
-    python experiments/lm_chat/sft_demos.py --demos 4 16 64 --out experiments/lm_chat/results
+    python experiments/lm_chat/sft_demos.py --demos 1 2 4 --out experiments/lm_chat/results
 
 For each demonstration count, one SFT run (full fine-tuning, the run engine,
 `OUT/sft_demos/N` resumable) of SmolLM2-135M-Instruct in the chat form of a
@@ -34,7 +34,9 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--env", default="tokens:arith")
     ap.add_argument("--num-ops", type=int, default=1, help="tokens:arith's num_ops")
-    ap.add_argument("--demos", type=int, nargs="+", default=[4, 16, 64])
+    ap.add_argument("--demos", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--pool", type=int, default=64,
+                    help="demonstrations collected; a run with N trains on the first N")
     ap.add_argument("--heldout", type=int, default=8)
     ap.add_argument("--updates", type=int, default=40)
     ap.add_argument("--batch-episodes", type=int, default=4)
@@ -48,9 +50,12 @@ def main() -> None:
     task = envs.make(args.env, num_ops=args.num_ops)
     env = ChatEnv.from_model(task, lm)
     model = chat_model(lm, env)
+    if max(args.demos) > args.pool:
+        raise SystemExit(f"--demos {max(args.demos)} is more than --pool {args.pool}")
+    # One pool for every count (runs stay comparable and resumable).
     pool = sft.collect_demos(env, chat_expert(env, "transcript"), None, jax.random.PRNGKey(7),
-                             max(args.demos) + args.heldout)
-    held = pool.take(slice(max(args.demos), None))
+                             args.pool + args.heldout)
+    held = pool.take(slice(args.pool, None))
     print(f"demonstrations: success {float(pool.won.mean()):.3f}", flush=True)
     rows = []
     for n in args.demos:
@@ -59,7 +64,8 @@ def main() -> None:
                             eval_episodes=args.eval_episodes)
         t0 = time.perf_counter()
         res = sft.train_sft(env, pool.take(slice(0, n)), cfg, seeds=[0], heldout=held,
-                            model=model, out_dir=out / "sft_demos" / str(n), resume=True)
+                            model=model, out_dir=out / "sft_demos" / f"ops{args.num_ops}-{n}",
+                            resume=True)
         wall = time.perf_counter() - t0
         last = max(r["update"] for r in res.rows)
         first = {r["update"]: r for r in res.rows}
@@ -81,7 +87,7 @@ def main() -> None:
                    wall_s=round(wall, 1), constrained_eval_s=round(time.perf_counter() - t1, 1))
         rows.append(row)
         print(json.dumps(row), flush=True)
-        (out / "sft_demos.json").write_text(json.dumps(dict(
+        (out / f"sft_demos_ops{args.num_ops}.json").write_text(json.dumps(dict(
             model=args.model, env=args.env, num_ops=args.num_ops, heldout=args.heldout,
             eval_episodes=args.eval_episodes, rows=rows), indent=1))
 
