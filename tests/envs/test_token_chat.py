@@ -334,23 +334,23 @@ def test_the_transcript_chat_expert_cannot_read_the_hidden_columns():
     assert (actions("scripted", obs) != actions("scripted", hidden)).any()
 
 
-def test_constrained_random_turns_always_parse():
+@pytest.mark.parametrize("constrained", [True, pytest.param(False, marks=pytest.mark.slow)])
+def test_constrained_random_turns_always_parse(constrained):
     """Uniformly random legal tokens under the automaton's masks always make
     a command that runs (no error answer, the command reaches the task);
     without it, random text almost never does. Fails if the mask and the
     parser disagree on a single command."""
-    for constrained in (True, False):
-        env = chat("tokens:arith", constrained)
-        ep = jax.jit(lambda k: envs.run_episodes(env, random_policy(env.spec), None,
-                                                 k, 16))(jax.random.key(1))
-        ended = np.asarray(ep.actions[..., 0] == EOT) & np.asarray(ep.mask, bool)
-        sent = np.asarray(env.privileged(ep.obs[:, 1:])["sent_len"])[..., 0] > 0
-        rate = sent[ended].mean()
-        assert ended.sum() >= 16
-        if constrained:
-            assert rate == 1.0
-        else:
-            assert rate < 0.05
+    env = chat("tokens:arith", constrained)
+    ep = jax.jit(lambda k: envs.run_episodes(env, random_policy(env.spec), None, k, 16))(
+        jax.random.key(1))
+    ended = np.asarray(ep.actions[..., 0] == EOT) & np.asarray(ep.mask, bool)
+    sent = np.asarray(env.privileged(ep.obs[:, 1:])["sent_len"])[..., 0] > 0
+    rate = sent[ended].mean()
+    assert ended.sum() >= 16
+    if constrained:
+        assert rate == 1.0
+    else:
+        assert rate < 0.05
 
 
 def test_bad_arguments_are_one_line_errors():
