@@ -80,3 +80,14 @@ def pytest_collection_modifyitems(config, items):
     if "PYTEST_XDIST_WORKER" in os.environ:  # the order the scheduler hands scopes out
         rank = {m: i for i, m in enumerate(_LONG_FIRST)}
         items.sort(key=lambda it: rank.get(it.path.name, len(rank)))
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory):
+    """A tiny Llama-family GGUF checkpoint (the byte-level BPE and chat
+    template of helpers.pretrained), written once per session."""
+    from helpers.pretrained import GGUF_LLAMA, hf_tensors, write_gguf
+
+    path = tmp_path_factory.mktemp("ckpt") / "tiny.gguf"
+    write_gguf(path, hf_tensors("llama", config=GGUF_LLAMA), GGUF_LLAMA)
+    return path

@@ -18,7 +18,6 @@ import jax
 import numpy as np
 import pytest
 
-from helpers.pretrained import GGUF_LLAMA, hf_tensors, write_gguf
 from jaxil import envs
 from jaxil.algorithms.lm import interactive as TI
 from jaxil.algorithms.lm.sft import SFTConfig
@@ -39,10 +38,8 @@ def env():
 
 
 @pytest.fixture(scope="module")
-def gguf(tmp_path_factory):
-    path = tmp_path_factory.mktemp("ckpt") / "tiny.gguf"
-    write_gguf(path, hf_tensors("llama", config=GGUF_LLAMA), GGUF_LLAMA)
-    return path
+def gguf(tiny_gguf):
+    return tiny_gguf
 
 
 @pytest.fixture(scope="module")

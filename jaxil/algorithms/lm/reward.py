@@ -88,14 +88,17 @@ from flax import struct
 from jaxil import envs
 from jaxil.algorithms.irl.reward_model import source_roles
 from jaxil.algorithms.lm.sft import (
+    SFTConfig,
     TokenEpisodes,
     _check_token_env,
     _token_mask,
     check_demos,
+    check_model,
     from_episodes,
 )
 from jaxil.algorithms.lm.turns import speaking
 from jaxil.losses import discriminator_loss
+from jaxil.nn.task_vocab import TaskModel
 from jaxil.nn.transformer import SIZES, TransformerPolicy, config_for_env
 from jaxil.runs import engine
 from jaxil.runs.checkpoint import params_digest
@@ -297,20 +300,32 @@ def sequence_reward_loss(positive_rewards: jax.Array, positive_mask: jax.Array,
 class SequenceRewardModel:
     """The sequence reward model of `env` and `config` (see the module
     docstring): a transformer whose head, read at each emitted token, is
-    that token's reward, summed into the episode's score."""
+    that token's reward, summed into the episode's score.
+
+    With a pretrained `model` (a [`TaskModel`][jaxil.nn.task_vocab.TaskModel]
+    of `env`, e.g. [`chat_model`][jaxil.nn.task_vocab.chat_model] in a
+    chat-form task) the network is the model's decoder and its logits are
+    the reads; its parameters start from the model's (the pretrained base),
+    unless π_SFT's are given to `init_state`. `config.size` is then not
+    used."""
 
     def __init__(self, env: envs.MultiAgentEnv,
-                 config: SequenceRewardConfig = SequenceRewardConfig()):
+                 config: SequenceRewardConfig = SequenceRewardConfig(),
+                 model: Optional[TaskModel] = None):
         _check_token_env(env, "a sequence reward model scores token episodes")
-        self.env, self.config = env, config
-        self.net = TransformerPolicy(config_for_env(env, config.size, agent_ids=config.agent_ids))
+        if model is not None:
+            check_model(env, dataclasses.replace(SFTConfig(), agent_ids=config.agent_ids), model)
+        self.env, self.config, self.model = env, config, model
+        self.net = TransformerPolicy(
+            model.config if model is not None
+            else config_for_env(env, config.size, agent_ids=config.agent_ids))
         self.tx = optax.chain(optax.clip_by_global_norm(config.max_grad_norm),
                               optax.adam(config.learning_rate))
 
     # -- parameters ------------------------------------------------------------------
     def init(self, key: jax.Array) -> Any:
-        """Fresh network parameters."""
-        return self.net.init(key)
+        """Fresh network parameters (with a pretrained model: its own)."""
+        return self.net.init(key) if self.model is None else self.model.params
 
     def init_state(self, key: jax.Array, params: Optional[Any] = None) -> SequenceRewardState:
         """Parameters (`params`, e.g. π_SFT's of the same architecture, or a
@@ -449,7 +464,8 @@ def check_stacked(tree: Any, runs: int, what: str) -> None:
 def reward_program(env: envs.MultiAgentEnv, data: RewardEpisodes, config: SequenceRewardConfig,
                    seeds: Sequence[int], labels: Sequence[str],
                    init_params: Optional[Any] = None,
-                   heldout: Optional[RewardEpisodes] = None) -> engine.Program:
+                   heldout: Optional[RewardEpisodes] = None,
+                   model: Optional[TaskModel] = None) -> engine.Program:
     """The [`jaxil.runs.engine.Program`][jaxil.runs.engine.Program] of R reward models at once.
 
     Run r trains on `data` entry r (every leaf stacked `[R, ...]`, e.g.
@@ -459,14 +475,21 @@ def reward_program(env: envs.MultiAgentEnv, data: RewardEpisodes, config: Sequen
     A chunk is `eval_every` fused updates of every run (one compiled
     `vmap`). Rows carry the last update's `loss` and `accuracy`; with
     `heldout` (stacked like `data`) the evaluation adds `eval_loss` and
-    `eval_accuracy` on it (also at update 0).
+    `eval_accuracy` on it (also at update 0). With a pretrained `model`
+    every run starts from its parameters unless `init_params` are given
+    (see [`SequenceRewardModel`][jaxil.algorithms.lm.reward.SequenceRewardModel]).
     """
     seeds, labels = [int(s) for s in seeds], [str(x) for x in labels]
     if not seeds or len(seeds) != len(labels):
         raise ValueError(f"reward_program needs one label per seed, got {len(seeds)} seeds and "
                          f"{len(labels)} labels")
     r = len(seeds)
-    rm = SequenceRewardModel(env, config)
+    rm = SequenceRewardModel(env, config, model)
+    if model is not None and init_params is None:
+        # The base's parameters as arguments of the compiled init, one per
+        # run (closed over, they would be compiled in as constants).
+        init_params = jax.tree.map(lambda x: jnp.broadcast_to(x, (r,) + jnp.shape(x)),
+                                   model.params)
     check_stacked(data, r, "reward data")
     if heldout is not None:
         check_stacked(heldout, r, "held-out reward data")
@@ -536,14 +559,16 @@ def train_reward_model(env: envs.MultiAgentEnv, data: RewardEpisodes,
                        heldout: Optional[RewardEpisodes] = None, *,
                        out_dir: Optional[str | Path] = None, resume: bool = False,
                        overwrite: bool = False, progress: bool = False,
-                       stop_after_chunks: Optional[int] = None) -> engine.RunResult:
+                       stop_after_chunks: Optional[int] = None,
+                       model: Optional[TaskModel] = None) -> engine.RunResult:
     """Train R sequence reward models ([`reward_program`][jaxil.algorithms.lm.reward.reward_program] run by
     [`jaxil.runs.engine.run`][jaxil.runs.engine.run]); `out_dir`, `resume` and
     `overwrite` as in [`jaxil.algorithms.lm.sft.train_sft`][jaxil.algorithms.lm.sft.train_sft] (a resumed
     run reproduces the uninterrupted one exactly; `stop_after_chunks`
     stops early, as a kill would). `state.params` of the result are the
-    reward models' parameters, stacked `[R]`."""
-    program = reward_program(env, data, config, seeds, labels, init_params, heldout)
+    reward models' parameters, stacked `[R]`; `model`: a pretrained base
+    ([`reward_program`][jaxil.algorithms.lm.reward.reward_program])."""
+    program = reward_program(env, data, config, seeds, labels, init_params, heldout, model)
     rd = None
     if out_dir is not None:
         cfg = dataclasses.asdict(config)
@@ -552,7 +577,8 @@ def train_reward_model(env: envs.MultiAgentEnv, data: RewardEpisodes,
                         spec=env.spec.to_dict(), config=cfg, seeds=[int(s) for s in seeds],
                         labels=[str(x) for x in labels], data=_episodes_digest(data),
                         heldout=None if heldout is None else _episodes_digest(heldout),
-                        init_params=None if init_params is None else params_digest(init_params))
+                        init_params=None if init_params is None else params_digest(init_params),
+                        **({} if model is None else {"model": params_digest(model.params)[:16]}))
         rd = engine.open_run(out_dir, identity, step_key="update", resume=resume,
                              overwrite=overwrite, info=dict(num_updates=config.num_updates))
         if rd.latest is not None and rd.latest > config.num_updates:

@@ -20,7 +20,6 @@ from jaxil.nn import lora
 from jaxil.nn.task_vocab import task_decoder
 from jaxil.runs import engine
 
-from helpers.pretrained import GGUF_LLAMA, hf_tensors, write_gguf
 
 CFG = sft.SFTConfig(num_updates=20, eval_every=10, batch_episodes=4, eval_episodes=4,
                     learning_rate=3e-3)
@@ -33,10 +32,8 @@ def env():
 
 
 @pytest.fixture(scope="module")
-def gguf(tmp_path_factory):
-    path = tmp_path_factory.mktemp("ckpt") / "m.gguf"
-    write_gguf(path, hf_tensors("llama", config=GGUF_LLAMA), GGUF_LLAMA)
-    return path
+def gguf(tiny_gguf):
+    return tiny_gguf
 
 
 @pytest.fixture(scope="module")

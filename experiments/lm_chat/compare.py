@@ -1,0 +1,164 @@
+"""OEC against BC, DAgger, on-policy RS and OPD with a pretrained chat
+student, at two expert-token budgets, and the per-turn divergence of each
+final student against the expert's floor.
+
+    python experiments/lm_chat/compare.py                   # the CPU run (1 seed)
+    python experiments/lm_chat/compare.py --seeds 4 --scale 4   # a GPU
+
+Every run starts from the pretrained model itself (no SFT start: the
+interactive programs' `sft_updates=0`; one expert episode of demonstrations
+is in every run's data and budget) in the chat form of a token task, free
+decoding. BC, DAgger, OEC and RS use the task's transcript-only expert
+written as text (`chat_expert(env, "transcript")`); OPD distils from an
+expert LM, the same model fine-tuned on 4 of that expert's chats (the
+4-demonstration run of `sft_demos.py`, restored from its run directory
+when it is there). Each (method, budget) is one `interactive.run` with its
+own resumable run directory (`OUT/compare/<method>-x<B>`), since one
+program per regime keeps a batch of full fine-tuning inside the machine's
+memory; compilation is cached on disk so that regimes of one shape compile
+once. Budgets count every expert token, the demonstrations included, in
+multiples of the transcript expert's mean episode.
+
+After each run, the final student's per-turn covariate shift
+(`jaxil.algorithms.lm.diagnostics.covariate_shift`: its next-token
+disagreement with the expert's labels on its own episodes, and the floor,
+the same on the expert's episodes) is measured. Writes
+`compare_ops<k>.json` (one row per run) and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+import jaxil.lm
+from jaxil import envs
+from jaxil.algorithms.lm import diagnostics, interactive, sft
+from jaxil.envs.token_chat import ChatEnv, chat_expert
+from jaxil.nn.task_vocab import chat_model
+from jaxil.nn.transformer import TransformerPolicy
+
+METHODS = ("bc", "dagger", "oec", "onpolicy", "opd")
+
+
+def expert_lm(env, model, out: Path, num_ops: int):
+    """The expert LM of OPD: the 4-demonstration SFT run of `sft_demos.py`
+    (the same pool, settings and run directory, so a finished run is
+    restored instead of retrained)."""
+    pool = sft.collect_demos(env, chat_expert(env, "transcript"), None, jax.random.PRNGKey(7),
+                             64 + 8)
+    cfg = sft.SFTConfig(num_updates=40, eval_every=40, batch_episodes=4, learning_rate=1e-4,
+                        eval_episodes=16)
+    res = sft.train_sft(env, pool.take(slice(0, 4)), cfg, seeds=[0],
+                        heldout=pool.take(slice(64, None)), model=model,
+                        out_dir=out / "sft_demos" / f"ops{num_ops}-4", resume=True)
+    last = max(r["update"] for r in res.rows)
+    win = [r["eval_win_rate"] for r in res.rows if r["update"] == last][0]
+    return TransformerPolicy(model.config), jax.tree.map(lambda x: x[0], res.state.params), win
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--env", default="tokens:arith")
+    ap.add_argument("--num-ops", type=int, default=1, help="tokens:arith's num_ops")
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--budgets", type=float, nargs="+", default=[2.0, 4.0],
+                    help="expert-token budgets in mean expert episodes")
+    ap.add_argument("--seeds", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--episodes-per-round", type=int, default=8)
+    ap.add_argument("--updates-per-round", type=int, default=6)
+    ap.add_argument("--batch-episodes", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--eval-episodes", type=int, default=16)
+    ap.add_argument("--shift-episodes", type=int, default=8,
+                    help="episodes of the student and of the expert for the divergence (0: skip)")
+    ap.add_argument("--scale", type=int, default=1,
+                    help="multiplies rollouts and updates per round (a GPU: 4)")
+    ap.add_argument("--out", default="experiments/lm_chat/results")
+    args = ap.parse_args()
+    if args.scale < 1 or args.seeds < 1:
+        raise SystemExit("--scale and --seeds must be >= 1")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(out / "compare" / "xla_cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+    lm = jaxil.lm.load(args.model)
+    task = envs.make(args.env, num_ops=args.num_ops)
+    env = ChatEnv.from_model(task, lm)
+    model = chat_model(lm, env)
+    expert = chat_expert(env, "transcript")
+    probe = sft.collect_demos(env, expert, None, jax.random.PRNGKey(777_777), 16)
+    acc = interactive.demo_accounting(env, probe)
+    episode_tokens = float(acc["tokens"][-1] / len(acc["tokens"]))
+    sft_tokens = int(np.ceil(np.max(np.diff(acc["tokens"], prepend=0))))
+    print(f"transcript expert: {episode_tokens:.1f} assistant tokens per episode; "
+          f"sft_tokens {sft_tokens}", flush=True)
+    cfg = interactive.TokenInteractiveConfig(
+        learning_rate=args.lr, batch_episodes=args.batch_episodes, rounds=args.rounds,
+        episodes_per_round=args.episodes_per_round * args.scale,
+        updates_per_round=args.updates_per_round * args.scale, sft_tokens=sft_tokens,
+        sft_updates=0, eval_episodes=args.eval_episodes)
+    opd_expert = None
+    rows = []
+    path = out / f"compare_ops{args.num_ops}.json"
+    for mult in args.budgets:
+        budget = int(round(mult * episode_tokens))
+        for method in args.methods:
+            if method == "opd":
+                if opd_expert is None:
+                    opd_expert = expert_lm(env, model, out, args.num_ops)
+                    print(f"expert LM: greedy success {opd_expert[2]:.3f}", flush=True)
+                teacher, teacher_params = opd_expert[0], opd_expert[1]
+            else:
+                teacher, teacher_params = expert, None
+            name = f"{method}-x{mult:g}"
+            t0 = time.perf_counter()
+            res = interactive.run(
+                env, teacher, teacher_params,
+                [(name, interactive.token_regime(method, budget, sft_tokens=sft_tokens))],
+                seeds=args.seeds, config=cfg, out_dir=out / "compare" / name, resume=True,
+                eval_every=args.rounds, progress=True,
+                expert_name="expert LM" if method == "opd" else "transcript", model=model)
+            wall = time.perf_counter() - t0
+            g = res.summary["regimes"][0]
+            row = dict(method=method, budget_episodes=mult, budget_tokens=budget,
+                       seeds=args.seeds, expert_tokens=g["expert_tokens_mean"],
+                       win_mean=g["win_mean"], win_std=g["win_std"],
+                       return_mean=g["return_mean"], return_std=g["return_std"],
+                       per_seed=[r["eval_win_rate"] for r in res.rows
+                                 if r["round"] == args.rounds],
+                       start=[r["eval_win_rate"] for r in res.rows if r["round"] == 0],
+                       wall_s=round(wall, 1))
+            if args.shift_episodes:
+                t1 = time.perf_counter()
+                student = interactive.make_student(env, cfg, model)
+                params = jax.tree.map(lambda x: x[0], res.state.params)
+                tab = diagnostics.covariate_shift(env, student, params, expert,
+                                                  jax.random.PRNGKey(20_000),
+                                                  args.shift_episodes, 4, deterministic=True,
+                                                  max_samples=256)
+                row["shift"] = diagnostics.covariate_shift_rows(tab)
+                row["shift_s"] = round(time.perf_counter() - t1, 1)
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "shift"}), flush=True)
+            path.write_text(json.dumps(dict(
+                model=args.model, env=args.env, num_ops=args.num_ops,
+                episode_tokens=episode_tokens, sft_tokens=sft_tokens,
+                config=dict(rounds=cfg.rounds, episodes_per_round=cfg.episodes_per_round,
+                            updates_per_round=cfg.updates_per_round,
+                            batch_episodes=cfg.batch_episodes, lr=cfg.learning_rate,
+                            eval_episodes=cfg.eval_episodes, sft_updates=0),
+                expert_lm_success=None if opd_expert is None else opd_expert[2],
+                rows=rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()
