@@ -17,7 +17,8 @@ own resumable run directory (`OUT/compare/<method>-x<B>`), since one
 program per regime keeps a batch of full fine-tuning inside the machine's
 memory; compilation is cached on disk so that regimes of one shape compile
 once. Budgets count every expert token, the demonstrations included, in
-multiples of the transcript expert's mean episode.
+multiples of the transcript expert's longest episode (so that a budget of
+×N buys BC N whole demonstrations).
 
 After each run, the final student's per-turn covariate shift
 (`jaxil.algorithms.lm.diagnostics.covariate_shift`: its next-token
@@ -42,21 +43,15 @@ from jaxil.algorithms.lm import diagnostics, interactive, sft
 from jaxil.envs.token_chat import ChatEnv, chat_expert
 from jaxil.nn.task_vocab import chat_model
 from jaxil.nn.transformer import TransformerPolicy
+from sft_demos import sft_student
 
 METHODS = ("bc", "dagger", "oec", "onpolicy", "opd")
 
 
 def expert_lm(env, model, out: Path, num_ops: int):
     """The expert LM of OPD: the 4-demonstration SFT run of `sft_demos.py`
-    (the same pool, settings and run directory, so a finished run is
-    restored instead of retrained)."""
-    pool = sft.collect_demos(env, chat_expert(env, "transcript"), None, jax.random.PRNGKey(7),
-                             64 + 8)
-    cfg = sft.SFTConfig(num_updates=40, eval_every=40, batch_episodes=4, learning_rate=1e-4,
-                        eval_episodes=16)
-    res = sft.train_sft(env, pool.take(slice(0, 4)), cfg, seeds=[0],
-                        heldout=pool.take(slice(64, None)), model=model,
-                        out_dir=out / "sft_demos" / f"ops{num_ops}-4", resume=True)
+    (restored from its run directory when it is there)."""
+    res = sft_student(env, model, out, num_ops, 4)
     last = max(r["update"] for r in res.rows)
     win = [r["eval_win_rate"] for r in res.rows if r["update"] == last][0]
     return TransformerPolicy(model.config), jax.tree.map(lambda x: x[0], res.state.params), win
@@ -69,15 +64,15 @@ def main() -> None:
     ap.add_argument("--num-ops", type=int, default=1, help="tokens:arith's num_ops")
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     ap.add_argument("--budgets", type=float, nargs="+", default=[2.0, 4.0],
-                    help="expert-token budgets in mean expert episodes")
+                    help="expert-token budgets in longest expert episodes")
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--episodes-per-round", type=int, default=8)
-    ap.add_argument("--updates-per-round", type=int, default=6)
-    ap.add_argument("--batch-episodes", type=int, default=4)
+    ap.add_argument("--updates-per-round", type=int, default=15)
+    ap.add_argument("--batch-episodes", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--eval-episodes", type=int, default=16)
-    ap.add_argument("--shift-episodes", type=int, default=8,
+    ap.add_argument("--shift-episodes", type=int, default=4,
                     help="episodes of the student and of the expert for the divergence (0: skip)")
     ap.add_argument("--scale", type=int, default=1,
                     help="multiplies rollouts and updates per round (a GPU: 4)")
@@ -110,7 +105,7 @@ def main() -> None:
     rows = []
     path = out / f"compare_ops{args.num_ops}.json"
     for mult in args.budgets:
-        budget = int(round(mult * episode_tokens))
+        budget = int(round(mult * sft_tokens))
         for method in args.methods:
             if method == "opd":
                 if opd_expert is None:

@@ -29,6 +29,27 @@ from jaxil.envs.token_chat import ChatEnv, chat_expert
 from jaxil.nn.task_vocab import chat_model
 
 
+def demo_pool(env, pool: int = 64, heldout: int = 8):
+    """The transcript-only expert's chats every run draws from: the first
+    `pool` to train on (a run with N takes the first N), the last `heldout`
+    to score."""
+    return sft.collect_demos(env, chat_expert(env, "transcript"), None, jax.random.PRNGKey(7),
+                             pool + heldout)
+
+
+def sft_student(env, model, out: Path, num_ops: int, n: int, *, pool: int = 64,
+                heldout: int = 8, updates: int = 40, batch_episodes: int = 4,
+                lr: float = 1e-4, eval_episodes: int = 16):
+    """The SFT run on the first `n` demonstrations (`OUT/sft_demos/ops<k>-<n>`,
+    resumed or restored when it is there): the engine's `RunResult`."""
+    demos = demo_pool(env, pool, heldout)
+    cfg = sft.SFTConfig(num_updates=updates, eval_every=updates, batch_episodes=batch_episodes,
+                        learning_rate=lr, eval_episodes=eval_episodes)
+    return sft.train_sft(env, demos.take(slice(0, n)), cfg, seeds=[0],
+                         heldout=demos.take(slice(pool, None)), model=model,
+                         out_dir=out / "sft_demos" / f"ops{num_ops}-{n}", resume=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
@@ -53,19 +74,14 @@ def main() -> None:
     if max(args.demos) > args.pool:
         raise SystemExit(f"--demos {max(args.demos)} is more than --pool {args.pool}")
     # One pool for every count (runs stay comparable and resumable).
-    pool = sft.collect_demos(env, chat_expert(env, "transcript"), None, jax.random.PRNGKey(7),
-                             args.pool + args.heldout)
-    held = pool.take(slice(args.pool, None))
+    pool = demo_pool(env, args.pool, args.heldout)
     print(f"demonstrations: success {float(pool.won.mean()):.3f}", flush=True)
     rows = []
     for n in args.demos:
-        cfg = sft.SFTConfig(num_updates=args.updates, eval_every=args.updates,
-                            batch_episodes=args.batch_episodes, learning_rate=args.lr,
-                            eval_episodes=args.eval_episodes)
         t0 = time.perf_counter()
-        res = sft.train_sft(env, pool.take(slice(0, n)), cfg, seeds=[0], heldout=held,
-                            model=model, out_dir=out / "sft_demos" / f"ops{args.num_ops}-{n}",
-                            resume=True)
+        res = sft_student(env, model, out, args.num_ops, n, pool=args.pool, heldout=args.heldout,
+                          updates=args.updates, batch_episodes=args.batch_episodes, lr=args.lr,
+                          eval_episodes=args.eval_episodes)
         wall = time.perf_counter() - t0
         last = max(r["update"] for r in res.rows)
         first = {r["update"]: r for r in res.rows}
