@@ -5,10 +5,12 @@ final student against the expert's floor.
     python experiments/lm_chat/compare.py                   # the CPU run (1 seed)
     python experiments/lm_chat/compare.py --seeds 4 --scale 4   # a GPU
 
-Every run starts from the pretrained model itself (no SFT start: the
-interactive programs' `sft_updates=0`; one expert episode of demonstrations
-is in every run's data and budget) in the chat form of a token task, free
-decoding. BC, DAgger, OEC and RS use the task's transcript-only expert
+Every run starts from one SFT start, the pretrained model fine-tuned for
+`--start-updates` updates on one of the transcript expert's chats (the
+`sft_demos.py` recipe; 0: the pretrained model itself), in the chat form
+of a token task, free decoding. The start's demonstration is counted in
+every run's budget (`sft_tokens`, one expert episode, is in every run's
+data; the interactive programs' own `sft_updates` is 0). BC, DAgger, OEC and RS use the task's transcript-only expert
 written as text (`chat_expert(env, "transcript")`); OPD distils from an
 expert LM, the same model fine-tuned on 4 of that expert's chats (the
 4-demonstration run of `sft_demos.py`, restored from its run directory
@@ -30,6 +32,7 @@ the same on the expert's episodes) is measured. Writes
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -65,11 +68,13 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     ap.add_argument("--budgets", type=float, nargs="+", default=[2.0, 4.0],
                     help="expert-token budgets in longest expert episodes")
+    ap.add_argument("--start-updates", type=int, default=20,
+                    help="SFT updates of the shared start on one demonstration (0: none)")
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--episodes-per-round", type=int, default=8)
-    ap.add_argument("--updates-per-round", type=int, default=15)
-    ap.add_argument("--batch-episodes", type=int, default=2)
+    ap.add_argument("--updates-per-round", type=int, default=8)
+    ap.add_argument("--batch-episodes", type=int, default=4)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--eval-episodes", type=int, default=16)
     ap.add_argument("--shift-episodes", type=int, default=4,
@@ -88,8 +93,15 @@ def main() -> None:
     lm = jaxil.lm.load(args.model)
     task = envs.make(args.env, num_ops=args.num_ops)
     env = ChatEnv.from_model(task, lm)
-    model = chat_model(lm, env)
+    base = model = chat_model(lm, env)
     expert = chat_expert(env, "transcript")
+    start_win = 0.0
+    if args.start_updates:
+        res = sft_student(env, model, out, args.num_ops, 1, updates=args.start_updates)
+        start_win = [r["eval_win_rate"] for r in res.rows if r["update"] == args.start_updates][0]
+        model = dataclasses.replace(model, params=jax.tree.map(lambda x: x[0], res.state.params))
+        print(f"SFT start ({args.start_updates} updates on 1 demonstration): greedy success "
+              f"{start_win:.3f}", flush=True)
     probe = sft.collect_demos(env, expert, None, jax.random.PRNGKey(777_777), 16)
     acc = interactive.demo_accounting(env, probe)
     episode_tokens = float(acc["tokens"][-1] / len(acc["tokens"]))
@@ -109,7 +121,7 @@ def main() -> None:
         for method in args.methods:
             if method == "opd":
                 if opd_expert is None:
-                    opd_expert = expert_lm(env, model, out, args.num_ops)
+                    opd_expert = expert_lm(env, base, out, args.num_ops)
                     print(f"expert LM: greedy success {opd_expert[2]:.3f}", flush=True)
                 teacher, teacher_params = opd_expert[0], opd_expert[1]
             else:
@@ -151,6 +163,7 @@ def main() -> None:
                             updates_per_round=cfg.updates_per_round,
                             batch_episodes=cfg.batch_episodes, lr=cfg.learning_rate,
                             eval_episodes=cfg.eval_episodes, sft_updates=0),
+                start_updates=args.start_updates, start_success=start_win,
                 expert_lm_success=None if opd_expert is None else opd_expert[2],
                 rows=rows), indent=1))
 

@@ -41,13 +41,16 @@ def sft_student(env, model, out: Path, num_ops: int, n: int, *, pool: int = 64,
                 heldout: int = 8, updates: int = 40, batch_episodes: int = 4,
                 lr: float = 1e-4, eval_episodes: int = 16):
     """The SFT run on the first `n` demonstrations (`OUT/sft_demos/ops<k>-<n>`,
-    resumed or restored when it is there): the engine's `RunResult`."""
+    `-u<updates>` added unless 40; resumed or restored when it is there):
+    the engine's `RunResult`."""
     demos = demo_pool(env, pool, heldout)
     cfg = sft.SFTConfig(num_updates=updates, eval_every=updates, batch_episodes=batch_episodes,
                         learning_rate=lr, eval_episodes=eval_episodes)
     return sft.train_sft(env, demos.take(slice(0, n)), cfg, seeds=[0],
                          heldout=demos.take(slice(pool, None)), model=model,
-                         out_dir=out / "sft_demos" / f"ops{num_ops}-{n}", resume=True)
+                         out_dir=out / "sft_demos" / (f"ops{num_ops}-{n}"
+                                                      + ("" if updates == 40 else f"-u{updates}")),
+                         resume=True)
 
 
 def main() -> None:
