@@ -55,13 +55,16 @@ from jaxil import envs
 from jaxil.algorithms.lm.best_of_n import same_start_token_episodes
 from jaxil.algorithms.lm.reward import check_stacked, masked_episode_sum
 from jaxil.algorithms.lm.sft import (
+    SFTConfig,
     SFTState,
     TokenEpisodes,
     _check_token_env,
     _token_mask,
+    check_model,
     from_episodes,
 )
 from jaxil.losses import kl_penalized_reward, leave_one_out_advantages, reinforce_loss
+from jaxil.nn.task_vocab import TaskModel
 from jaxil.nn.transformer import SIZES, TransformerPolicy, config_for_env
 from jaxil.runs import engine
 from jaxil.runs.checkpoint import params_digest
@@ -124,8 +127,13 @@ class AlignConfig:
 AlignState = SFTState
 
 
-def make_policy(env: envs.MultiAgentEnv, config: AlignConfig) -> TransformerPolicy:
-    """The transformer RL trains (π_SFT's architecture)."""
+def make_policy(env: envs.MultiAgentEnv, config: AlignConfig,
+                model: Optional[TaskModel] = None) -> TransformerPolicy:
+    """The transformer RL trains (π_SFT's architecture): `config.size`, or a
+    pretrained `model`'s decoder (a [`TaskModel`][jaxil.nn.task_vocab.TaskModel] of `env`)."""
+    if model is not None:
+        check_model(env, dataclasses.replace(SFTConfig(), agent_ids=config.agent_ids), model)
+        return TransformerPolicy(model.config)
     return TransformerPolicy(config_for_env(env, config.size, agent_ids=config.agent_ids))
 
 
@@ -150,8 +158,8 @@ def shaped_returns(rewards: jax.Array, reads: jax.Array, log_p: jax.Array,
 
 def align_program(env: envs.MultiAgentEnv, token_reward: TokenReward, reward_params: Any,
                   sft_params: Any, kl_coefs: Sequence[float], seeds: Sequence[int],
-                  config: AlignConfig = AlignConfig(), eval_seed: int = 10_000
-                  ) -> engine.Program:
+                  config: AlignConfig = AlignConfig(), eval_seed: int = 10_000,
+                  model: Optional[TaskModel] = None) -> engine.Program:
     """The [`jaxil.runs.engine.Program`][jaxil.runs.engine.Program] of RL against `token_reward`.
 
     Run r trains from `sft_params[r]` against `token_reward(
@@ -161,7 +169,10 @@ def align_program(env: envs.MultiAgentEnv, token_reward: TokenReward, reward_par
     Rows carry the last update's `loss`, `reward` (learned score),
     `kl`, `return` and `win_rate` of its training rollouts, and the
     evaluation's `eval_return`, `eval_win_rate`, `eval_reward` and
-    `eval_kl` (also at update 0: π_SFT itself).
+    `eval_kl` (also at update 0: π_SFT itself). With a pretrained `model`
+    the policy is its decoder (`config.size` is not used) and `sft_params`
+    are that decoder's parameters, e.g. the model fine-tuned by
+    [`train_sft`][jaxil.algorithms.lm.sft.train_sft] in a chat-form task.
     """
     _check_token_env(env, "RL against a learned reward trains a transformer on token episodes")
     seeds = [int(s) for s in seeds]
@@ -173,13 +184,13 @@ def align_program(env: envs.MultiAgentEnv, token_reward: TokenReward, reward_par
         raise ValueError(f"KL coefficients must be finite and >= 0, got {kl_coefs}")
     check_stacked(sft_params, len(seeds), "sft_params")
     check_stacked(reward_params, len(seeds), "reward_params")
-    policy_net = make_policy(env, config)
+    policy_net = make_policy(env, config, model)
     want = jax.tree.map(lambda x: tuple(x.shape), jax.eval_shape(policy_net.init,
                                                                  jax.random.PRNGKey(0)))
     got = jax.tree.map(lambda x: tuple(x.shape[1:]), sft_params)
     if want != got:
         raise ValueError("sft_params do not fit the policy's transformer; give AlignConfig "
-                         "π_SFT's size and agent_ids")
+                         "π_SFT's size and agent_ids (or model= for a pretrained π_SFT)")
     tx = optax.chain(optax.clip_by_global_norm(config.max_grad_norm),
                      optax.adam(config.learning_rate))
     sample = policy_net.policy()
@@ -289,8 +300,8 @@ def train_align(env: envs.MultiAgentEnv, token_reward: TokenReward, reward_param
                 config: AlignConfig = AlignConfig(), *, reward_name: str = "reward",
                 out_dir: Optional[str | Path] = None, resume: bool = False,
                 overwrite: bool = False, eval_seed: int = 10_000,
-                progress: bool = False, stop_after_chunks: Optional[int] = None
-                ) -> engine.RunResult:
+                progress: bool = False, stop_after_chunks: Optional[int] = None,
+                model: Optional[TaskModel] = None) -> engine.RunResult:
     """RL against a learned reward ([`align_program`][jaxil.algorithms.lm.align.align_program] run by
     [`jaxil.runs.engine.run`][jaxil.runs.engine.run]): one run per (seed, KL coefficient).
 
@@ -299,7 +310,8 @@ def train_align(env: envs.MultiAgentEnv, token_reward: TokenReward, reward_param
     continues a stopped run from its newest checkpoint and reproduces the
     uninterrupted run exactly (`stop_after_chunks` stops early, as a kill
     would). `reward_name` names the reward in the
-    identity (e.g. `"init-sft"`). Returns the engine's
+    identity (e.g. `"init-sft"`); `model`: a pretrained π_SFT's
+    architecture ([`align_program`][jaxil.algorithms.lm.align.align_program]). Returns the engine's
     [`jaxil.runs.engine.RunResult`][jaxil.runs.engine.RunResult] (`rows`, `state.params` `[R]`).
 
     Raises:
@@ -309,7 +321,7 @@ def train_align(env: envs.MultiAgentEnv, token_reward: TokenReward, reward_param
         non-finite.
     """
     program = align_program(env, token_reward, reward_params, sft_params, kl_coefs, seeds,
-                            config, eval_seed)
+                            config, eval_seed, model)
     rd = None
     if out_dir is not None:
         rd = engine.open_run(out_dir, align_identity(env, reward_name, reward_params, sft_params,

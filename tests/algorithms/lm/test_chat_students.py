@@ -189,3 +189,33 @@ def test_reward_model_on_a_pretrained_base_learns_to_separate(chat):
     params = jax.tree.map(lambda x: x[0], res.state.params)
     s_p, s_n = np.asarray(rm.scores(params, pos)), np.asarray(rm.scores(params, neg))
     assert s_p.min() > s_n.max(), (s_p, s_n)
+
+
+@pytest.mark.slow  # RL rollouts and updates of the tiny pretrained model in the chat form (~1 min)
+def test_rl_against_a_learned_reward_trains_a_pretrained_chat_policy(chat):
+    """`train_align(..., model=)` runs RL on the pretrained model's decoder
+    from its parameters: at update 0 the policy is π_SFT itself (KL 0),
+    after the updates its parameters have moved and the KL to π_SFT is
+    positive. Without `model` the decoder's parameters are refused in one
+    line naming `model=`. Fails if the policy is built from
+    `AlignConfig.size` instead of the model, or the reference is the
+    moving policy (the KL would stay 0)."""
+    from jaxil.algorithms.lm import align as A
+
+    env, ckpt = chat
+    model = chat_model(ckpt, env)
+    rm = R.SequenceRewardModel(env, R.SequenceRewardConfig(read="last"), model)
+    stack = lambda tree: jax.tree.map(lambda x: x[None], tree)  # noqa: E731
+    cfg = A.AlignConfig(prompts=2, rollouts_per_prompt=2, learning_rate=1e-3, num_updates=4,
+                        eval_every=4, eval_episodes=2)
+    res = A.train_align(env, R.token_rewards_of(rm), stack(model.params), stack(model.params),
+                        [0.1], [0], cfg, model=model)
+    kl = {r["update"]: r["eval_kl"] for r in res.rows}
+    assert kl[0] == pytest.approx(0.0, abs=1e-6) and kl[4] > 0, kl
+    moved = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a[0], np.float32)
+                                                   - np.asarray(b, np.float32)).max()),
+                         res.state.params, model.params)
+    assert max(jax.tree.leaves(moved)) > 0
+    with pytest.raises(ValueError, match="model="):
+        A.align_program(env, R.token_rewards_of(rm), stack(model.params), stack(model.params),
+                        [0.1], [0], cfg)
