@@ -52,9 +52,11 @@ METHODS = ("bc", "dagger", "oec", "onpolicy", "opd")
 
 
 def expert_lm(env, model, out: Path, num_ops: int):
-    """The expert LM of OPD: the 4-demonstration SFT run of `sft_demos.py`
-    (restored from its run directory when it is there)."""
-    res = sft_student(env, model, out, num_ops, 4)
+    """The expert LM of OPD: the model fine-tuned on 4 of the transcript
+    expert's chats for 10 updates (`sft_demos.py`'s recipe; with one
+    operation 10 updates on one chat already reach success 1.0), restored
+    from its run directory when it is there."""
+    res = sft_student(env, model, out, num_ops, 4, updates=10)
     last = max(r["update"] for r in res.rows)
     win = [r["eval_win_rate"] for r in res.rows if r["update"] == last][0]
     return TransformerPolicy(model.config), jax.tree.map(lambda x: x[0], res.state.params), win
@@ -64,11 +66,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--env", default="tokens:arith")
-    ap.add_argument("--num-ops", type=int, default=1, help="tokens:arith's num_ops")
+    ap.add_argument("--num-ops", type=int, default=2, help="tokens:arith's num_ops")
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     ap.add_argument("--budgets", type=float, nargs="+", default=[2.0, 4.0],
                     help="expert-token budgets in longest expert episodes")
-    ap.add_argument("--start-updates", type=int, default=20,
+    ap.add_argument("--start-updates", type=int, default=0,
                     help="SFT updates of the shared start on one demonstration (0: none)")
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=2)
@@ -130,7 +132,8 @@ def main() -> None:
             t0 = time.perf_counter()
             res = interactive.run(
                 env, teacher, teacher_params,
-                [(name, interactive.token_regime(method, budget, sft_tokens=sft_tokens))],
+                [(name, interactive.token_regime(method, budget, sft_tokens=sft_tokens,
+                                                 lr=args.lr))],
                 seeds=args.seeds, config=cfg, out_dir=out / "compare" / name, resume=True,
                 eval_every=args.rounds, progress=True,
                 expert_name="expert LM" if method == "opd" else "transcript", model=model)

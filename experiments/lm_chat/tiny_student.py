@@ -18,7 +18,8 @@ the chat form written as text).
 Regimes: BC, on-policy RS, DAgger, OEC, OEC+BC and the gated switch, at
 two budgets in multiples of the form's longest expert episode (so that ×N
 buys BC N whole demonstrations in either form), from an SFT start on
-`--sft-episodes` episodes' worth of tokens; each method is one program of
+`--sft-episodes` episodes' worth of tokens (Adam at `--lr`, the rounds at
+`--round-lr`); each method is one program of
 its budgets × seeds (one program of every regime would hold every run's
 `[T, 49,152]` logits at once). Writes `tiny_student_ops<k>.json` with one
 row per (form, regime): success mean ± std over seeds, tokens spent, and
@@ -60,16 +61,18 @@ def main() -> None:
     ap.add_argument("--forms", nargs="+", default=["private", "chat"],
                     choices=["private", "chat"])
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    ap.add_argument("--budgets", type=float, nargs="+", default=[8.0, 16.0],
+    ap.add_argument("--budgets", type=float, nargs="+", default=[32.0, 64.0],
                     help="budgets in the form's longest expert episodes")
-    ap.add_argument("--sft-episodes", type=float, default=4.0)
-    ap.add_argument("--sft-updates", type=int, default=100)
+    ap.add_argument("--sft-episodes", type=float, default=16.0)
+    ap.add_argument("--sft-updates", type=int, default=300)
     ap.add_argument("--seeds", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--episodes-per-round", type=int, default=16)
     ap.add_argument("--updates-per-round", type=int, default=30)
-    ap.add_argument("--batch-episodes", type=int, default=8)
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--batch-episodes", type=int, default=16)
+    ap.add_argument("--lr", type=float, default=3e-3, help="Adam's step size of the SFT start")
+    ap.add_argument("--round-lr", type=float, default=1e-3,
+                    help="Adam's step size of the rounds (the interactive regimes' default)")
     ap.add_argument("--eval-episodes", type=int, default=64)
     ap.add_argument("--scale", type=int, default=1)
     ap.add_argument("--out", default="experiments/lm_chat/results")
@@ -102,7 +105,8 @@ def main() -> None:
               f"episode {unit} tokens", flush=True)
         for method in args.methods:
             regimes = [(f"{method}-x{b:g}", interactive.token_regime(
-                method, int(round(b * unit)), sft_tokens=sft_tokens)) for b in args.budgets]
+                method, int(round(b * unit)), sft_tokens=sft_tokens, lr=args.round_lr))
+                for b in args.budgets]
             if all((form, n) in done for n, _ in regimes):
                 continue
             t0 = time.perf_counter()

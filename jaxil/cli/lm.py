@@ -428,7 +428,8 @@ def _interactive(args) -> int:
         size=args.size, agent_ids=args.agent_ids, batch_episodes=args.batch_episodes,
         rounds=args.rounds, episodes_per_round=args.episodes_per_round,
         updates_per_round=args.updates_per_round, sft_tokens=args.sft_tokens,
-        sft_updates=args.sft_updates, capacity=args.capacity, eval_episodes=args.eval_episodes)
+        sft_updates=args.sft_updates, capacity=args.capacity, eval_episodes=args.eval_episodes,
+        **({} if args.lr is None else {"learning_rate": args.lr}))
     over = knob_overrides(args, env.spec)
     if args.entropy_gate is not None:
         over["entropy_gate"] = args.entropy_gate
@@ -642,7 +643,10 @@ def register(sub) -> None:
     i.add_argument("--capacity", type=nonneg_int, default=c.capacity,
                    help="episodes the buffer holds (0: rounds × episodes per round)")
     i.add_argument("--batch-episodes", type=positive_int, default=c.batch_episodes)
-    i.add_argument("--lr", type=positive_float, default=None)
+    i.add_argument("--lr", type=positive_float, default=None,
+                   help=f"Adam's step size of the SFT start and the rounds (default "
+                        f"{c.learning_rate:g}; full fine-tuning of a pretrained --model wants "
+                        "about 1e-4)")
     i.add_argument("--eval-episodes", type=positive_int, default=c.eval_episodes)
     i.add_argument("--eval-every", type=positive_int, default=1, help="rounds between evaluations")
     k = add_method_knobs(i, steps="turns")

@@ -90,3 +90,27 @@ def test_beta_of_another_method_or_out_of_range_is_refused_in_one_line(capsys):
     with pytest.raises(SystemExit) as info:
         main(["lm", "interactive", "opd", *ARITH, "--beta", "1.5"])
     assert info.value.code == 2
+
+
+def test_lr_sets_the_sft_start_and_the_rounds(monkeypatch):
+    """`jaxil lm interactive --lr X` hands `run` a configuration whose
+    learning rate (the SFT start's) is X and a regime whose `lr` (the
+    rounds') is X; without `--lr` both are the defaults. Kills an `--lr`
+    that reaches the regime only, which fine-tuned a pretrained student's
+    SFT start at the from-scratch default (1e-3)."""
+    seen = {}
+
+    def fake_run(env, expert, expert_params, regimes, **kw):
+        seen.update(config=kw["config"], regimes=regimes)
+        raise _Called
+
+    monkeypatch.setattr(TI, "run", fake_run)
+    with pytest.raises(_Called):
+        main(["lm", "interactive", "bc", *ARITH, "--lr", "0.0002"])
+    [(_, regime)] = seen["regimes"]
+    assert seen["config"].learning_rate == 0.0002 and regime["lr"] == 0.0002
+    with pytest.raises(_Called):
+        main(["lm", "interactive", "bc", *ARITH])
+    [(_, regime)] = seen["regimes"]
+    assert seen["config"].learning_rate == TI.TokenInteractiveConfig().learning_rate
+    assert regime["lr"] == TI.TokenInteractiveConfig().learning_rate

@@ -131,7 +131,9 @@ class TokenInteractiveConfig:
     Attributes:
       size: the student transformer's size (`jaxil.nn.transformer.SIZES`).
       agent_ids: the student's learned agent-id embedding.
-      learning_rate: Adam's step size (a regime's `lr` overrides it).
+      learning_rate: Adam's step size of the shared SFT start; the rounds of
+        a regime use its own `lr` ([`token_regime`][jaxil.algorithms.lm.interactive.token_regime]'s `lr=`, default
+        1e-3, the tiny student's; a pretrained student wants about 1e-4).
       max_grad_norm: global-norm gradient clipping.
       batch_episodes: episodes per minibatch.
       rounds: interactive rounds after the SFT start.
