@@ -20,8 +20,10 @@ def _pm(mean, std) -> str:
 
 
 def compare_table(d: dict) -> str:
-    lines = [f"SmolLM2 start: {d['start_updates']} SFT updates on one demonstration, greedy "
-             f"success {d['start_success']:.3f}; seeds {d['rows'][0]['seeds']}; "
+    start = ("the pretrained model itself" if not d["start_updates"] else
+             f"{d['start_updates']} SFT updates on one demonstration")
+    lines = [f"Start: {start}, greedy success {d['start_success']:.3f}; "
+             f"seeds {d['rows'][0]['seeds']}; "
              f"{d['config']['rounds']} rounds × {d['config']['episodes_per_round']} rollouts × "
              f"{d['config']['updates_per_round']} updates of {d['config']['batch_episodes']} "
              f"episodes; expert LM (OPD) success {d.get('expert_lm_success')}",
