@@ -135,6 +135,7 @@ def test_cli_sft_chat_exports_a_model_that_acts_in_the_chat_form(gguf, tmp_path,
 
 
 
+@pytest.mark.slow  # a chat rollout and a scoring program (~11 s)
 def test_reward_model_on_a_pretrained_base_reads_its_logits(chat):
     """A sequence reward model on the pretrained chat model starts from the
     model's own parameters and scores an episode as the sum of the model's
