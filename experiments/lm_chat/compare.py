@@ -46,7 +46,7 @@ from jaxil.algorithms.lm import diagnostics, interactive, sft
 from jaxil.envs.token_chat import ChatEnv, chat_expert
 from jaxil.nn.task_vocab import chat_model
 from jaxil.nn.transformer import TransformerPolicy
-from sft_demos import sft_student
+from sft_demos import results_dir, sft_student
 
 METHODS = ("bc", "dagger", "oec", "onpolicy", "opd")
 
@@ -87,10 +87,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.scale < 1 or args.seeds < 1:
         raise SystemExit("--scale and --seeds must be >= 1")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", str(out / "compare" / "xla_cache"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    out = results_dir(args.out, "compare")
 
     lm = jaxil.lm.load(args.model)
     task = envs.make(args.env, num_ops=args.num_ops)

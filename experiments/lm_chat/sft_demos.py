@@ -29,6 +29,16 @@ from jaxil.envs.token_chat import ChatEnv, chat_expert
 from jaxil.nn.task_vocab import chat_model
 
 
+def results_dir(out: str, name: str) -> Path:
+    """`out`, created, with XLA's compilation cache in `out/name/xla_cache`
+    (the runs of one script share their compiled programs)."""
+    path = Path(out)
+    path.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(path / name / "xla_cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    return path
+
+
 def demo_pool(env, pool: int = 64, heldout: int = 8):
     """The transcript-only expert's chats every run draws from: the first
     `pool` to train on (a run with N takes the first N), the last `heldout`

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -41,6 +40,7 @@ from jaxil import envs
 from jaxil.algorithms.lm import interactive, sft
 from jaxil.envs.token_chat import ChatEnv, chat_expert
 from jaxil.envs.token_tasks import token_expert
+from sft_demos import results_dir
 
 METHODS = ("bc", "onpolicy", "dagger", "oec", "oec_mix", "gated")
 
@@ -79,10 +79,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.scale < 1 or args.seeds < 1:
         raise SystemExit("--scale and --seeds must be >= 1")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", str(out / "tiny_student" / "xla_cache"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    out = results_dir(args.out, "tiny_student")
     task = envs.make(args.env, num_ops=args.num_ops)
     forms = {}
     if "private" in args.forms:
