@@ -23,7 +23,10 @@ In the chat form of a token task (free decoding):
    the pick for N = 1, 2, 4, …, against π_SFT's mean, the oracle and the
    demonstrator on the same instances.
 
-Writes `afd_ops<k>.json` and prints the table.
+Writes `afd_ops<k>[-d<demos>].json` (the table's numbers and every sampled
+chat's success, length and scores), `afd_ops<k>[-d<demos>]_picks.txt` (each prompt's chat
+that r_c ranks first, beside its best-ranked success when that pick
+fails) and prints the table.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import jaxil.lm
 from jaxil import envs
 from jaxil.algorithms.lm import best_of_n as B
 from jaxil.algorithms.lm import reward as R
-from jaxil.envs.token_chat import ChatEnv, chat_expert
+from jaxil.envs.token_chat import ChatEnv, chat_expert, chat_text
 from jaxil.nn.task_vocab import chat_model
 from jaxil.nn.transformer import TransformerPolicy
 from sft_demos import sft_student
@@ -74,6 +77,7 @@ def main() -> None:
     if args.scale < 1 or args.source_episodes < 4:
         raise SystemExit("--scale must be >= 1 and --source-episodes >= 4")
     out = Path(args.out)
+    tag = f"ops{args.num_ops}" + ("" if args.demos == 1 else f"-d{args.demos}")
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     times = {}
@@ -110,7 +114,7 @@ def main() -> None:
                                  eval_every=updates)
     stack = lambda tree: jax.tree.map(lambda x: x[None], tree)  # noqa: E731
     rm_res = R.train_reward_model(env, stack(train), cfg, [0], ["init-sft"], stack(sft_params),
-                                  stack(heldout), out_dir=out / "afd" / f"rm_ops{args.num_ops}",
+                                  stack(heldout), out_dir=out / "afd" / f"rm_{tag}",
                                   resume=True, progress=True, model=model)
     rm = R.SequenceRewardModel(env, cfg, model)
     rm_params = jax.tree.map(lambda x: x[0], rm_res.state.params)
@@ -133,15 +137,36 @@ def main() -> None:
     report = B.token_best_of_n(eps, args.prompts, {name: (lambda e, s=s: s)
                                                    for name, s in scores.items()})
     times["best_of_n_s"] = time.perf_counter() - t
+    won = np.asarray(eps.won, bool)
+    steps = np.asarray(eps.mask).reshape(len(won), -1).sum(1)
+    per_episode = [dict(prompt=i // k, won=bool(won[i]), steps=int(steps[i]),
+                        **{name: float(s[i]) for name, s in scores.items()})
+                   for i in range(len(won))]
+    # Each prompt's pick under r_c beside its best-scored success: what the
+    # reward prefers when it prefers a failure.
+    picks = []
+    for p in range(args.prompts):
+        idx = np.arange(p * k, (p + 1) * k)
+        top = idx[np.argmax(scores["r_c"][idx])]
+        wins = idx[won[idx]]
+        shown = [("r_c's pick", top)]
+        if not won[top] and len(wins):
+            shown.append(("best-scored success", wins[np.argmax(scores["r_c"][wins])]))
+        for label, i in shown:
+            picks.append(f"=== prompt {p}, {label}: won={bool(won[i])} steps={int(steps[i])} "
+                         + " ".join(f"{n}={float(s[i]):.2f}" for n, s in scores.items())
+                         + " ===\n" + chat_text(env, np.asarray(eps.obs[i])) + "\n")
     times["total_s"] = time.perf_counter() - t0
     entry = dict(model=args.model, env=args.env, num_ops=args.num_ops, demos=args.demos,
                  read=args.read, settings=vars(args), role_stats=role_stats,
                  rm_rows=rm_res.rows, rm_summary=rm_res.summary,
                  demonstrator=dict(success=float(np.mean(demo.won)),
                                    score=float(np.mean(demo.episode_return))),
-                 best_of_n=report, times={a: round(b, 1) for a, b in times.items()})
-    path = out / f"afd_ops{args.num_ops}.json"
+                 best_of_n=report, episodes=per_episode,
+                 times={a: round(b, 1) for a, b in times.items()})
+    path = out / f"afd_{tag}.json"
     path.write_text(json.dumps(entry, indent=1))
+    (out / f"afd_{tag}_picks.txt").write_text("\n".join(picks))
     succ = report["success"]
     print(f"π_SFT success {succ['sft_mean']:.3f}; demonstrator {entry['demonstrator']['success']:.3f}")
     print("N       " + " ".join(f"{x:>6d}" for x in succ["ns"]))

@@ -26,7 +26,8 @@ After each run, the final student's per-turn covariate shift
 (`jaxil.algorithms.lm.diagnostics.covariate_shift`: its next-token
 disagreement with the expert's labels on its own episodes, and the floor,
 the same on the expert's episodes) is measured. Writes
-`compare_ops<k>.json` (one row per run) and prints the table.
+`compare_ops<k>.json` (one row per run, keeping the rows of earlier calls
+with other methods or budgets) and prints the table.
 """
 
 from __future__ import annotations
@@ -113,14 +114,27 @@ def main() -> None:
         updates_per_round=args.updates_per_round * args.scale, sft_tokens=sft_tokens,
         sft_updates=0, eval_episodes=args.eval_episodes)
     opd_expert = None
-    rows = []
     path = out / f"compare_ops{args.num_ops}.json"
+    settings = dict(rounds=cfg.rounds, episodes_per_round=cfg.episodes_per_round,
+                    updates_per_round=cfg.updates_per_round, batch_episodes=cfg.batch_episodes,
+                    lr=cfg.learning_rate, eval_episodes=cfg.eval_episodes, sft_updates=0)
+    # Rows of earlier calls (other budgets or methods) are kept; a rerun of
+    # a (method, budget) replaces its row.
+    earlier = json.loads(path.read_text()) if path.exists() else {}
+    if earlier and (earlier["config"], earlier["start_updates"]) != (settings,
+                                                                   args.start_updates):
+        raise SystemExit(f"{path} holds rows of other settings ({earlier['config']}, "
+                         f"--start-updates {earlier['start_updates']}); rerun with those or "
+                         "give another --out")
+    rows = earlier.get("rows", [])
+    lm_success = earlier.get("expert_lm_success")
     for mult in args.budgets:
         budget = int(round(mult * sft_tokens))
         for method in args.methods:
             if method == "opd":
                 if opd_expert is None:
                     opd_expert = expert_lm(env, base, out, args.num_ops)
+                    lm_success = opd_expert[2]
                     print(f"expert LM: greedy success {opd_expert[2]:.3f}", flush=True)
                 teacher, teacher_params = opd_expert[0], opd_expert[1]
             else:
@@ -154,17 +168,15 @@ def main() -> None:
                                                   max_samples=256)
                 row["shift"] = diagnostics.covariate_shift_rows(tab)
                 row["shift_s"] = round(time.perf_counter() - t1, 1)
+            rows = [r for r in rows if (r["method"], r["budget_episodes"]) != (method, mult)]
             rows.append(row)
+            rows.sort(key=lambda r: (r["budget_episodes"], METHODS.index(r["method"])))
             print(json.dumps({k: v for k, v in row.items() if k != "shift"}), flush=True)
             path.write_text(json.dumps(dict(
                 model=args.model, env=args.env, num_ops=args.num_ops,
                 episode_tokens=episode_tokens, sft_tokens=sft_tokens,
-                config=dict(rounds=cfg.rounds, episodes_per_round=cfg.episodes_per_round,
-                            updates_per_round=cfg.updates_per_round,
-                            batch_episodes=cfg.batch_episodes, lr=cfg.learning_rate,
-                            eval_episodes=cfg.eval_episodes, sft_updates=0),
-                start_updates=args.start_updates, start_success=start_win,
-                expert_lm_success=None if opd_expert is None else opd_expert[2],
+                config=settings, start_updates=args.start_updates, start_success=start_win,
+                expert_lm_success=lm_success,
                 rows=rows), indent=1))
 
 
