@@ -281,6 +281,29 @@ def test_a_regime_below_its_budget_gets_one_warning_with_the_numbers():
     assert text.splitlines()[-1].startswith("warning: oec@900 spent 772")
 
 
+def test_a_regime_whose_rounds_bought_nothing_is_named_with_its_allowance():
+    """OPD at a budget of 2 expert episodes: the 28-token demonstration is all
+    it spent, though 28 more were left for its 2 rounds (14 a round), less
+    than one expert episode short, so the shortfall warning stays silent.
+    The run must still say its rounds bought nothing, with the allowance
+    and the fix; a regime that bought something past its demonstration, or
+    one whose budget is only its demonstration, gets no such line. Kills a
+    check that compares against the budget instead of the demonstrations'
+    cost, or that ignores the demonstration cost."""
+    table = [dict(regime="opd-x2", seeds=1, expert_tokens_mean=28.0),
+             dict(regime="bc-x2", seeds=1, expert_tokens_mean=54.0),
+             dict(regime="bc-x1", seeds=1, expert_tokens_mean=28.0)]
+    budgets = {"opd-x2": 56, "bc-x2": 56, "bc-x1": 28}
+    cfg = TI.TokenInteractiveConfig(rounds=2)
+    assert TI.budget_warnings(table, budgets, 28.0, cfg) == []
+    lines = TI.budget_warnings(table, budgets, 28.0, cfg,
+                               {"opd-x2": 28.0, "bc-x2": 28.0, "bc-x1": 28.0})
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    assert lines[0].startswith("opd-x2 bought no expert tokens in its rounds")
+    assert "cost 28 of its 56" in lines[0] and "about 14 tokens" in lines[0]
+    assert "--rounds" in lines[0]
+
+
 # -- loading saved students (--expert DIR, --sft DIR) -----------------------------------------
 
 

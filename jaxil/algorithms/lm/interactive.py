@@ -596,22 +596,36 @@ def _split_distill(regimes) -> tuple[list[tuple[str, dict]], Optional[float]]:
 
 
 def budget_warnings(table: Sequence[dict], budgets: dict[str, int], episode_tokens: float,
-                    config: TokenInteractiveConfig) -> list[str]:
-    """One line per regime of a summary `table` whose mean expert tokens
-    fall more than one expert episode (`episode_tokens`) short of its
-    budget, with the numbers and the fix."""
+                    config: TokenInteractiveConfig,
+                    demo_tokens: Optional[dict[str, float]] = None) -> list[str]:
+    """One line per regime of a summary `table` that did not spend its
+    budget, with the numbers and the fix: its rounds bought nothing at all
+    (`demo_tokens`, the regime's mean demonstration cost, given: its mean
+    expert tokens are no more than that, though the budget is larger), or
+    its mean expert tokens fall more than one expert episode
+    (`episode_tokens`) short of its budget."""
     out = []
     for g in table:
         budget, spent = budgets.get(g["regime"]), g.get("expert_tokens_mean")
-        if budget is None or spent is None or budget - spent <= episode_tokens:
+        if budget is None or spent is None:
             continue
+        demo = None if demo_tokens is None else demo_tokens.get(g["regime"])
         seeds = f"{g['seeds']} seed{'s' if g['seeds'] != 1 else ''}"
-        out.append(
-            f"{g['regime']} spent {spent:.0f} of its {budget} expert tokens (mean over {seeds}; "
-            f"one expert episode is {episode_tokens:.0f}): its {config.episodes_per_round} rollouts "
-            f"per round × {config.rounds} rounds could not use the allowance; raise "
-            "--episodes-per-round (episodes_per_round) or --rounds so that every regime spends "
-            "its budget")
+        if demo is not None and spent <= demo < budget:
+            allowance = (budget - demo) / config.rounds
+            out.append(
+                f"{g['regime']} bought no expert tokens in its rounds (mean over {seeds}; its "
+                f"demonstrations cost {demo:.0f} of its {budget}): a round pays for its rollouts "
+                f"in order while they fit its allowance of about {allowance:.0f} tokens, and in "
+                "every round the first that needed the expert cost more (an opd rollout costs "
+                "every token the student writes); raise the budget or lower --rounds (rounds)")
+        elif budget - spent > episode_tokens:
+            out.append(
+                f"{g['regime']} spent {spent:.0f} of its {budget} expert tokens (mean over "
+                f"{seeds}; one expert episode is {episode_tokens:.0f}): its "
+                f"{config.episodes_per_round} rollouts per round × {config.rounds} rounds could "
+                "not use the allowance; raise --episodes-per-round (episodes_per_round) or "
+                "--rounds so that every regime spends its budget")
     return out
 
 
@@ -727,9 +741,12 @@ def _program(env, expert, expert_params, regimes, seeds, config, base_seed, eval
             for entry in g:
                 entry["expert_tokens_mean"] = tokens
         budgets = {n: int(h["budget"]) for n, h in regimes}
+        demo_tokens = {n: float(np.mean([demo_cost["tokens"][i] for i, (m, _) in enumerate(runs)
+                                         if m == n])) for n in names}
         return {"env_id": env.spec.env_id, "round": step, "regimes": table,
                 "reference": before + sft_start,
-                "budget_warnings": budget_warnings(table, budgets, episode_tokens, config),
+                "budget_warnings": budget_warnings(table, budgets, episode_tokens, config,
+                                                   demo_tokens),
                 "demos": dict(sft_episodes=sft_eps, expert_turns_mean=turns_mean,
                               expert_tokens_mean=episode_tokens)}
 

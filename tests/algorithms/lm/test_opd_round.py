@@ -230,3 +230,22 @@ def test_an_opd_run_resumes_to_the_uninterrupted_rows(tmp_path):
         TI.run(ENV, lm, lm_params,
                [("opd", TI.token_regime("opd", 30, sft_tokens=10, distill_beta=1.0))],
                seeds=2, config=config, out_dir=tmp_path / "cut", resume=True)
+
+
+@pytest.mark.slow
+def test_an_opd_run_whose_rounds_cannot_afford_a_rollout_says_so():
+    """A budget one token above the demonstrations leaves each round an
+    allowance smaller than any rollout the student writes: the rounds buy
+    nothing and the run warns that they bought no expert tokens, naming the
+    allowance. Kills a summary that does not pass the demonstrations' cost
+    to the warnings (the shortfall warning stays silent here: the budget is
+    less than an expert episode above what was spent)."""
+    config = TI.TokenInteractiveConfig(rounds=1, episodes_per_round=4, updates_per_round=1,
+                                       batch_episodes=4, sft_tokens=10, sft_updates=1,
+                                       eval_episodes=4)
+    lm = TransformerPolicy(config_for_env(ENV, "tiny"))
+    lm_params = jax.tree.map(lambda x: 3.0 * x, lm.init(jax.random.PRNGKey(1)))
+    regimes = [("opd", TI.token_regime("opd", 11, sft_tokens=10))]
+    with pytest.warns(TI.BudgetUnderspent, match="opd bought no expert tokens in its rounds"):
+        res = TI.run(ENV, lm, lm_params, regimes, seeds=1, config=config)
+    assert all(r.get("interactive_tokens", 0) == 0 for r in res.rows)
