@@ -79,14 +79,6 @@ CELLS = (("transcript", "sft", ALL, True), ("lm", "sft", CORE, False),
          ("lm", "untrained", ("opd",), False))
 # A cell's directory and name: expert-start, and a suffix for a cell of other methods.
 CELL_SUFFIX = {("opd",): "-opd", ("oec_mix", "gated"): "-mix"}
-# OEC's ablations: its prefix mask, its repetition filter, its verifier and its switch
-# distribution (geometric instead of uniform).
-ABLATIONS = {
-    "mask off": dict(mask_prefix=False),
-    "repetition filter off": dict(repeat_limit=0),
-    "verifier off": dict(verifier="off"),
-    "switch=geometric": dict(switch_kind="geometric", switch_p=0.3),
-}
 SHIFT_METHODS = ("bc", "dagger", "oec")
 GAP_SOURCES = {"bc": "demonstrations", "dagger": "DAgger labels", "oec": "OEC segments"}
 
@@ -120,7 +112,7 @@ def regimes_for(task: dict, start: str, methods, ablations: bool, unit: int, sft
                 quick: bool) -> list[tuple[str, dict]]:
     """A cell's regimes: each method at each budget of its start, and OEC's
     ablations."""
-    from jaxil.algorithms.lm.interactive import token_regime
+    from jaxil.algorithms.lm.interactive import OEC_ABLATIONS, token_regime
 
     mults = task["multiples"][start]
     mults = mults[::2] if quick else mults
@@ -130,7 +122,7 @@ def regimes_for(task: dict, start: str, methods, ablations: bool, unit: int, sft
         at = mults[-1] if quick else task["ablation"]
         out += [(f"oec[{name}]@{at}", token_regime("oec", unit * at, sft_tokens=sft_tokens,
                                                     **over))
-                for name, over in ABLATIONS.items()]
+                for name, over in OEC_ABLATIONS.items()]
     return out
 
 

@@ -4,6 +4,7 @@ final student against the expert's floor.
 
     python experiments/lm_chat/compare.py                   # the CPU run (1 seed)
     python experiments/lm_chat/compare.py --seeds 4 --scale 4   # a GPU
+    python experiments/lm_chat/compare.py --methods --budgets 4 --ablations mask-off repetition-filter-off
 
 Every run starts from one SFT start, the pretrained model fine-tuned for
 `--start-updates` updates on one of the transcript expert's chats (the
@@ -27,7 +28,10 @@ After each run, the final student's per-turn covariate shift
 disagreement with the expert's labels on its own episodes, and the floor,
 the same on the expert's episodes) is measured. Writes
 `compare_ops<k>.json` (one row per run, keeping the rows of earlier calls
-with other methods or budgets) and prints the table.
+with other methods or budgets) and prints the table. `--ablations` adds
+OEC's ablations (`interactive.OEC_ABLATIONS`: its prefix mask, repetition
+filter, verifier or switch distribution changed), each a run of its own at
+each budget, under the method name `oec[<ablation>]`.
 """
 
 from __future__ import annotations
@@ -50,6 +54,15 @@ from jaxil.nn.transformer import TransformerPolicy
 from sft_demos import results_dir, sft_student
 
 METHODS = ("bc", "dagger", "oec", "onpolicy", "opd")
+# The ablations by their command-line names ("mask off" is mask-off).
+ABLATIONS = {name.replace(" ", "-"): name for name in interactive.OEC_ABLATIONS}
+
+
+def row_order(method: str) -> tuple[int, int]:
+    """Methods in `METHODS`' order, OEC's ablations after OEC."""
+    if method.startswith("oec["):
+        return METHODS.index("oec"), 1 + list(interactive.OEC_ABLATIONS).index(method[4:-1])
+    return METHODS.index(method), 0
 
 
 def expert_lm(env, model, out: Path, num_ops: int):
@@ -68,7 +81,9 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--env", default="tokens:arith")
     ap.add_argument("--num-ops", type=int, default=2, help="tokens:arith's num_ops")
-    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--methods", nargs="*", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--ablations", nargs="+", default=[], choices=sorted(ABLATIONS),
+                    help="OEC's ablations to run as well, at each budget")
     ap.add_argument("--budgets", type=float, nargs="+", default=[2.0, 4.0],
                     help="expert-token budgets in longest expert episodes")
     ap.add_argument("--start-updates", type=int, default=0,
@@ -88,6 +103,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.scale < 1 or args.seeds < 1:
         raise SystemExit("--scale and --seeds must be >= 1")
+    if not args.methods and not args.ablations:
+        raise SystemExit("nothing to run: give --methods, --ablations or both")
     out = results_dir(args.out, "compare")
 
     lm = jaxil.lm.load(args.model)
@@ -130,7 +147,10 @@ def main() -> None:
     lm_success = earlier.get("expert_lm_success")
     for mult in args.budgets:
         budget = int(round(mult * sft_tokens))
-        for method in args.methods:
+        runs = [(m, {}) for m in args.methods] + [
+            (f"oec[{ABLATIONS[a]}]", interactive.OEC_ABLATIONS[ABLATIONS[a]])
+            for a in args.ablations]
+        for method, overrides in runs:
             if method == "opd":
                 if opd_expert is None:
                     opd_expert = expert_lm(env, base, out, args.num_ops)
@@ -139,12 +159,13 @@ def main() -> None:
                 teacher, teacher_params = opd_expert[0], opd_expert[1]
             else:
                 teacher, teacher_params = expert, None
-            name = f"{method}-x{mult:g}"
+            name = f"{method}-x{mult:g}".replace("[", "-").replace("]", "").replace(" ", "-")
             t0 = time.perf_counter()
             res = interactive.run(
                 env, teacher, teacher_params,
-                [(name, interactive.token_regime(method, budget, sft_tokens=sft_tokens,
-                                                 lr=args.lr))],
+                [(name, interactive.token_regime(method.split("[")[0], budget,
+                                                 sft_tokens=sft_tokens, lr=args.lr,
+                                                 **overrides))],
                 seeds=args.seeds, config=cfg, out_dir=out / "compare" / name, resume=True,
                 eval_every=args.rounds, progress=True,
                 expert_name="expert LM" if method == "opd" else "transcript", model=model)
@@ -170,7 +191,7 @@ def main() -> None:
                 row["shift_s"] = round(time.perf_counter() - t1, 1)
             rows = [r for r in rows if (r["method"], r["budget_episodes"]) != (method, mult)]
             rows.append(row)
-            rows.sort(key=lambda r: (r["budget_episodes"], METHODS.index(r["method"])))
+            rows.sort(key=lambda r: (r["budget_episodes"], row_order(r["method"])))
             print(json.dumps({k: v for k, v in row.items() if k != "shift"}), flush=True)
             path.write_text(json.dumps(dict(
                 model=args.model, env=args.env, num_ops=args.num_ops,

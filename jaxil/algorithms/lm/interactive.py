@@ -116,6 +116,16 @@ DISTILL_BETA = "distill_beta"
 DEFAULT_REPEAT_LIMIT = 3
 #: The entropy gate of `gated` in nats, unless given.
 DEFAULT_ENTROPY_GATE = 0.5
+#: OEC's ablations on tokens, as `token_regime` overrides: the prefix mask
+#: off (the student's own turns are trained on too), the repetition filter
+#: off, the verifier off (failed episodes are kept) and a geometric switch
+#: turn instead of a uniform one.
+OEC_ABLATIONS = {
+    "mask off": dict(mask_prefix=False),
+    "repetition filter off": dict(repeat_limit=0),
+    "verifier off": dict(verifier="off"),
+    "switch=geometric": dict(switch_kind="geometric", switch_p=0.3),
+}
 
 
 class BudgetUnderspent(UserWarning):
