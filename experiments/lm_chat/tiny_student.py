@@ -21,7 +21,8 @@ buys BC N whole demonstrations in either form), from an SFT start on
 `--sft-episodes` episodes' worth of tokens (Adam at `--lr`, the rounds at
 `--round-lr`); each method is one program of
 its budgets × seeds (one program of every regime would hold every run's
-`[T, 49,152]` logits at once). Writes `tiny_student_ops<k>.json` with one
+`[T, 49,152]` logits at once), and the programs of a form share one SFT
+start per seed through `interactive.run`'s `start_cache`. Writes `tiny_student_ops<k>.json` with one
 row per (form, regime): success mean ± std over seeds, tokens spent, and
 wall times.
 """
@@ -110,7 +111,8 @@ def main() -> None:
             res = interactive.run(env, expert, None, regimes, seeds=args.seeds, config=cfg,
                                   out_dir=out / "tiny_student" / f"ops{args.num_ops}" / form
                                   / method, resume=True, eval_every=args.rounds,
-                                  progress=True, expert_name="transcript")
+                                  progress=True, expert_name="transcript",
+                                  start_cache=out / "tiny_student" / "sft_starts")
             wall = time.perf_counter() - t0
             start = [r["eval_win_rate"] for r in res.rows if r["round"] == 0]
             for g in res.summary["regimes"]:

@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import warnings
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -523,7 +524,8 @@ def run(env: MultiAgentEnv, expert: Any, expert_params: Any,
         out_dir: Optional[str | Path] = None, resume: bool = False, overwrite: bool = False,
         eval_every: int = 1, progress: bool = False, expert_name: str = "scripted",
         stop_after_rounds: Optional[int] = None,
-        model: Optional[TaskModel] = None) -> engine.RunResult:
+        model: Optional[TaskModel] = None,
+        start_cache: Optional[str | Path] = None) -> engine.RunResult:
     """Run every regime × `seeds` seeds together (see the module docstring).
 
     `expert`: an acting expert (a [`jaxil.envs.policies.Policy`][jaxil.envs.policies.Policy],
@@ -543,6 +545,12 @@ def run(env: MultiAgentEnv, expert: Any, expert_params: Any,
     of this environment, e.g. [`chat_model`][jaxil.nn.task_vocab.chat_model]
     for a chat-form task): every run starts from its parameters and
     `config.size` / `agent_ids` are not used.
+    `start_cache`: a directory that keeps the SFT start of each seed, so
+    that programs which split one sweep's regimes (to bound memory) train
+    it once: a start is read back only when the students before SFT, the
+    demonstrations and the whole configuration are the same
+    (`sft_start_key`); otherwise it is trained and written beside the
+    others.
 
     Raises:
       ValueError: not a token environment, a bad setting or regime, `opd`
@@ -577,7 +585,7 @@ def run(env: MultiAgentEnv, expert: Any, expert_params: Any,
         if model is not None:
             check_model(env, dataclasses.replace(SFTConfig(), agent_ids=config.agent_ids), model)
         program = _program(env, expert, expert_params, regimes, seeds, config, base_seed,
-                           eval_every, distill_beta, model)
+                           eval_every, distill_beta, model, start_cache)
     except BaseException:
         if rd is not None:
             rd.close()
@@ -639,8 +647,46 @@ def budget_warnings(table: Sequence[dict], budgets: dict[str, int], episode_toke
     return out
 
 
+def sft_start_key(config: TokenInteractiveConfig, student: TransformerPolicy, state: Any,
+                  demos: Any) -> str:
+    """The digest that names a cached SFT start: everything the start
+    depends on, namely the configuration, the student's architecture, the
+    students before SFT (`state`: parameters, optimizer state and keys of
+    every seed) and the demonstrations' arrays. A regime's knobs
+    (`state.hp`) are left out: SFT draws only demonstrations (the buffer
+    is empty), whatever the regime's demonstration ratio."""
+    head = repr((sorted(dataclasses.asdict(config).items()), student.config)).encode()
+    body = params_digest((state.replace(hp=None), demos)).encode()
+    return hashlib.sha256(head + body).hexdigest()[:24]
+
+
+def _cached_sft(train: Any, check: Any, state: Any, key: Optional[str],
+                cache: Optional[str | Path]) -> Any:
+    """`train(state)`'s start after `check(health)`, or the start cached
+    under `key` in `cache`; a freshly trained start that passed `check` is
+    written there (atomically, so a killed writer leaves no half file)."""
+    path = None if cache is None else Path(cache) / f"sft-start-{key}.npz"
+    if path is not None and path.is_file():
+        ref = jax.tree.leaves(state)
+        with np.load(path) as f:
+            leaves = [f[f"a{i}"] for i in range(len(f.files))]
+        if [(a.shape, a.dtype) for a in leaves] != [(r.shape, r.dtype) for r in ref]:
+            raise ValueError(f"{path} does not hold this program's SFT start (its arrays "
+                             "differ); delete it and run again")
+        return jax.tree.unflatten(jax.tree.structure(state), [jnp.asarray(a) for a in leaves])
+    state, _, health = train(state)
+    check(jax.device_get(health))
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.stem + ".tmp.npz")
+        np.savez(tmp, **{f"a{i}": np.asarray(x)
+                         for i, x in enumerate(jax.device_get(jax.tree.leaves(state)))})
+        tmp.replace(path)
+    return state
+
+
 def _program(env, expert, expert_params, regimes, seeds, config, base_seed, eval_every,
-             distill_beta=None, model=None):
+             distill_beta=None, model=None, start_cache=None):
     need = max(int(h["demo_labels"]) for _, h in regimes)
     # An expert LM acts greedily (the demonstrations, takeovers and labels);
     # OPD reads its distribution.
@@ -715,10 +761,11 @@ def _program(env, expert, expert_params, regimes, seeds, config, base_seed, eval
         if config.sft_updates:
             sft = jax.jit(jax.vmap(lambda s: _train(student, tx, s, demos, config.sft_updates,
                                                     config.batch_episodes)))
-            base, _, health = sft(base)
-            guard.check(jax.device_get(health), learner="token interactive student (SFT)",
-                        run_labels=[f"seed {s}" for s in uniq], first_step=1,
-                        chunk_len=config.sft_updates)
+            check = functools.partial(guard.check, learner="token interactive student (SFT)",
+                                      run_labels=[f"seed {s}" for s in uniq], first_step=1,
+                                      chunk_len=config.sft_updates)
+            key = None if start_cache is None else sft_start_key(config, student, base, demos)
+            base = _cached_sft(sft, check, base, key, start_cache)
         pick = jnp.asarray([s for _, s in runs])
         st = jax.tree.map(lambda x: x[pick], base)
         opt = jax.vmap(_set_lr)(st.opt_state, hp.lr)

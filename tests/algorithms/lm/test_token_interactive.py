@@ -10,6 +10,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from jaxil import envs
@@ -195,3 +196,92 @@ def test_cli_refuses_a_bad_expert_or_task_in_one_line(tmp_path, capsys):
         assert main(base + extra) == 1
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and needle in err[0], err
+
+
+def _fake_state(w):
+    return TI.TokenRunState(params={"w": jnp.asarray(w, jnp.float32)}, opt_state=(),
+                            hp={"demo_ratio": jnp.float32(0.5)}, buffer=(), spent=jnp.int32(0),
+                            expert_turns=jnp.int32(0), expert_episodes=jnp.int32(0),
+                            demo_eps=jnp.int32(1), round=jnp.int32(0),
+                            key=jax.random.PRNGKey(0))
+
+
+def test_the_sft_start_key_follows_the_demos_and_settings_not_the_regime(env):
+    """The cache key of an SFT start changes with the students before SFT,
+    the demonstrations and any setting, and not with a regime's knobs
+    (which SFT does not read). Catches a key that leaves out the demos or
+    the configuration (a start trained on other data or at another step
+    size read back as this one) and a key that includes the regime (no
+    sharing between the programs of one sweep)."""
+    student = TI.make_student(env, CFG)
+    demos = {"obs": jnp.arange(6)}
+    key = TI.sft_start_key(CFG, student, _fake_state([1.0, 2.0]), demos)
+    other_hp = _fake_state([1.0, 2.0]).replace(hp={"demo_ratio": jnp.float32(0.9)})
+    assert TI.sft_start_key(CFG, student, other_hp, demos) == key
+    assert TI.sft_start_key(CFG, student, _fake_state([1.0, 2.5]), demos) != key
+    assert TI.sft_start_key(CFG, student, _fake_state([1.0, 2.0]),
+                            {"obs": jnp.arange(1, 7)}) != key
+    assert TI.sft_start_key(dataclasses.replace(CFG, learning_rate=1e-3), student,
+                            _fake_state([1.0, 2.0]), demos) != key
+
+
+def test_a_cached_sft_start_is_read_back_and_a_failed_one_is_never_written(tmp_path):
+    """`_cached_sft` trains and writes a start once, then reads it back
+    without training (a start edited on disk is what comes back, so it is
+    read, not recomputed); a start whose health check fails is not written;
+    a file of other shapes is refused in one line. Catches a cache that is
+    never read, leaves in another order, and a non-finite start kept for
+    the next program."""
+    calls = []
+
+    def train(s):
+        calls.append(1)
+        return s.replace(params={"w": s.params["w"] + 1.0}), None, {"ok": True}
+
+    def check(health):
+        if not health["ok"]:
+            raise ValueError("non-finite")
+
+    state = _fake_state([1.0, 2.0])
+    got = TI._cached_sft(train, check, state, "k1", tmp_path)
+    (path,) = tmp_path.glob("sft-start-k1.npz")
+    assert len(calls) == 1 and list(got.params["w"]) == [2.0, 3.0]
+    arrays = dict(np.load(path))
+    i = [k for k, a in arrays.items() if a.dtype == np.float32 and a.shape == (2,)][0]
+    arrays[i] = arrays[i] + 10.0
+    np.savez(path, **arrays)
+    again = TI._cached_sft(train, check, state, "k1", tmp_path)
+    assert len(calls) == 1 and list(again.params["w"]) == [12.0, 13.0]
+    bad = lambda s: (s, None, {"ok": False})
+    with pytest.raises(ValueError, match="non-finite"):
+        TI._cached_sft(bad, check, state, "k2", tmp_path)
+    assert not list(tmp_path.glob("sft-start-k2*"))
+    with pytest.raises(ValueError, match="delete it and run again"):
+        TI._cached_sft(train, check, _fake_state([1.0, 2.0, 3.0]), "k1", tmp_path)
+    assert TI._cached_sft(train, check, state, None, None).params["w"][0] == 2.0
+
+
+@pytest.mark.slow
+def test_programs_of_one_sweep_share_the_cached_sft_start(env, expert, tmp_path):
+    """A BC program with `start_cache` trains the SFT start and writes it;
+    a DAgger program of the same sweep reads it back (an edit on disk
+    shows in its start) and one at another step size trains its own.
+    Catches `run` not passing the cache on, the key computed after the
+    regime's knobs are set, and the start read for other settings."""
+    cfg = dataclasses.replace(CFG, sft_updates=3)
+    make = lambda m, c: TI._program(env, expert, None,
+                                    [(m, TI.token_regime(m, BUDGET, sft_tokens=c.sft_tokens))],
+                                    1, c, 0, c.rounds, start_cache=tmp_path).init()
+    bc = make("bc", cfg)
+    (path,) = tmp_path.glob("sft-start-*.npz")
+    arrays = dict(np.load(path))
+    leaves = jax.tree.leaves(bc.params)
+    i = next(k for k, a in arrays.items() if a.shape == leaves[0].shape
+             and np.array_equal(a, np.asarray(leaves[0])))
+    arrays[i] = arrays[i] + 1.0
+    np.savez(path, **arrays)
+    dagger = make("dagger", cfg)
+    np.testing.assert_allclose(jax.tree.leaves(dagger.params)[0], leaves[0] + 1.0)
+    other = make("dagger", dataclasses.replace(cfg, learning_rate=1e-3))
+    assert len(list(tmp_path.glob("sft-start-*.npz"))) == 2
+    assert not np.allclose(jax.tree.leaves(other.params)[0], leaves[0] + 1.0)
