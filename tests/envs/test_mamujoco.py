@@ -143,6 +143,32 @@ def test_bad_arguments_are_refused_in_one_line():
         envs.make("mamujoco:hopper_3x1", friction_cone="square")
     with pytest.raises(KeyError, match="hopper_3x1"):
         mm.MaMuJoCoEnv("hopper_2x2")
+    with pytest.raises(ValueError, match="iterations must be a positive integer"):
+        envs.make("mamujoco:hopper_3x1", iterations=0)
+    with pytest.raises(ValueError, match="ls_iterations must be a positive integer"):
+        envs.make("mamujoco:hopper_3x1", ls_iterations=2.5)
+    with pytest.raises(ValueError, match="integrator must be one of euler"):
+        envs.make("mamujoco:hopper_3x1", integrator="verlet")
+
+
+def test_solver_overrides_reach_the_physics_and_the_config():
+    """`iterations`, `ls_iterations` and `integrator` set MuJoCo's options on
+    both the C model and its MJX copy, and are recorded in the config (so a
+    dataset or teacher of cheaper physics is told apart); without them the
+    file's settings stay (the hopper's RK4, 100 and 50). Catches an
+    override set on the C model after the MJX copy was made, and a config
+    that hides it."""
+    import mujoco
+
+    plain = envs.make("mamujoco:hopper_3x1")
+    assert (plain.model.opt.iterations, plain.model.opt.ls_iterations) == (100, 50)
+    assert plain.model.opt.integrator == mujoco.mjtIntegrator.mjINT_RK4
+    assert "iterations" not in plain.config
+    fast = envs.make("mamujoco:hopper_3x1", iterations=4, ls_iterations=8, integrator="euler")
+    for opt in (fast.model.opt, fast.mjx_model.opt):
+        assert int(opt.iterations) == 4 and int(opt.ls_iterations) == 8
+        assert int(opt.integrator) == int(mujoco.mjtIntegrator.mjINT_EULER)
+    assert fast.config["iterations"] == 4 and fast.config["integrator"] == "euler"
 
 
 def test_a_missing_mjx_names_the_extra(monkeypatch):
