@@ -62,9 +62,17 @@ def tiny_table(d: dict) -> str:
             r = by.get((form, m, b))
             cells.append("not run" if r is None else _pm(r["win_mean"], r["win_std"]))
         lines.append(f"| {m} | ×{b:g} | " + " | ".join(cells) + " |")
-    starts = {r["form"]: r["start_mean"] for r in rows}
+    # A program that buys more demonstrations than the others (BC at a large
+    # budget) collects another set and trains its own start: list each.
+    starts: dict = {}
+    for r in rows:
+        ms = starts.setdefault(r["form"], {}).setdefault(f"{r['start_mean']:.3f}", [])
+        if r["method"] not in ms:
+            ms.append(r["method"])
     lines.append("")
-    lines.append("SFT start: " + ", ".join(f"{f} {s:.3f}" for f, s in starts.items()))
+    lines.append("SFT start: " + "; ".join(
+        f"{f} " + ", ".join(f"{s} ({' '.join(ms)})" for s, ms in by_s.items())
+        for f, by_s in starts.items()))
     return "\n".join(lines)
 
 

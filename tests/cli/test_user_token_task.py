@@ -287,9 +287,10 @@ def test_a_regime_whose_rounds_bought_nothing_is_named_with_its_allowance():
     than one expert episode short, so the shortfall warning stays silent.
     The run must still say its rounds bought nothing, with the allowance
     and the fix; a regime that bought something past its demonstration, or
-    one whose budget is only its demonstration, gets no such line. Kills a
-    check that compares against the budget instead of the demonstrations'
-    cost, or that ignores the demonstration cost."""
+    one whose budget is only its demonstration, gets no such line, nor does
+    BC, whose rounds have no allowance. Kills a check that compares against
+    the budget instead of the demonstrations' cost, that ignores the
+    demonstration cost, or that ignores the rounds' allowance."""
     table = [dict(regime="opd-x2", seeds=1, expert_tokens_mean=28.0),
              dict(regime="bc-x2", seeds=1, expert_tokens_mean=54.0),
              dict(regime="bc-x1", seeds=1, expert_tokens_mean=28.0)]
@@ -302,6 +303,14 @@ def test_a_regime_whose_rounds_bought_nothing_is_named_with_its_allowance():
     assert lines[0].startswith("opd-x2 bought no expert tokens in its rounds")
     assert "cost 28 of its 56" in lines[0] and "about 14 tokens" in lines[0]
     assert "--rounds" in lines[0]
+    # BC buys its whole budget as demonstrations: whole episodes cost 107 of
+    # its 112 and its rounds have nothing to buy with, so no line (a false
+    # alarm on every BC run before the rounds' allowance was consulted).
+    bc = [dict(regime="bc-x4", seeds=4, expert_tokens_mean=107.0)]
+    assert TI.budget_warnings(bc, {"bc-x4": 112}, 28.0, cfg, {"bc-x4": 107.0},
+                              {"bc-x4": 0}) == []
+    assert len(TI.budget_warnings(bc, {"bc-x4": 112}, 28.0, cfg, {"bc-x4": 107.0},
+                                  {"bc-x4": 84})) == 1
 
 
 # -- loading saved students (--expert DIR, --sft DIR) -----------------------------------------

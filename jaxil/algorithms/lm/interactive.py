@@ -615,12 +615,16 @@ def _split_distill(regimes) -> tuple[list[tuple[str, dict]], Optional[float]]:
 
 def budget_warnings(table: Sequence[dict], budgets: dict[str, int], episode_tokens: float,
                     config: TokenInteractiveConfig,
-                    demo_tokens: Optional[dict[str, float]] = None) -> list[str]:
+                    demo_tokens: Optional[dict[str, float]] = None,
+                    round_tokens: Optional[dict[str, int]] = None) -> list[str]:
     """One line per regime of a summary `table` that did not spend its
     budget, with the numbers and the fix: its rounds bought nothing at all
     (`demo_tokens`, the regime's mean demonstration cost, given: its mean
-    expert tokens are no more than that, though the budget is larger), or
-    its mean expert tokens fall more than one expert episode
+    expert tokens are no more than that, though the budget is larger, and
+    its rounds had tokens to buy with, `round_tokens`, the budget less its
+    demonstration allowance, when given: BC's rounds have none, and its
+    whole-episode demonstrations may cost a little less than its budget),
+    or its mean expert tokens fall more than one expert episode
     (`episode_tokens`) short of its budget."""
     out = []
     for g in table:
@@ -629,7 +633,8 @@ def budget_warnings(table: Sequence[dict], budgets: dict[str, int], episode_toke
             continue
         demo = None if demo_tokens is None else demo_tokens.get(g["regime"])
         seeds = f"{g['seeds']} seed{'s' if g['seeds'] != 1 else ''}"
-        if demo is not None and spent <= demo < budget:
+        buys = round_tokens is None or round_tokens.get(g["regime"], 1) > 0
+        if demo is not None and spent <= demo < budget and buys:
             allowance = (budget - demo) / config.rounds
             out.append(
                 f"{g['regime']} bought no expert tokens in its rounds (mean over {seeds}; its "
@@ -802,8 +807,9 @@ def _program(env, expert, expert_params, regimes, seeds, config, base_seed, eval
                                          if m == n])) for n in names}
         return {"env_id": env.spec.env_id, "round": step, "regimes": table,
                 "reference": before + sft_start,
-                "budget_warnings": budget_warnings(table, budgets, episode_tokens, config,
-                                                   demo_tokens),
+                "budget_warnings": budget_warnings(
+                    table, budgets, episode_tokens, config, demo_tokens,
+                    {n: int(h["budget"]) - int(h["demo_labels"]) for n, h in regimes}),
                 "demos": dict(sft_episodes=sft_eps, expert_turns_mean=turns_mean,
                               expert_tokens_mean=episode_tokens)}
 
