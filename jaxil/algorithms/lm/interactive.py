@@ -669,23 +669,27 @@ def _cached_sft(train: Any, check: Any, state: Any, key: Optional[str],
                 cache: Optional[str | Path]) -> Any:
     """`train(state)`'s start after `check(health)`, or the start cached
     under `key` in `cache`; a freshly trained start that passed `check` is
-    written there (atomically, so a killed writer leaves no half file)."""
+    written there (atomically, so a killed writer leaves no half file).
+    The file leaves out the episode buffer, which SFT leaves empty (with a
+    pretrained vocabulary its legal-token masks are most of the state)."""
     path = None if cache is None else Path(cache) / f"sft-start-{key}.npz"
     if path is not None and path.is_file():
-        ref = jax.tree.leaves(state)
+        ref = state.replace(buffer=None)
         with np.load(path) as f:
             leaves = [f[f"a{i}"] for i in range(len(f.files))]
-        if [(a.shape, a.dtype) for a in leaves] != [(r.shape, r.dtype) for r in ref]:
+        if [(a.shape, a.dtype) for a in leaves] != [(r.shape, r.dtype)
+                                                    for r in jax.tree.leaves(ref)]:
             raise ValueError(f"{path} does not hold this program's SFT start (its arrays "
                              "differ); delete it and run again")
-        return jax.tree.unflatten(jax.tree.structure(state), [jnp.asarray(a) for a in leaves])
+        loaded = jax.tree.unflatten(jax.tree.structure(ref), [jnp.asarray(a) for a in leaves])
+        return loaded.replace(buffer=state.buffer)
     state, _, health = train(state)
     check(jax.device_get(health))
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.stem + ".tmp.npz")
-        np.savez(tmp, **{f"a{i}": np.asarray(x)
-                         for i, x in enumerate(jax.device_get(jax.tree.leaves(state)))})
+        kept = jax.device_get(jax.tree.leaves(state.replace(buffer=None)))
+        np.savez(tmp, **{f"a{i}": np.asarray(x) for i, x in enumerate(kept)})
         tmp.replace(path)
     return state
 
