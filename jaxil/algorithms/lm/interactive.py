@@ -657,7 +657,7 @@ def sft_start_key(config: TokenInteractiveConfig, student: TransformerPolicy, st
     """The digest that names a cached SFT start: everything the start
     depends on, namely the configuration, the student's architecture, the
     students before SFT (`state`: parameters, optimizer state and keys of
-    every seed) and the demonstrations' arrays. A regime's knobs
+    every seed) and the arrays of the demonstrations it trains on. A regime's knobs
     (`state.hp`) are left out: SFT draws only demonstrations (the buffer
     is empty), whatever the regime's demonstration ratio."""
     head = repr((sorted(dataclasses.asdict(config).items()), student.config)).encode()
@@ -773,7 +773,11 @@ def _program(env, expert, expert_params, regimes, seeds, config, base_seed, eval
             check = functools.partial(guard.check, learner="token interactive student (SFT)",
                                       run_labels=[f"seed {s}" for s in uniq], first_step=1,
                                       chunk_len=config.sft_updates)
-            key = None if start_cache is None else sft_start_key(config, student, base, demos)
+            # SFT reads only the first `sft_eps` demonstrations, and a larger
+            # set begins with the same episodes (collection draws episode i's
+            # keys alike whatever the count), so the key covers those alone.
+            key = None if start_cache is None else sft_start_key(
+                config, student, base, jax.tree.map(lambda x: x[:sft_eps], demos))
             base = _cached_sft(sft, check, base, key, start_cache)
         pick = jnp.asarray([s for _, s in runs])
         st = jax.tree.map(lambda x: x[pick], base)
