@@ -12,9 +12,10 @@ everywhere.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from jaxil.runs import loggers as L
 
@@ -45,6 +46,18 @@ positive_float = _number(float, 0.0, math.inf, True, False)
 nonneg_float = _number(float, 0.0, math.inf, False, False)
 probability = _number(float, 0.0, 1.0, False, False)
 discount = _number(float, 0.0, 1.0, False, True)
+
+
+def key_value(item: str) -> tuple[str, Any]:
+    """`KEY=VALUE` with a JSON value, or the bare string when it is not JSON
+    (`--env-kwarg iterations=4 integrator=euler`)."""
+    if "=" not in item:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {item!r}")
+    k, v = item.split("=", 1)
+    try:
+        return k, json.loads(v)
+    except json.JSONDecodeError:
+        return k, v
 
 
 def add_run_dir(p, out_help: str = "run directory (metrics, checkpoints)",

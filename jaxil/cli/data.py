@@ -24,18 +24,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Optional
 
-from jaxil.cli.args import nonneg_int, positive_float, positive_int, probability
+from jaxil.cli.args import key_value, nonneg_int, positive_float, positive_int, probability
 from jaxil.collect.zoo import TIERS
-
-
-def _kv(item: str) -> tuple[str, Any]:
-    if "=" not in item:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {item!r}")
-    k, v = item.split("=", 1)
-    try:
-        return k, json.loads(v)
-    except json.JSONDecodeError:
-        return k, v  # a bare string
 
 
 def _tier_epsilon(item: str) -> tuple[str, float]:
@@ -522,7 +512,7 @@ def register(sub) -> None:
         b.add_argument(f"--n-{t}", type=nonneg_int, default=None, metavar="N",
                        help=f"number of {t} trajectories (overrides the recipe and --scale; "
                             f"0 drops the tier)")
-    b.add_argument("--env-kwarg", type=_kv, action="append", metavar="KEY=VALUE",
+    b.add_argument("--env-kwarg", type=key_value, action="append", metavar="KEY=VALUE",
                    help="environment keyword override (JSON value), e.g. max_steps=50")
     b.add_argument("--epsilon", type=_tier_epsilon, action="append", metavar="TIER=EPS",
                    help="ε of a noised-expert tier, e.g. medium=0.2 (defaults: 0.4 / 0.85)")

@@ -59,6 +59,7 @@ import jax.numpy as jnp
 from jaxil.envs.core import EnvSpec
 from jaxil.envs.policies import Policy, stateless_carry
 from jaxil.nn import distributions as D
+from jaxil.nn import running_stats
 from jaxil.nn.nets import LocalMLP, activation as activation_fn, orthogonal_init
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
@@ -89,9 +90,16 @@ class PolicyNet:
         `DEFAULT_BOX` of the `log_std` mode. Ignored for discrete
         actions.
 
+      obs_norm: standardise each observation feature by running statistics
+        kept in the parameters ([`jaxil.nn.running_stats`][jaxil.nn.running_stats]; the PPO
+        teachers of MuJoCo robots). The trainer updates them with
+        [`PolicyNet.with_obs_stats`][jaxil.nn.policy.PolicyNet.with_obs_stats]; no gradient reaches them.
+
     Parameters: `log_std="state"` (and every discrete policy) uses the
     [`LocalMLP`][jaxil.nn.nets.LocalMLP] variables as they are; `"param"` uses
-    `{"net": <LocalMLP variables>, "log_std": [d]}`.
+    `{"net": <LocalMLP variables>, "log_std": [d]}`. With `obs_norm` the
+    variables move under `"net"` in either case, beside
+    `"obs_stats": RunningStats`.
     """
 
     def __init__(
@@ -104,6 +112,7 @@ class PolicyNet:
         log_std: str = "state",
         log_std_init: float = -0.5,
         box: Optional[str] = None,
+        obs_norm: bool = False,
     ):
         if init not in INITS:
             raise ValueError(f"PolicyNet init must be one of {INITS}, got {init!r}")
@@ -120,6 +129,9 @@ class PolicyNet:
         self.box = None if spec.discrete else box
         self.param_log_std = (not spec.discrete) and log_std == "param"
         self.log_std_init = float(log_std_init)
+        if not isinstance(obs_norm, bool):
+            raise ValueError(f"PolicyNet obs_norm must be True or False, got {obs_norm!r}")
+        self.obs_norm = obs_norm
         if spec.discrete:
             out = spec.num_actions
         else:
@@ -133,20 +145,37 @@ class PolicyNet:
     def init(self, key: jax.Array) -> Any:
         obs = jnp.zeros((self.spec.num_agents, self.spec.obs_dim), jnp.float32)
         variables = self.net.init(key, obs)
-        if not self.param_log_std:
+        if not (self.param_log_std or self.obs_norm):
             return variables
-        d = self.spec.action.dim
-        return {"net": variables, "log_std": jnp.full((d,), self.log_std_init, jnp.float32)}
+        params = {"net": variables}
+        if self.param_log_std:
+            d = self.spec.action.dim
+            params["log_std"] = jnp.full((d,), self.log_std_init, jnp.float32)
+        if self.obs_norm:
+            params["obs_stats"] = running_stats.init(self.spec.obs_dim)
+        return params
+
+    def with_obs_stats(self, params: Any, obs: jax.Array,
+                       weight: Optional[jax.Array] = None) -> Any:
+        """`params` with the observation statistics updated by every
+        observation in `obs [..., N, O]` (all agents pooled per feature;
+        `weight [..., N]` optional, 0 on padding)."""
+        if not self.obs_norm:
+            raise ValueError("PolicyNet.with_obs_stats needs a PolicyNet built with obs_norm=True")
+        return {**params, "obs_stats": running_stats.update(params["obs_stats"], obs, weight)}
 
     def head(self, params: Any, obs: jax.Array):
         """Logits `[..., N, A]` (discrete), `(mean, log_std)` (Gaussian
         box heads) or `(alpha, beta)` (Beta), each `[..., N, d]`."""
+        if self.obs_norm:
+            obs = running_stats.normalize(params["obs_stats"], obs)
+        net = params["net"] if (self.param_log_std or self.obs_norm) else params
         if self.discrete:
-            return self.net.apply(params, obs)
+            return self.net.apply(net, obs)
         if self.param_log_std:
-            mean = self.net.apply(params["net"], obs)
+            mean = self.net.apply(net, obs)
             return mean, jnp.broadcast_to(params["log_std"], mean.shape)
-        out = self.net.apply(params, obs)
+        out = self.net.apply(net, obs)
         d = self.spec.action.dim
         if self.box == "beta":
             return jax.nn.softplus(out[..., :d]) + BETA_MIN, jax.nn.softplus(out[..., d:]) + BETA_MIN

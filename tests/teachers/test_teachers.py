@@ -181,6 +181,40 @@ def test_continuous_actor_acts_inside_the_box_and_scores_raw_draws():
     np.testing.assert_allclose(np.asarray(ent), np.full(2, (np.log(sd) + 0.5 * np.log(2 * np.pi * np.e)).sum()), rtol=1e-6)
 
 
+def test_normalize_obs_folds_each_rollout_into_the_statistics_the_actor_acts_on():
+    """`normalize_obs=True`: after one chunk (2 updates of 16 envs x 8 steps,
+    2 agents) the actor's and the critic's statistics have counted exactly
+    the 512 agent-observations of the rollouts, and their moments are those
+    of toy:continuous's observations (targets U(0, 1): mean 0.5, variance
+    1/12; the time feature t/8 over t = 0..7: mean 0.4375). The actor's
+    head is its network on the standardised observation. Fails if the
+    statistics are never folded (count 1e-4), folded per minibatch or epoch
+    (count x 4), moved by Adam, or ignored by the head."""
+    env = envs.make("toy:continuous")
+    cfg = TINY.replace(normalize_obs=True)
+    from jaxil.algorithms.rl.ppo import make_ppo
+    from jaxil.nn import running_stats
+
+    ppo = make_ppo(env, cfg)
+    obs = jax.random.normal(jax.random.PRNGKey(5), (4, 2, 3)) * 3 + 1
+
+    def run(key):
+        runner, _ = ppo.update_chunk(ppo.init(key))
+        p = runner.actor.params
+        mean, _ = ppo.actor.head(p, obs)
+        plain = ppo.actor.net.apply(p["net"], running_stats.normalize(p["obs_stats"], obs))
+        return p["obs_stats"], runner.critic.params["in_stats"], mean, plain
+
+    a, c, mean, plain = fast_call(run, jax.random.PRNGKey(0))
+    n = cfg.updates_per_chunk * cfg.num_envs * cfg.num_steps * 2
+    np.testing.assert_allclose(float(a.count), n + 1e-4, rtol=1e-6)
+    np.testing.assert_allclose(float(c.count), n + 1e-4, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(a.mean), [0.5, 0.5, 0.4375], atol=0.05)
+    np.testing.assert_allclose(np.asarray(a.var[:2]), [1 / 12] * 2, rtol=0.2)
+    np.testing.assert_allclose(np.asarray(c.mean), [0.5] * 4, atol=0.05)
+    np.testing.assert_allclose(np.asarray(mean), np.asarray(plain), rtol=1e-5, atol=1e-6)
+
+
 # --------------------------------------------------------------------------
 # Driver: checkpoints, resume, loading
 # --------------------------------------------------------------------------
@@ -479,3 +513,23 @@ def test_teach_resume_after_a_cut_metrics_line(uninterrupted, tmp_path, capsys):
     assert got["complete"] and got["checkpoints"] == doc["checkpoints"]
     assert (out / "metrics.jsonl").read_text() == rows
     assert "dropped 1 unreadable line(s)" in capsys.readouterr().err
+
+
+def test_teach_refuses_an_environment_keyword_the_environment_does_not_take(tmp_path, capsys,
+                                                                          monkeypatch):
+    """`jaxil teach --env-kwarg` with a keyword the environment's constructor
+    does not take: a one-line error naming it, exit status 1, nothing
+    written. Bug caught: the constructor's TypeError escaping as a
+    traceback (it is a programming error type, so the command line's
+    handler does not catch it by itself)."""
+    from jaxil.cli.main import main
+    from jaxil.teachers import presets
+
+    monkeypatch.setitem(presets.PRESETS, "toy:masked", TINY)
+    out = tmp_path / "t"
+    code = main(["teach", "--env", "toy:masked", "--env-kwarg", "bogus=1", "--out", str(out),
+                 "--no-progress"])
+    assert code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--env-kwarg" in err[0] and "bogus" in err[0], err
+    assert not (out / "teacher.json").exists()

@@ -403,10 +403,15 @@ class Adversarial:
     def pretrain(self, params: Any, demos: Demos, key: jax.Array) -> tuple[Any, jax.Array]:
         """`sft_updates` BC steps of the PPO actor on the demonstrations
         (Adam, `sft_lr`; [`jaxil.losses.weighted_bc_loss`][jaxil.losses.bc.weighted_bc_loss]); returns the
-        parameters and the per-step losses."""
+        parameters and the per-step losses. An actor that normalises its
+        observations first takes the demonstrations' statistics, so that
+        BC fits the inputs PPO will go on to see."""
         import optax
 
         cfg = self.config
+        if self.actor.obs_norm:
+            w = jnp.broadcast_to(demos.weight[:, None], demos.obs.shape[:-1])
+            params = self.actor.with_obs_stats(params, demos.obs, w)
         tx = optax.adam(cfg.sft_lr)
 
         def loss(p, b: Demos):

@@ -44,6 +44,12 @@ class PPOConfig:
         large and negative; scaling keeps the value targets O(1)).
       normalize_advantages: per-minibatch advantage normalisation.
       log_std_init: initial log standard deviation of the Gaussian head.
+      normalize_obs: standardise observations (actor) and critic inputs
+        by running per-feature statistics, clipped to ±10, updated after
+        each update's epochs with that update's rollout (the MuJoCo
+        recipes of PureJaxRL, brax and CleanRL). The actor's statistics
+        are part of its parameters, so a saved teacher acts on raw
+        observations.
       updates_per_chunk: PPO updates fused into one `update_chunk` call.
     """
 
@@ -66,6 +72,7 @@ class PPOConfig:
     reward_scale: float = 1.0
     normalize_advantages: bool = True
     log_std_init: float = -0.5
+    normalize_obs: bool = False
     updates_per_chunk: int = 10
 
     def __post_init__(self):
@@ -85,7 +92,7 @@ class PPOConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 fail(name, "must be an integer >= 1")
-        for name in ("anneal_lr", "normalize_advantages"):
+        for name in ("anneal_lr", "normalize_advantages", "normalize_obs"):
             if not isinstance(getattr(self, name), bool):
                 fail(name, "must be True or False")
         for name in ("lr", "clip_eps", "max_grad_norm", "reward_scale"):

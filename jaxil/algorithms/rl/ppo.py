@@ -41,6 +41,13 @@ or a tanh-Gaussian with a state-independent log-std). The critic is a
 the agent's own observation, MAPPO `V(s, i)` on the global state. Both are
 trained on the team reward.
 
+Observation normalisation (`PPOConfig.normalize_obs`, the MuJoCo robots):
+the actor and the critic standardise their inputs by running per-feature
+statistics ([`jaxil.nn.running_stats`][jaxil.nn.running_stats]) held in their parameters. Each
+update's rollout is folded in after its epochs, so the epochs score actions
+under the statistics they were sampled with; no gradient reaches them, so
+Adam leaves them as they are.
+
 Conventions worth knowing:
 
 - An episode boundary (`done` or `truncated`) stops the GAE recursion: the
@@ -67,6 +74,7 @@ from jaxil.runs import guard
 from jaxil.losses.adversarial import kl_penalized_reward
 from jaxil.losses.gae import gae
 from jaxil.losses.ppo import clipped_surrogate_loss, clipped_value_loss, normalize_advantages
+from jaxil.nn import running_stats
 from jaxil.nn.nets import LocalMLP, activation, orthogonal_init
 from jaxil.nn.policy import PolicyNet
 from jaxil.algorithms.rl.config import PPOConfig
@@ -76,7 +84,8 @@ def make_actor(spec: EnvSpec, config: PPOConfig) -> PolicyNet:
     """The teacher's actor for `spec`: a shared-parameter [`PolicyNet`][jaxil.nn.policy.PolicyNet]
     with the PPO initialisation and a state-independent log-std."""
     return PolicyNet(spec, config.hidden_sizes, shared=True, activation=config.activation,
-                     init="orthogonal", log_std="param", log_std_init=config.log_std_init)
+                     init="orthogonal", log_std="param", log_std_init=config.log_std_init,
+                     obs_norm=config.normalize_obs)
 
 
 def make_critic(spec: EnvSpec, config: PPOConfig) -> LocalMLP:
@@ -250,8 +259,32 @@ def make_ppo(env: MultiAgentEnv, config: PPOConfig,
             )
         return obs
 
+    # With normalize_obs the critic's parameters are {"net": variables,
+    # "in_stats": RunningStats of its input}, as the actor's hold "obs_stats".
     def value_fn(params, obs, global_state):
-        return critic.apply(params, critic_input(obs, global_state))[..., 0]
+        x = critic_input(obs, global_state)
+        if cfg.normalize_obs:
+            return critic.apply(params["net"], running_stats.normalize(params["in_stats"], x))[
+                ..., 0]
+        return critic.apply(params, x)[..., 0]
+
+    def critic_init(key, x):
+        variables = critic.init(key, x)
+        if cfg.normalize_obs:
+            return {"net": variables, "in_stats": running_stats.init(x.shape[-1])}
+        return variables
+
+    def with_stats(actor_ts, critic_ts, traj):
+        """Fold the rollout's observations into the running statistics (after
+        the epochs, so the epochs score actions with the statistics they
+        were sampled under)."""
+        if not cfg.normalize_obs:
+            return actor_ts, critic_ts
+        x = critic_input(traj.obs, traj.global_state)
+        cp = critic_ts.params
+        return (actor_ts.replace(params=actor.with_obs_stats(actor_ts.params, traj.obs)),
+                critic_ts.replace(params={**cp, "in_stats": running_stats.update(cp["in_stats"],
+                                                                                 x)}))
 
     def init(key: jax.Array, reward_state: Any = None) -> RunnerState:
         if (reward_state is None) != (hook is None):
@@ -261,7 +294,7 @@ def make_ppo(env: MultiAgentEnv, config: PPOConfig,
         gs0 = jnp.zeros((spec.state_dim,), jnp.float32)
         actor_ts = TrainState.create(apply_fn=actor.head, params=actor.init(k_actor), tx=make_tx())
         critic_ts = TrainState.create(
-            apply_fn=critic.apply, params=critic.init(k_critic, critic_input(obs0, gs0)),
+            apply_fn=critic.apply, params=critic_init(k_critic, critic_input(obs0, gs0)),
             tx=make_tx(),
         )
         env_state, ts = jax.vmap(env.reset)(jax.random.split(k_env, E))
@@ -372,6 +405,7 @@ def make_ppo(env: MultiAgentEnv, config: PPOConfig,
             (actor_ts, critic_ts, (traj, adv, target)),
             jax.random.split(k_epochs, cfg.update_epochs),
         )
+        actor_ts, critic_ts = with_stats(actor_ts, critic_ts, traj)
         last = traj.last.astype(jnp.float32)
         stats = dict(
             episodes=last.sum(),

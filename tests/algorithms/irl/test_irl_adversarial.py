@@ -596,3 +596,33 @@ def test_the_sft_warm_start_scores_the_demonstrations_under_their_legal_masks():
     loss, want, unmasked = map(float, fast_call(run, jax.random.PRNGKey(0)))
     np.testing.assert_allclose(loss, want, rtol=1e-5)
     assert abs(unmasked - want) > 0.2, (want, unmasked)
+
+
+def test_the_sft_warm_start_of_a_normalising_actor_takes_the_demonstrations_statistics():
+    """With `normalize_obs`, π_SFT first folds the demonstrations' observations
+    into the actor's statistics, padding (weight 0) left out, so that BC fits
+    the standardised inputs PPO goes on to see. Fails if the warm start keeps
+    the identity statistics (count 1e-4) or counts the padding rows (whose
+    observations are set to 1e3 here, so the mean would move far off)."""
+    from jaxil.algorithms.irl.adversarial import Adversarial
+    from jaxil.algorithms.rl.ppo import make_actor
+
+    spec = envs.make("toy:masked").spec
+    ppo = tt.TINY.replace(normalize_obs=True)
+    actor = make_actor(spec, ppo)
+    cfg = AdversarialConfig(method="gail", mixing="sum", hidden=(16,), sft_updates=1)
+    adv = Adversarial(spec, actor, ppo, cfg)
+    d = _masked_toy_steps(0, 32, expert=True)
+    real = np.arange(32) < 20
+    d = d.replace(weight=jnp.asarray(real, jnp.float32),
+                  obs=jnp.where(jnp.asarray(real)[:, None, None], d.obs, 1e3))
+
+    def run(key):
+        params, _ = adv.pretrain(actor.init(key), d, jax.random.PRNGKey(1))
+        return params["obs_stats"]
+
+    stats = fast_call(run, jax.random.PRNGKey(0))
+    kept = np.asarray(d.obs)[real].reshape(-1, spec.obs_dim).astype(np.float64)
+    np.testing.assert_allclose(float(stats.count), 20 * 2 + 1e-4, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(stats.mean), kept.mean(0), atol=1e-4)
+    np.testing.assert_allclose(np.asarray(stats.var), kept.var(0), rtol=1e-3, atol=1e-4)
