@@ -9,7 +9,8 @@ For each scenario and each solver setting (`iterations`, `ls_iterations`,
   `--repeats` timed calls after a warm-up, by wall clock and by this
   process's CPU time (the steadier of the two on a shared machine);
 - **physics error**: from the MJX states along `--episodes` random-action
-  episodes (at most `--horizon` steps each), the next observation and
+  episodes (at most `--horizon` steps each; with `--teacher DIR`, episodes
+  of that trained teacher's sampled actions instead), the next observation and
   reward of one MJX step against Gymnasium's v5 environment on MuJoCo's C
   library (float64) from the same state, under the file's settings: the
   median, 99th percentile and maximum of the largest absolute observation
@@ -23,6 +24,8 @@ differ already; `envs/mamujoco.py`).
 
     python benchmarks/mamujoco_solver.py                 # hopper, half-cheetah, ant 4x2
     python benchmarks/mamujoco_solver.py --quick         # hopper only, fewer steps
+    python benchmarks/mamujoco_solver.py --scenarios hopper_3x1 --settings file iter4-ls8 \
+        --teacher runs/teachers/mamujoco_hopper_3x1 --horizon 1000 --no-speed
 
 Writes `benchmarks/results/mamujoco_solver-<host>-<date>.json` and prints a table.
 """
@@ -65,13 +68,22 @@ GYM = {"hopper_3x1": ("Hopper-v5", {}),
 EXTRA = {"ant_4x2": dict(friction_cone="elliptic")}
 
 
-def physics_error(scenario: str, setting: dict, episodes: int, horizon: int) -> dict:
+def physics_error(scenario: str, setting: dict, episodes: int, horizon: int,
+                  teacher: Path | None = None) -> dict:
     """One-step errors of `setting` against the C library (module docstring)."""
     import gymnasium
     import mujoco
 
     env = envs.make(f"mamujoco:{scenario}", **EXTRA.get(scenario, {}), **setting)
     reset, step = jax.jit(env.reset), jax.jit(env.step)
+    if teacher is not None:
+        from jaxil.teachers import load_teacher
+
+        policy, params, spec = load_teacher(teacher)
+        if spec.env_id != env.spec.env_id:
+            raise SystemExit(f"--teacher {teacher} acts in {spec.env_id}, not {env.spec.env_id}")
+        carry = policy.init(jax.random.key(0), spec.num_agents)
+        act = jax.jit(lambda o, k: policy.act(params, o, None, k, carry)[0])
     name, kw = GYM[scenario]
     gym = gymnasium.make(name, **kw).unwrapped
     if "friction_cone" in EXTRA.get(scenario, {}):
@@ -83,7 +95,10 @@ def physics_error(scenario: str, setting: dict, episodes: int, horizon: int) -> 
         state, ts = reset(jax.random.key(ep))
         rng = np.random.default_rng(ep)
         for _ in range(horizon):
-            a = rng.uniform(-1, 1, size=(n, k)).astype(np.float32)
+            if teacher is None:
+                a = rng.uniform(-1, 1, size=(n, k)).astype(np.float32)
+            else:
+                a = np.asarray(act(ts.obs, jax.random.key(int(rng.integers(2**31)))))
             gym.set_state(np.asarray(state.inner.data.qpos, np.float64),
                           np.asarray(state.inner.data.qvel, np.float64))
             obs, reward, terminated, _, _ = gym.step(
@@ -130,6 +145,10 @@ def main(argv=None) -> dict:
     p.add_argument("--episodes", type=int, default=8, help="episodes of the physics check")
     p.add_argument("--horizon", type=int, default=100, help="steps per such episode at most")
     p.add_argument("--quick", action="store_true", help="hopper only, 2 episodes, 2 repeats")
+    p.add_argument("--teacher", type=Path, default=None,
+                   help="a teacher run directory: the physics check follows its sampled "
+                        "actions instead of random ones")
+    p.add_argument("--no-speed", action="store_true", help="the physics check only")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     if args.quick:
@@ -143,11 +162,15 @@ def main(argv=None) -> dict:
             if scenario == "halfcheetah_6x1" and setting.get("integrator") == "euler":
                 continue  # its file already uses Euler
             row = dict(scenario=scenario, setting=label, overrides=setting,
-                       **speed(scenario, setting, args.num_envs, args.steps, args.repeats),
-                       **physics_error(scenario, setting, args.episodes, args.horizon))
+                       **({} if args.no_speed else
+                          speed(scenario, setting, args.num_envs, args.steps, args.repeats)),
+                       **physics_error(scenario, setting, args.episodes, args.horizon,
+                                       args.teacher))
             rows.append(row)
-            print(f"| {scenario} | {label} | {row['steps_per_s']:,.0f} "
-                  f"({row['steps_per_cpu_s']:,.0f}) | {row['compile_s']:.0f} | "
+            fast = ("– | –" if args.no_speed else
+                    f"{row['steps_per_s']:,.0f} ({row['steps_per_cpu_s']:,.0f}) | "
+                    f"{row['compile_s']:.0f}")
+            print(f"| {scenario} | {label} | {fast} | "
                   f"{row['obs_err_median']:.1e} / {row['obs_err_p99']:.1e} / "
                   f"{row['obs_err_max']:.1e} | {row['reward_err_max']:.1e} | "
                   f"{row['end_differs']} of {row['steps']} steps |", flush=True)
@@ -157,7 +180,8 @@ def main(argv=None) -> dict:
                backend=jax.default_backend(), mujoco=_version("mujoco"),
                mujoco_mjx=_version("mujoco-mjx"), args={k: str(v) for k, v in vars(args).items()},
                rows=rows)
-    path = args.out or RESULTS / f"mamujoco_solver-vm-{out['date']}.json"
+    tag = "" if args.teacher is None else "-teacher"
+    path = args.out or RESULTS / f"mamujoco_solver{tag}-vm-{out['date']}.json"
     if not args.quick or args.out:
         path.write_text(json.dumps(out, indent=1))
         print(f"wrote {path}")
