@@ -89,7 +89,6 @@ class PolicyNet:
       box: the box head, one of `BOX_HEADS`; None takes
         `DEFAULT_BOX` of the `log_std` mode. Ignored for discrete
         actions.
-
       obs_norm: standardise each observation feature by running statistics
         kept in the parameters ([`jaxil.nn.running_stats`][jaxil.nn.running_stats]; the PPO
         teachers of MuJoCo robots). The trainer updates them with
