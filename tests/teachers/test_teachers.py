@@ -189,7 +189,7 @@ def test_normalize_obs_folds_each_rollout_into_the_statistics_the_actor_acts_on(
     1/12; the time feature t/8 over t = 0..7: mean 0.4375). The actor's
     head is its network on the standardised observation. Fails if the
     statistics are never folded (count 1e-4), folded per minibatch or epoch
-    (count x 4), moved by Adam, or ignored by the head."""
+    (count x 2 or x 4), moved by Adam, or ignored by the head."""
     env = envs.make("toy:continuous")
     cfg = TINY.replace(normalize_obs=True)
     from jaxil.algorithms.rl.ppo import make_ppo
