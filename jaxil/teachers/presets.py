@@ -90,8 +90,8 @@ PRESETS: dict[str, PPOConfig] = {
     ),
     # MuJoCo-style PPO (CleanRL's and brax's Hopper recipes: tanh 64x64,
     # observation normalisation, γ 0.99, λ 0.95, lr 3e-4, 10 epochs, no
-    # entropy bonus) at 64 envs, the width at which the MJX robots were
-    # measured on a 2-core CPU. reward_scale 0.02 keeps the discounted
+    # entropy bonus) at 64 envs, where MJX on a CPU steps faster per env
+    # than at 256 (experiments/misodice_table/MAMUJOCO.md). reward_scale 0.02 keeps the discounted
     # return (a hopper earns about 3 a step) near the value clip's scale.
     # Train it with --env-kwarg iterations=4 ls_iterations=8 on a CPU
     # (experiments/misodice_table/MAMUJOCO.md: the same physics there).
