@@ -44,13 +44,12 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxil import envs
 from jaxil.cli.args import positive_int
 from jaxil.algorithms.offline import LearnerData, make_learner
 from jaxil.data.preferences import dataset_id
 from jaxil.runs.plot import curves
 from jaxil.algorithms.offline.train import expand_grid, train
-from jaxil.collect.recipes import load_dataset
+from jaxil.collect.recipes import dataset_env, load_dataset
 from jaxil.data.labels import expert_labels, labels_digest
 
 HERE = Path(__file__).parent
@@ -199,7 +198,7 @@ def main(argv=None) -> None:
                         "smax-3m/misodice-200e-1000p", "--no-teacher", "--out", HEURISTIC],
                        check=True)
     ds = load_dataset(args.dataset, 0)
-    env = envs.make(ds.spec.env_id)
+    env = dataset_env(ds)
     flags = expert_labels(ds, "ground_truth")
     data = LearnerData.from_dataset(ds, flags)
     ref = tier_returns(args.dataset)

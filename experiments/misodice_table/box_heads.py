@@ -32,7 +32,7 @@ from jaxil.cli.args import positive_int
 from jaxil.algorithms.offline import LearnerData, make_learner
 from jaxil.algorithms.offline.train import expand_grid, train
 from jaxil.collect.comparison import tier_returns
-from jaxil.collect.recipes import load_dataset
+from jaxil.collect.recipes import dataset_env, load_dataset
 from jaxil.data.labels import expert_labels
 
 RECIPE = "mpe-simple_spread_continuous/misodice-200e-1000p"
@@ -100,7 +100,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     ds = load_dataset(args.recipe, 0)
     ref = tier_returns(args.recipe, 0)
-    env = envs.make(ds.spec.env_id)
+    env = dataset_env(ds)
     data = LearnerData.from_dataset(ds, expert_labels(ds, "ground_truth"))
     norm = lambda r: (np.asarray(r) - ref["random"]) / (ref["expert"] - ref["random"])  # noqa: E731
     raw = env.raw

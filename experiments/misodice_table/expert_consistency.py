@@ -21,7 +21,7 @@ import numpy as np
 
 from jaxil import envs
 from jaxil.envs.mpe import spread_expert
-from jaxil.collect.recipes import load_dataset
+from jaxil.collect.recipes import dataset_env, load_dataset
 
 
 def main(argv=None) -> None:
@@ -29,7 +29,7 @@ def main(argv=None) -> None:
     p.add_argument("--recipe", default="mpe-simple_spread_continuous/misodice-200e-1000p")
     args = p.parse_args(argv)
     ds = load_dataset(args.recipe, 0)
-    env = envs.make(ds.spec.env_id)
+    env = dataset_env(ds)
     expert = jax.jit(jax.vmap(spread_expert(env), in_axes=(None, 0, 0, None)))
     ex = np.asarray(ds.expert, bool)
     obs, act, mask = (np.asarray(x)[ex] for x in (ds.obs, ds.actions, ds.mask))

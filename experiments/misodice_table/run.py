@@ -30,7 +30,7 @@ from jaxil.runs.result_cache import ResultCache
 from jaxil.collect.comparison import ALGOS, LABELS, VARIANTS, tier_returns
 from jaxil.collect.recipes import env_short
 from jaxil.algorithms.offline.train import expand_grid, train
-from jaxil.collect.recipes import load_dataset
+from jaxil.collect.recipes import dataset_env, load_dataset
 from jaxil.data.labels import expert_labels
 
 KIND = "misodice-200e-1000p"
@@ -62,7 +62,7 @@ def run_env(name: str, args) -> list[dict]:
     updates = max(args.updates, o.get("min_updates", 0))
     ds = load_dataset(recipe, args.data_seed)
     ref = tier_returns(recipe, args.data_seed)
-    env = envs.make(ds.spec.env_id)
+    env = dataset_env(ds)
     settings = dict({k: getattr(args, k) for k in ("seeds", "evals", "eval_episodes",
                                                    "batch_size", "hidden", "seed", "data_seed")},
                     updates=updates, dataset=dataset_id(ds))

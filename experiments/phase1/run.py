@@ -30,14 +30,13 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxil import envs
 from jaxil.algorithms.offline import LearnerData, make_learner
 from jaxil.algorithms.labelling.label import ensemble_scores, label_metrics, top_labels
 from jaxil.algorithms.labelling.oracles import GroundTruthOracle
 from jaxil.algorithms.labelling.pipeline import phase1
 from jaxil.runs.result_cache import ResultCache
 from jaxil.algorithms.offline.train import expand_grid, train
-from jaxil.collect.recipes import load_dataset
+from jaxil.collect.recipes import dataset_env, load_dataset
 
 DEFAULT_ENVS = ("smax-3m", "mpe-simple_spread_continuous")
 FLIPS = (0.0, 0.05, 0.1, 0.2, 0.3)
@@ -58,7 +57,7 @@ class _Fit:
 
 def run_env(name: str, args) -> dict:
     ds = load_dataset(f"{name}/misodice-200e-1000p", args.data_seed)
-    env = envs.make(ds.spec.env_id)
+    env = dataset_env(ds)
     truth = np.asarray(ds.expert, bool)
     cfg = dict(hidden=tuple(args.label_hidden), batch_size=args.pairs_per_batch)
     common = dict(seeds=args.label_seeds, updates=args.label_updates, seed=args.seed, **cfg)

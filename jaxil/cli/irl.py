@@ -41,14 +41,10 @@ MIXING = ("hyper", "sum", "none")
 
 
 def _load(args):
-    from jaxil import envs
-    from jaxil.collect.recipes import load_dataset
+    from jaxil.collect.recipes import dataset_env, load_dataset
 
     ds = load_dataset(args.dataset, args.data_seed)
-    env = envs.make(ds.spec.env_id)
-    if env.spec != ds.spec:
-        raise ValueError(f"dataset spec {ds.spec} does not match environment {env.spec}")
-    return ds, env
+    return ds, dataset_env(ds)
 
 
 def _pipeline(args, *, resume: bool, overwrite: bool, progress: bool, loggers=()):

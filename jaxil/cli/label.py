@@ -225,8 +225,7 @@ def _pipeline_cmd(args) -> int:
 
 
 def _pipeline(args) -> int:
-    from jaxil import envs
-    from jaxil.collect.recipes import env_short
+    from jaxil.collect.recipes import dataset_env, env_short
     from jaxil.algorithms.offline import LearnerData, make_learner
     from jaxil.runs.rundir import check_writable
     from jaxil.algorithms.offline.train import expand_grid, train
@@ -244,10 +243,7 @@ def _pipeline(args) -> int:
     ds = load_dataset(args.dataset or f"{env_short(env_id)}/{args.recipe}")
     if ds.spec.env_id != env_id:
         raise ValueError(f"the dataset was recorded on {ds.spec.env_id}, not {env_id}")
-    env = envs.make(ds.spec.env_id)
-    if env.spec != ds.spec:
-        raise ValueError(f"dataset spec {ds.spec} does not match environment {env.spec}; "
-                         "was it recorded with non-default env kwargs?")
+    env = dataset_env(ds)
     print(f"dataset {ds.info.recipe}: {ds.num_trajectories} trajectories, "
           f"{int(ds.expert.sum())} expert (hidden from Phase 1)")
     outcome = _run_phase1(ds, args, ext, [prefixed(f, "omapl-") for f in logs])

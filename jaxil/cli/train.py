@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from jaxil.algorithms.offline import SWEEPABLE
 
-from jaxil.collect.recipes import load_dataset
+from jaxil.collect.recipes import dataset_env, load_dataset
 from jaxil.data.labels import expert_labels, labels_digest
 
 from jaxil.algorithms.offline.train import RunSpec, expand_grid, format_table, init_runs, train
@@ -56,9 +56,7 @@ def _run(args, sweep: bool) -> int:
     if writer:
         distributed.barrier("jaxil dataset")
     spec = ds.spec
-    env = envs.make(spec.env_id)
-    if env.spec != spec:
-        raise ValueError(f"dataset spec {spec} does not match environment {env.spec}")
+    env = dataset_env(ds)
     box = {}
     if args.box is not None:
         if spec.discrete:
@@ -81,7 +79,9 @@ def _run(args, sweep: bool) -> int:
         eval_episodes=args.eval_episodes, out_dir=args.out, resume=args.resume,
         overwrite=args.overwrite, base_seed=args.seed, progress=not args.no_progress,
         profile_dir=args.profile, run_info=dict(dataset=args.dataset, labels=args.labels),
-        data_identity=dict(dataset_id=dataset_id(ds), labels=labels_digest(labels)),
+        data_identity=dict(dataset_id=dataset_id(ds), labels=labels_digest(labels),
+                           # only when set: runs on default environments keep their identity
+                           **({"env_kwargs": ds.info.env_kwargs} if ds.info.env_kwargs else {})),
         loggers=logs, devices=args.devices, batch_devices=args.batch_devices,
         precision=args.precision,
     )
@@ -122,7 +122,7 @@ def _eval(args) -> int:
         raise ValueError(f"{out} is {_run_kind(info)} run directory; `jaxil eval` evaluates the "
                          "runs of `jaxil train` and `jaxil sweep` (their results.json has the "
                          "others' final evaluation)")
-    env = envs.make(info["env_id"])
+    env = envs.make(info["env_id"], **(info.get("data") or {}).get("env_kwargs", {}))
     spec = env.spec
     recorded = EnvSpec.from_dict(info["spec"])
     if recorded != spec:

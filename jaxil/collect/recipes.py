@@ -437,6 +437,17 @@ def load_dataset(arg: str, seed: int = 0):
     return load(path)
 
 
+def dataset_env(ds: Dataset) -> envs.MultiAgentEnv:
+    """The environment `ds` was recorded in: its id with the recorded
+    keywords ([`DatasetInfo.env_kwargs`][jaxil.data.format.DatasetInfo.env_kwargs]), checked against its spec."""
+
+    env = envs.make(ds.spec.env_id, **ds.info.env_kwargs)
+    if env.spec != ds.spec:
+        raise ValueError(f"dataset spec {ds.spec} does not match environment {env.spec}; "
+                         "was it recorded with environment keywords it does not record?")
+    return env
+
+
 def dataset_path(arg: str, seed: int = 0) -> Path:
     """Where `load_dataset(arg, seed)` reads: `arg` itself when it is a
     file, else the recipe's file under runs/data/ (which may not exist yet)."""

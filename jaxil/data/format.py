@@ -103,6 +103,24 @@ class DatasetInfo:
     def creation_args(self) -> dict[str, Any]:
         return json.loads(self.creation_args_json)
 
+    @property
+    def env_kwargs(self) -> dict[str, Any]:
+        """The `envs.make` keywords the data was recorded with (`{}` for
+        defaults; a concatenation's parts must agree), so a learner is
+        evaluated in the environment its data came from."""
+        def leaves(args):
+            if "concatenate" in args:
+                return [k for part in args["concatenate"] for k in leaves(part)]
+            return [dict(args.get("env_kwargs") or {})]
+
+        kws = leaves(self.creation_args)
+        if any(k != kws[0] for k in kws[1:]):
+            raise ValueError(
+                "the dataset concatenates data recorded with different environment keywords "
+                f"({', '.join(sorted({json.dumps(k, sort_keys=True) for k in kws}))}); "
+                "concatenate datasets recorded in one environment")
+        return kws[0] if kws else {}
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "env_id": self.spec.env_id,

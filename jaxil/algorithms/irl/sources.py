@@ -59,9 +59,7 @@ def fit_sft(dataset: Dataset, *, seeds: int, base_seed: int = 0, hidden: Sequenc
     where the metrics rows go besides `metrics.jsonl` ([`jaxil.runs.loggers`][jaxil.runs.loggers])."""
 
     spec = dataset.spec
-    env = envs.make(spec.env_id)
-    if env.spec != spec:
-        raise ValueError(f"dataset spec {spec} does not match environment {env.spec}")
+    env = dataset_env(dataset)
     learner = make_learner("bc_union", spec, hidden=tuple(hidden), batch_size=batch_size)
     runs = expand_grid({} if lr is None else {"lr": [float(lr)]}, seeds)
     data = LearnerData.from_dataset(dataset, None)
