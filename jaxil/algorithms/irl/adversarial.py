@@ -197,15 +197,33 @@ class Demos:
 
 
 def demos_from_dataset(dataset: Any, trajectories: Optional[Sequence[int]] = None,
-                       size: Optional[int] = None) -> Demos:
+                       size: Optional[int] = None, subsample: int = 1,
+                       subsample_seed: int = 0) -> Demos:
     """The steps of `dataset`'s trajectories (all, or the indices
-    `trajectories`) as [`Demos`][jaxil.algorithms.irl.adversarial.Demos], padded to `size` steps (weight 0)."""
+    `trajectories`) as [`Demos`][jaxil.algorithms.irl.adversarial.Demos], padded to `size` steps (weight 0).
+
+    `subsample=k` keeps every k-th step of each trajectory from a random
+    start offset in `[0, k)` (drawn per selected trajectory with
+    `numpy.random.default_rng(subsample_seed)`), as GAIL's original MuJoCo
+    pipeline did with `data_subsamp_freq: 20`: few, decorrelated
+    state–action pairs, so that behaviour cloning cannot simply copy whole
+    trajectories."""
+    if isinstance(subsample, bool) or not isinstance(subsample, (int, np.integer)) or subsample < 1:
+        raise ValueError(f"demonstrations: subsample must be an integer >= 1, got {subsample!r}")
     mask = np.asarray(dataset.mask, bool)
     length = np.asarray(dataset.length)
     idx = np.arange(len(length)) if trajectories is None else np.asarray(trajectories)
     if idx.size == 0:
         raise ValueError("demonstrations: no trajectory selected")
-    traj, step = np.nonzero(mask[idx])
+    sel = mask[idx]
+    if subsample > 1:
+        offset = np.random.default_rng(subsample_seed).integers(0, subsample, idx.size)
+        t = np.arange(sel.shape[1])[None]
+        sel = sel & (t >= offset[:, None]) & ((t - offset[:, None]) % subsample == 0)
+        if not sel.any():
+            raise ValueError(f"demonstrations: subsample={subsample} keeps no step of trajectories "
+                             "this short; subsample less")
+    traj, step = np.nonzero(sel)
     traj = idx[traj]
     obs, gs = np.asarray(dataset.obs), np.asarray(dataset.global_state)
     out = dict(
