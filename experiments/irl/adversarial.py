@@ -49,9 +49,37 @@ RUNS = ROOT / "runs" / "experiments" / "irl" / "adversarial"
 SEEDS = 4
 
 
+#: MaMuJoCo runs: the hopper teacher's PPO (jaxil.teachers.presets: 64 envs x
+#: 128 steps, 8,192-step batches, in the working implementations' 4k-16k
+#: range) for MUJOCO_STEPS env-steps per seed at --scale 1, the learned
+#: reward (about 0.7 a step for -log(1-D) at D = 1/2) scaled by 0.1 instead
+#: of the task reward's 0.02; MUJOCO_EVALS evaluations of
+#: MUJOCO_EVAL_EPISODES greedy episodes per seed (a 1000-step episode costs
+#: as much physics as an eighth of a PPO batch).
+MUJOCO_STEPS = 1_000_000
+MUJOCO_EVALS = 5
+MUJOCO_EVAL_EPISODES = 16
+
+
+def mujoco_chunks(scale: float, quick: bool) -> int:
+    """Chunks of 2 PPO iterations (16,384 env-steps per seed) at `scale`,
+    a multiple of MUJOCO_EVALS."""
+    if quick:
+        return 2
+    per = 2 * 64 * 128
+    return max(MUJOCO_EVALS, int(round(MUJOCO_STEPS * scale / per / MUJOCO_EVALS)) * MUJOCO_EVALS)
+
+
 def ppo_config(env_id: str, scale: float, quick: bool, settings: str = "committed"):
     from jaxil.teachers import PPOConfig
 
+    if env_id.startswith("mamujoco:"):
+        from jaxil.teachers.presets import preset
+
+        base = preset(env_id)
+        chunks = mujoco_chunks(scale, quick)
+        return preset(env_id, reward_scale=0.1, total_timesteps=chunks * base.updates_per_chunk
+                      * base.num_envs * base.num_steps)
     chunks = 2 if quick else max(1, int(round(20 * scale)))
     num_envs = 128 if settings == "literature" else 32
     num_steps, k = 32, 5
@@ -100,35 +128,51 @@ def run_env(env_id: str, args) -> dict:
     from jaxil.algorithms.irl.adversarial import AdversarialConfig, demos_from_dataset, stack_demos, \
         train_adversarial
 
-    if args.expert_demos:  # the noise-free expert, --demos per seed
+    if args.dataset:  # the expert-flagged trajectories of a recipe dataset, in file order
+        ds, info, env = dataset_demos(args.dataset, env_id)
+    elif args.expert_demos:  # the noise-free expert, --demos per seed
         ds, info = demonstrations(env_id, num_demos=SEEDS * args.demos, seed=0, epsilon=0)
+        env = envs.make(env_id)
     else:  # B's 200-trajectory dataset of jaxil.collect.demonstrations (shared with best-of-N)
         ds, info = demonstrations(env_id, num_demos=200, seed=0)
+        env = envs.make(env_id)
     if SEEDS * args.demos > len(ds):
         raise ValueError(f"--demos {args.demos} x {SEEDS} seeds exceeds the {len(ds)} trajectories")
-    per_seed = [demos_from_dataset(ds, range(s * args.demos, (s + 1) * args.demos))
+    per_seed = [demos_from_dataset(ds, range(s * args.demos, (s + 1) * args.demos),
+                                   subsample=args.subsample, subsample_seed=s)
                 for s in range(SEEDS)]
     seed_returns = [float(np.mean(np.asarray(ds.episode_return)[s * args.demos:(s + 1) * args.demos]))
                     for s in range(SEEDS)]
+    info["pairs_per_seed"] = [int(np.asarray(d.weight).sum()) for d in per_seed]
     demos = stack_demos(per_seed)
-    env = envs.make(env_id)
     cfg = ppo_config(env_id, args.scale, args.quick, args.settings)
     methods = LITERATURE if args.settings == "literature" else METHODS
     out = dict(env_id=env_id, demos=info, demos_per_seed=args.demos,
                demo_return_per_seed=seed_returns, ppo=cfg.to_dict(), methods={})
+    mujoco = env_id.startswith("mamujoco:")
+    out.update(subsample=args.subsample, warm_start=not args.no_warm_start)
     for name in args.methods:
         settings = dict(methods[name], **overrides(args))
-        acfg = AdversarialConfig(hidden=(64, 64), mixer_hidden=32, disc_batch=256,
-                                 disc_lr=3e-4, sft_updates=args.sft_updates, sft_lr=1e-3,
-                                 sft_batch=256, eval_episodes=64, **settings)
+        if args.no_warm_start:  # from the initial policy: no π_SFT, so no KL anchor either
+            settings.update(kl_coef=0.0)
+        # MaMuJoCo: greedy evaluations, fewer of them (1000-step episodes)
+        ev = dict(deterministic_eval=True, eval_episodes=MUJOCO_EVAL_EPISODES) if mujoco else \
+            dict(eval_episodes=64)
+        acfg = AdversarialConfig(hidden=(64, 64), mixer_hidden=32, disc_batch=256, disc_lr=3e-4,
+                                 sft_updates=0 if args.no_warm_start else args.sft_updates,
+                                 sft_lr=1e-3, sft_batch=256, **ev, **settings)
         rdir = RUNS / f"{env_id.replace(':', '_')}-{name}-{args.demos}d-x{args.scale:g}" \
-            f"{'-expert' if args.expert_demos else ''}" \
+            f"{'-expert' if args.expert_demos or args.dataset else ''}" \
+            f"{f'-sub{args.subsample}' if args.subsample > 1 else ''}" \
+            f"{'-cold' if args.no_warm_start else ''}" \
             f"{'-literature' if args.settings == 'literature' else ''}" \
             f"{override_suffix(args)}{'-quick' if args.quick else ''}"
         t0 = time.time()
         resume = (rdir / "run.json").exists()
+        chunks = cfg.total_timesteps // (cfg.updates_per_chunk * cfg.num_envs * cfg.num_steps)
         summary = train_adversarial(env, cfg, acfg, demos, seeds=SEEDS, base_seed=0,
-                                    out_dir=rdir, resume=resume, eval_every=1,
+                                    out_dir=rdir, resume=resume,
+                                    eval_every=max(1, chunks // MUJOCO_EVALS) if mujoco else 1,
                                     progress=not args.no_progress,
                                     run_info=dict(experiment="experiments/irl/adversarial.py"))
         summary.pop("states")
@@ -142,6 +186,32 @@ def run_env(env_id: str, args) -> dict:
               f"{summary['initial']['return_std']:.3f} -> {summary['final']['return_mean']:.3f} ± "
               f"{summary['final']['return_std']:.3f} ({time.time() - t0:.0f}s)", flush=True)
     return out
+
+
+def dataset_demos(name: str, env_id: str):
+    """`(expert trajectories, info, environment)` of a recipe dataset (e.g.
+    `mamujoco-hopper_3x1/misodice-200e-1000p`): its expert-flagged
+    trajectories in file order (the file is shuffled), the info fields of
+    `demonstrations` from its measured tiers, and the environment it was
+    recorded in (with its keywords)."""
+    from jaxil.collect.comparison import tier_returns
+    from jaxil.collect.recipes import dataset_env, load_dataset
+
+    ds = load_dataset(name)
+    if ds.spec.env_id != env_id:
+        raise ValueError(f"--dataset {name} was recorded on {ds.spec.env_id}, not {env_id}")
+    expert = np.flatnonzero(np.asarray(ds.expert, bool))
+    if expert.size == 0:
+        raise ValueError(f"--dataset {name} has no expert trajectories")
+    demos = ds.select(expert)
+    ret = np.asarray(demos.episode_return, np.float64)
+    tiers = tier_returns(name)
+    info = dict(env_id=env_id, epsilon=0.0, num_demos=int(expert.size), seed=0, path=name,
+                source=demos.info.source_names[0], demo_return_mean=float(ret.mean()),
+                demo_return_std=float(ret.std()), demonstrator_measured=tiers["expert"],
+                expert_return_mean=tiers["expert"], random_return_mean=tiers["random"],
+                env_kwargs=ds.info.env_kwargs)
+    return demos, info, dataset_env(ds)
 
 
 def _curves(rows: list[dict]) -> dict:
@@ -164,7 +234,7 @@ def _curves(rows: list[dict]) -> dict:
 def table(results: list[dict]) -> str:
     """Returns ± std over seeds, with the return normalised between the random
     policy (0) and the noise-free expert (1) in brackets."""
-    lines = ["| environment | demonstrator (ε-noised expert) | BC (π_SFT) | GAIL | AIRL |",
+    lines = ["| environment | demonstrator | BC (π_SFT) | GAIL | AIRL |",
              "|---|---|---|---|---|"]
     for r in results:
         d = r["demos"]
@@ -236,6 +306,14 @@ def main(argv=None) -> int:
     p.add_argument("--settings", choices=("committed", "literature"), default="committed",
                    help="the stabilisers: this study's (METHODS) or the working "
                         "implementations' (LITERATURE)")
+    p.add_argument("--dataset", help="demonstrations from this recipe dataset's expert "
+                   "trajectories (e.g. mamujoco-hopper_3x1/misodice-200e-1000p), --demos per "
+                   "seed, disjoint")
+    p.add_argument("--subsample", type=int, default=1,
+                   help="keep every k-th step of each demonstration from a random offset "
+                        "(GAIL's MuJoCo pipeline: 20)")
+    p.add_argument("--no-warm-start", action="store_true",
+                   help="start GAIL/AIRL from the initial policy, not from BC (π_SFT)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--tag", default="adversarial", help="name of the result files")
@@ -258,7 +336,9 @@ def main(argv=None) -> int:
     (OUT / f"{args.tag}.json").write_text(json.dumps(doc, indent=1))
     (OUT / f"{args.tag}.md").write_text(
         f"{table(results)}\n\nReturn after GAIL/AIRL (final − BC); ✓: the gain exceeds one std "
-        f"over seeds of both. {SEEDS} seeds, {args.demos} demonstrations per seed, "
+        f"over seeds of both. {SEEDS} seeds, {args.demos} demonstrations per seed"
+        f"{f' (every {args.subsample}th step)' if args.subsample > 1 else ''}"
+        f"{', no BC warm start' if args.no_warm_start else ''}, "
         f"wall time {doc['wall_seconds']:.0f} s.\n")
     plot(results, OUT / f"{args.tag}_curves.png")
     print(table(results))
