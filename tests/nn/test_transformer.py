@@ -30,8 +30,6 @@ from jaxil.nn.transformer import (
     transformer_config,
 )
 
-jit_param = pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
-
 
 def _config(**kw):
     fields = {"vocab_size": 11, "token_width": 3, "max_context": 20, "d_model": 32,
@@ -192,6 +190,18 @@ def test_cached_decoding_equals_full_recomputation(jit):
 _EXACT_GQA = dataclasses.replace(_EXACT, num_heads=4, num_kv_heads=2, fused_qkv=False)
 
 
+_ROW_PROGRAMS = {id(_EXACT): (_EXACT_POL.net, _step, _seq)}
+
+
+def _row_programs(config):
+    """``config``'s network and its jitted ``step`` and ``sequence_logits``,
+    made once per module (the mha and gqa cases run with two block sizes)."""
+    if id(config) not in _ROW_PROGRAMS:
+        net = Transformer(config)
+        _ROW_PROGRAMS[id(config)] = (net, jax.jit(net.step), jax.jit(net.sequence_logits))
+    return _ROW_PROGRAMS[id(config)]
+
+
 @pytest.mark.parametrize("block", [0, 3])
 @pytest.mark.parametrize("config", [_EXACT, _EXACT_GQA], ids=["mha", "gqa"])
 def test_batched_decode_equals_each_row_alone(config, block):
@@ -205,13 +215,13 @@ def test_batched_decode_equals_each_row_alone(config, block):
     instead of the row's own, or along the wrong axis of the slots-last key
     layout; if one row's fill decides another row's mask; or if the block
     loop drops or double-counts a slot."""
-    net, C = Transformer(config), config.max_context
+    net, step, seq = _row_programs(config)
+    C = config.max_context
     params = _params(net)
     chunks = np.concatenate([_exact_chunks(3), _exact_chunks(4)], axis=1)  # [T, 4, K]
     steps, rows = chunks.shape[:2]
     agents = jnp.asarray([0, 1, 1, 0])
     decode = jax.jit(lambda p, t, c: net.decode(p, t, c, agents, block))
-    step, seq = jax.jit(net.step), jax.jit(net.sequence_logits)
     batch = net.empty_cache((rows,))
     alone = [net.empty_cache() for _ in range(rows)]
     kept = [[] for _ in range(rows)]
@@ -224,8 +234,11 @@ def test_batched_decode_equals_each_row_alone(config, block):
             np.testing.assert_allclose(logits[r], want, atol=1e-4, rtol=1e-4)
             kept[r] += [int(x) for x in chunks[t, r] if x != PAD]
             if len(kept[r]) <= C and chunks[t, r].max() > PAD:
-                full = seq(params, jnp.asarray(kept[r], jnp.int32), int(agents[r]))
-                np.testing.assert_allclose(logits[r], full[-1], atol=1e-4, rtol=1e-4)
+                # the kept tokens, then PAD (invisible) to one length: one compile
+                toks = np.full(C, PAD, np.int32)
+                toks[:len(kept[r])] = kept[r]
+                full = seq(params, jnp.asarray(toks), int(agents[r]))
+                np.testing.assert_allclose(logits[r], full[len(kept[r]) - 1], atol=1e-4, rtol=1e-4)
     lengths = np.asarray(batch.length)
     assert differ and lengths.max() == C  # the rows' fills differed; one overflowed
     slots_last = keys_slots_last(config)
@@ -426,7 +439,10 @@ def _np_forward(p, tokens, cfg, agent):
     return ln(x, p["ln_final"]) @ p["head"]["kernel"]
 
 
-@jit_param
+# eager: ~10 s of op-by-op dispatch, -m slow; the jitted case runs both paths
+# (sequence_logits and step) against the reference by default
+@pytest.mark.parametrize("jit", [pytest.param(False, marks=pytest.mark.slow), True],
+                         ids=["eager", "jit"])
 def test_forward_matches_float64_numpy_reference(jit):
     """Both paths of the tiny network equal an independent float64 numpy
     forward (pre-LN, learned positions, causal masked multi-head attention,
