@@ -68,6 +68,8 @@ def run_env(name: str, args) -> list[dict]:
                     updates=updates, dataset=dataset_id(ds))
     if not ds.spec.discrete:  # the box head of the learners' policies (jaxil.nn.policy.DEFAULT_BOX)
         settings["policy_box"] = DEFAULT_BOX["state"]
+    if args.deterministic_eval:  # absent otherwise: the sampled rows keep their cache keys
+        settings["deterministic_eval"] = True
     cache = ResultCache(Path(args.out) / f".cache-{name}.json", settings, {"row:": tuple(settings)})
     rows = []
     for algo in args.algos:
@@ -79,7 +81,8 @@ def run_env(name: str, args) -> list[dict]:
             data = LearnerData.from_dataset(ds, flags)
             out = train(learner, env, data, runs=expand_grid({}, args.seeds), num_updates=updates,
                         eval_every=updates // args.evals, eval_episodes=args.eval_episodes,
-                        base_seed=args.seed, progress=True)
+                        base_seed=args.seed, progress=True,
+                        deterministic_eval=args.deterministic_eval)
             p = out["points"][0]
             cache.put(f"row:{algo}", dict(env=ds.spec.env_id, algo=algo, seconds=out["wall_seconds"],
                                           **{k: p[k] for k in ("return_mean", "return_std", "win_mean",
@@ -131,7 +134,8 @@ def write_outputs(rows: list[dict], out: Path, meta: dict) -> None:
                   for e, r, over in own_rows(rows))
         + "Training time (sum over rows, each timed when it ran): "
         f"{sum(r['seconds'] for r in rows):.0f}s; this invocation {meta['wall_seconds']:.0f}s; {meta['seeds']} seeds, {meta['updates']} updates, mean ± std over seeds of the final "
-        f"evaluation return ({meta['eval_episodes']} episodes per seed).\n")
+        f"evaluation return ({meta['eval_episodes']} "
+        f"{'greedy' if meta.get('deterministic_eval') else 'sampled'} episodes per seed).\n")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -187,7 +191,7 @@ SCALES = {
 }
 
 
-SETTINGS = ("seeds", "updates", "eval_episodes", "hidden", "batch_size")
+SETTINGS = ("seeds", "updates", "eval_episodes", "hidden", "batch_size", "deterministic_eval")
 
 
 def merge_rows(path: Path, rows: list[dict], meta: dict) -> tuple[list[dict], dict]:
@@ -196,10 +200,10 @@ def merge_rows(path: Path, rows: list[dict], meta: dict) -> tuple[list[dict], di
     if not path.is_file():
         raise SystemExit(f"error: --merge needs an earlier {path}; run without --merge first")
     old = json.loads(path.read_text())
-    differ = [k for k in SETTINGS if old.get(k) != meta[k]]
+    differ = [k for k in SETTINGS if old.get(k) != meta.get(k)]
     if differ:
         raise SystemExit(f"error: --merge: {path} was made with other settings ("
-                         + ", ".join(f"{k} {old.get(k)} vs {meta[k]}" for k in differ)
+                         + ", ".join(f"{k} {old.get(k)} vs {meta.get(k)}" for k in differ)
                          + "); rerun every environment instead")
     fresh = {r["env"] for r in rows}
     kept = [r for r in old["rows"] if r["env"] not in fresh]
@@ -251,6 +255,9 @@ def main(argv=None) -> None:
     p.add_argument("--plain-rows", action="store_true",
                    help=f"every row on <env>/{KIND} at --updates, without the per-row "
                         f"recipes and budgets of ROW_OVERRIDES ({', '.join(ROW_OVERRIDES)})")
+    p.add_argument("--deterministic-eval", action="store_true",
+                   help="evaluate the greedy policies (argmax, the box heads' mode) instead of "
+                        "sampling, which the table and the zoo's tiers do")
     p.add_argument("--merge", action="store_true",
                    help="keep the rows of the other environments from --out/results.json "
                         "(refused if its settings differ) and replace only those run now")
@@ -269,6 +276,8 @@ def main(argv=None) -> None:
     meta = dict(command="python " + " ".join([sys.argv[0]] + sys.argv[1:] if argv is None else argv),
                 wall_seconds=time.perf_counter() - t0, seeds=args.seeds, updates=args.updates,
                 eval_episodes=args.eval_episodes, hidden=args.hidden, batch_size=args.batch_size)
+    if args.deterministic_eval:
+        meta["deterministic_eval"] = True
     if args.merge:
         rows, meta = merge_rows(Path(args.out) / "results.json", rows, meta)
     write_outputs(rows, Path(args.out), meta)
