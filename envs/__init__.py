@@ -11,12 +11,13 @@ from .core import (
 )
 from .registry import list_envs as list  # noqa: A001 - mirrors gym/jumanji naming
 from .registry import make, register
-from .wrappers import ActionNoise, AutoReset
+from .wrappers import ActionNoise, AutoReset, StandardizeObservations
 from .rollout import Episodes, Trajectory, episode_summary, rollout, run_episodes
 from .token_tasks import register_token_task, token_expert
 
 __all__ = [
     "ActionNoise",
+    "StandardizeObservations",
     "AutoReset",
     "ContinuousActions",
     "DiscreteActions",

@@ -1,4 +1,5 @@
-"""Wrappers that keep the interface: auto-reset, actuator noise."""
+"""Wrappers that keep the interface: auto-reset, actuator noise, fixed
+observation standardisation."""
 
 from __future__ import annotations
 
@@ -116,3 +117,67 @@ class ActionNoise(MultiAgentEnv):
         scale = self.sigma * (self.spec.action.high - self.spec.action.low)
         noisy = actions + scale * jax.random.normal(noise_key, actions.shape, jnp.float32)
         return self.env.step(state.replace(key=key), noisy)  # the inner step clips to the box
+
+
+class StandardizeObservations(MultiAgentEnv):
+    """Observations and global states standardised by fixed statistics:
+    `(obs − obs_mean) / obs_std` per feature, and likewise the state.
+
+    The offline recipe of D4RL-style learners (TD3+BC, IQL in CORL): a
+    learner trained on a dataset standardised by its own statistics
+    ([`jaxil.data.standardize`][jaxil.data.standardize]) acts in the environment through this
+    wrapper with the same statistics. Rewards, ends and actions are the
+    wrapped environment's; the statistics are constants, not running
+    estimates.
+    """
+
+    def __init__(self, env: MultiAgentEnv, obs_mean, obs_std, state_mean, state_std):
+        spec = env.spec
+        shapes = dict(obs_mean=(spec.obs_dim,), obs_std=(spec.obs_dim,),
+                      state_mean=(spec.state_dim,), state_std=(spec.state_dim,))
+        values = dict(obs_mean=obs_mean, obs_std=obs_std, state_mean=state_mean, state_std=state_std)
+        stats = {}
+        for name, shape in shapes.items():
+            x = jnp.asarray(values[name], jnp.float32)
+            if x.shape != shape:
+                raise ValueError(f"StandardizeObservations: {name} has shape {x.shape}, the "
+                                 f"environment's {'observation' if 'obs' in name else 'state'} "
+                                 f"needs {shape}")
+            if not bool(jnp.all(jnp.isfinite(x))) or ("std" in name and not bool(jnp.all(x > 0))):
+                raise ValueError(f"StandardizeObservations: {name} must be finite"
+                                 f"{' and > 0' if 'std' in name else ''}")
+            stats[name] = x
+        self.env = env
+        self.spec = spec
+        self.observes_state = env.observes_state
+        self.stats = stats
+
+    def __repr__(self) -> str:
+        return f"StandardizeObservations({self.env!r})"
+
+    def _standardize(self, ts: TimeStep) -> TimeStep:
+        s = self.stats
+        return ts.replace(obs=(ts.obs - s["obs_mean"]) / s["obs_std"],
+                          global_state=(ts.global_state - s["state_mean"]) / s["state_std"])
+
+    def reset(self, key: jax.Array) -> tuple[EnvState, TimeStep]:
+        state, ts = self.env.reset(key)
+        return state, self._standardize(ts)
+
+    def step(self, state: EnvState, actions: jax.Array) -> tuple[EnvState, TimeStep]:
+        state, ts = self.env.step(state, actions)
+        return state, self._standardize(ts)
+
+    def legalize(self, actions, avail_actions):
+        return self.env.legalize(actions, avail_actions)
+
+    def _kept_avail(self, avail):
+        return self.env._kept_avail(avail)
+
+    def _observe(self, inner):
+        obs, gs, avail = self.env._observe(inner)
+        s = self.stats
+        return (obs - s["obs_mean"]) / s["obs_std"], (gs - s["state_mean"]) / s["state_std"], avail
+
+    def observation(self, obs, global_state, avail_actions):
+        return self.env.observation(obs, global_state, avail_actions)
