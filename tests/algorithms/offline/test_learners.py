@@ -1,5 +1,7 @@
 """Learners: configs, both parameter modes, and learning by learning."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,13 +15,26 @@ from jaxil.data import Dataset, concatenate
 from jaxil.data.sampling import Transitions
 from jaxil.algorithms.offline import LEARNERS, DiceConfig, LearnerData, make_learner, update_n
 
-from helpers.fast_compile import fast_call
+from helpers.fast_compile import fast_call, fast_compile
 
 SPEC = EnvSpec("synthetic:test", num_agents=3, obs_dim=6, state_dim=5,
                action=DiscreteActions(4, noop_action=0), max_steps=10)
 
 
+_SYNTHETIC = {}
+
+
 def _synthetic(key, k=2048, length=8):
+    """``_synthetic_data``, made by one program per size compiled at XLA's
+    level 0 (op by op, or at the default level, drawing the data takes
+    seconds of compiling)."""
+    if (k, length) not in _SYNTHETIC:
+        fn = functools.partial(_synthetic_data, k=k, length=length)
+        _SYNTHETIC[k, length] = fast_compile(fn, key)
+    return _SYNTHETIC[k, length](key)
+
+
+def _synthetic_data(key, k, length):
     """Trajectories of ``length`` steps (k/length of them): expert trajectories
     (the first quarter) act a_i = argmax of the first 4 obs features, poor
     ones uniformly; the expert flag is the ground truth. As real data:
@@ -118,7 +133,7 @@ def test_config_and_name_errors():
     with pytest.raises(ValueError, match="batch_size"):
         make_learner("misodice", SPEC, batch_size=0)
     learner = make_learner("misodice", SPEC, hidden=(8,), batch_size=8)
-    data, _ = _synthetic(jax.random.PRNGKey(0), 64)
+    data, _ = _synthetic(jax.random.PRNGKey(0), 256)
     with pytest.raises(ValueError, match="expert labels"):
         learner.sample(jax.random.PRNGKey(0), data.replace(expert=None))
 
