@@ -219,7 +219,7 @@ def _curves(rows: list[dict]) -> dict:
     per-step learned and environment rewards of the training rollouts."""
     chunks = sorted({r["chunk"] for r in rows})
     out = {"chunk": chunks}
-    for key in ("eval_return", "learned_reward", "env_reward", "disc_accuracy", "kl"):
+    for key in ("eval_return", "eval_length", "learned_reward", "env_reward", "disc_accuracy", "kl"):
         m, s = [], []
         for c in chunks:
             v = [r.get(key) for r in rows if r["chunk"] == c]

@@ -32,6 +32,7 @@ from jaxil.collect.recipes import env_short
 from jaxil.algorithms.offline.train import expand_grid, train
 from jaxil.collect.recipes import dataset_env, load_dataset
 from jaxil.data.labels import expert_labels
+from jaxil.data.standardize import observation_stats, standardize
 
 KIND = "misodice-200e-1000p"
 #: Rows that depart from the table's recipe (``kind``) or budget (at least
@@ -70,6 +71,11 @@ def run_env(name: str, args) -> list[dict]:
         settings["policy_box"] = DEFAULT_BOX["state"]
     if args.deterministic_eval:  # absent otherwise: the sampled rows keep their cache keys
         settings["deterministic_eval"] = True
+    if args.standardize_obs:  # the dataset's statistics, in the data and in the environment
+        settings["standardize_obs"] = True
+        stats = observation_stats(ds)
+        ds = standardize(ds, stats)
+        env = envs.StandardizeObservations(env, **stats)
     cache = ResultCache(Path(args.out) / f".cache-{name}.json", settings, {"row:": tuple(settings)})
     rows = []
     for algo in args.algos:
@@ -135,7 +141,8 @@ def write_outputs(rows: list[dict], out: Path, meta: dict) -> None:
         + "Training time (sum over rows, each timed when it ran): "
         f"{sum(r['seconds'] for r in rows):.0f}s; this invocation {meta['wall_seconds']:.0f}s; {meta['seeds']} seeds, {meta['updates']} updates, mean ± std over seeds of the final "
         f"evaluation return ({meta['eval_episodes']} "
-        f"{'greedy' if meta.get('deterministic_eval') else 'sampled'} episodes per seed).\n")
+        f"{'greedy' if meta.get('deterministic_eval') else 'sampled'} episodes per seed)"
+        f"{'; observations standardised by the dataset' if meta.get('standardize_obs') else ''}.\n")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -191,7 +198,8 @@ SCALES = {
 }
 
 
-SETTINGS = ("seeds", "updates", "eval_episodes", "hidden", "batch_size", "deterministic_eval")
+SETTINGS = ("seeds", "updates", "eval_episodes", "hidden", "batch_size", "deterministic_eval",
+            "standardize_obs")
 
 
 def merge_rows(path: Path, rows: list[dict], meta: dict) -> tuple[list[dict], dict]:
@@ -258,6 +266,9 @@ def main(argv=None) -> None:
     p.add_argument("--deterministic-eval", action="store_true",
                    help="evaluate the greedy policies (argmax, the box heads' mode) instead of "
                         "sampling, which the table and the zoo's tiers do")
+    p.add_argument("--standardize-obs", action="store_true",
+                   help="standardise observations and states by the dataset's statistics, in "
+                        "the data and in the evaluation environment (jaxil.data.standardize)")
     p.add_argument("--merge", action="store_true",
                    help="keep the rows of the other environments from --out/results.json "
                         "(refused if its settings differ) and replace only those run now")
@@ -278,6 +289,8 @@ def main(argv=None) -> None:
                 eval_episodes=args.eval_episodes, hidden=args.hidden, batch_size=args.batch_size)
     if args.deterministic_eval:
         meta["deterministic_eval"] = True
+    if args.standardize_obs:
+        meta["standardize_obs"] = True
     if args.merge:
         rows, meta = merge_rows(Path(args.out) / "results.json", rows, meta)
     write_outputs(rows, Path(args.out), meta)
