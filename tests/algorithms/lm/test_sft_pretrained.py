@@ -48,11 +48,25 @@ def demos(env):
 
 
 @pytest.fixture(scope="module")
-def lora_run(env, demos, model, tmp_path_factory):
-    """The uninterrupted LoRA run (2 chunks of 10 updates), in a run directory."""
+def lora_program(env, demos, model):
+    """The LoRA run's program, traced once for the uninterrupted run and the
+    stopped one (the resumed run is `train_sft`'s own)."""
     train, held = demos
+    return sft.sft_program(env, train, LORA, (0,), held, model=model)
+
+
+def _lora_rundir(env, demos, model, out):
+    train, held = demos
+    ident = sft.sft_identity(env, train, LORA, (0,), held, model=model)
+    return engine.open_run(out, ident, step_key="update", info=dict(num_updates=LORA.num_updates))
+
+
+@pytest.fixture(scope="module")
+def lora_run(env, demos, model, lora_program, tmp_path_factory):
+    """The uninterrupted LoRA run (2 chunks of 10 updates), in a run
+    directory, as `train_sft` runs it."""
     out = tmp_path_factory.mktemp("lora") / "run"
-    return sft.train_sft(env, train, LORA, heldout=held, model=model, out_dir=out)
+    return engine.run(lora_program, rundir=_lora_rundir(env, demos, model, out), progress=False)
 
 
 def _nll(result, update):
@@ -137,17 +151,15 @@ def test_full_fine_tuning_lowers_the_heldout_nll_from_the_pretrained_start(env, 
 
 
 def test_lora_run_stopped_and_resumed_equals_the_uninterrupted_one(env, demos, model, lora_run,
-                                                                   tmp_path):
+                                                                   lora_program, tmp_path):
     """A LoRA run stopped after its first chunk and resumed gives the
     uninterrupted run's rows and adapters exactly; resuming with another
     rank, or from another pretrained model, is refused in one line. Kills
     adapters re-drawn on resume, a frozen base missing from the resumed
     program, and a run identity that forgets the model."""
     train, held = demos
-    ident = sft.sft_identity(env, train, LORA, (0,), held, model=model)
-    engine.run(sft.sft_program(env, train, LORA, (0,), held, model=model),
-               rundir=engine.open_run(tmp_path, ident, step_key="update"), stop_after_chunks=1,
-               progress=False)
+    engine.run(lora_program, rundir=_lora_rundir(env, demos, model, tmp_path),
+               stop_after_chunks=1, progress=False)
     resumed = sft.train_sft(env, train, LORA, heldout=held, model=model, out_dir=tmp_path,
                             resume=True)
     assert resumed.rows == lora_run.rows
