@@ -6,6 +6,8 @@ learner in the environment its data came from."""
 import dataclasses
 import json
 
+import numpy as np
+
 import pytest
 
 from jaxil import envs
@@ -75,3 +77,17 @@ def test_train_and_eval_run_in_the_datasets_environment(tmp_path, capsys):
     doc = json.loads((out / "run.json").read_text())
     assert doc["identity"]["data"]["env_kwargs"] == {"max_steps": 7}
     assert main(["eval", str(out), "--episodes", "2"]) == 0
+
+
+@pytest.mark.slow  # a BC training and evaluation (about 25 s); dataset_env itself is tested above
+def test_reward_learning_sft_runs_in_the_datasets_environment():
+    """`jaxil irl`'s π_SFT (`fit_sft`) trains and evaluates in the dataset's
+    environment: a dataset recorded at another episode length is accepted
+    (the default environment's spec check refused it) and evaluated."""
+    from jaxil.algorithms.irl.sources import fit_sft
+
+    ds = _dataset({"max_steps": 7}, num=6)
+    sft = fit_sft(ds, seeds=1, hidden=(8,), batch_size=8, updates=2, eval_every=2,
+                  eval_episodes=2, progress=False)
+    points = sft.summary["points"]
+    assert points and all(np.isfinite(p["return_mean"]) for p in points), points

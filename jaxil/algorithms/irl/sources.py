@@ -28,6 +28,7 @@ from jaxil.algorithms.irl.reward_model import RewardData, pad_transitions, sourc
 from jaxil.algorithms.offline import LearnerData, make_learner
 from jaxil.algorithms.offline.base import Learner
 from jaxil.algorithms.offline.train import expand_grid, init_runs, train
+from jaxil.collect.recipes import dataset_env
 from jaxil.runs import engine
 from jaxil.runs.engine import open_run
 from jaxil.runs.loggers import LoggerFactory
