@@ -19,7 +19,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxil import envs
 from jaxil.envs.mpe import spread_expert
 from jaxil.collect.recipes import dataset_env, load_dataset
 
