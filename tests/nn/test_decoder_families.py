@@ -28,8 +28,6 @@ from jaxil.nn.transformer import (SIZES, Transformer, TransformerConfig, keys_sl
 from jaxil.pretrained import CheckpointError, export_hf, from_hf_config, load_checkpoint
 from tests.helpers.pretrained import CONFIGS, GGUF_LLAMA, hf_tensors, write_gguf, write_hf
 
-jit_param = pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
-
 # The helper's tiny configs; Llama gets llama3 rope scaling (old context 8:
 # of head width 4's two frequencies one is scaled, one blended).
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
@@ -189,8 +187,18 @@ def _logits_program(config, jit):
     return _programs[key]
 
 
-@jit_param
-@pytest.mark.parametrize("kind", KINDS + ("llama-gguf",))
+def _family_cases():
+    """Every family jitted; eagerly (op by op, seconds of compiling each
+    new shape) Llama and Qwen2 by default, the others with -m slow: the
+    eager path is the same code on other shapes."""
+    for kind in KINDS + ("llama-gguf",):
+        for jit in (False, True):
+            slow = not jit and kind not in ("llama", "qwen2")
+            yield pytest.param(kind, jit, id=f"{kind}-{'jit' if jit else 'eager'}",
+                               marks=pytest.mark.slow if slow else ())
+
+
+@pytest.mark.parametrize("kind,jit", list(_family_cases()))
 def test_pretrained_family_logits_equal_float64_reference(checkpoints, kind, jit):
     """Logits `[B, T, V]` of each family, loaded from its files, equal the
     float64 forward pass in transformers' layout. Fails with a transposed or
