@@ -20,6 +20,8 @@ from jaxil.cli.main import main
 from jaxil.collect import recipes as rc
 from jaxil.collect.zoo import make_zoo
 
+from helpers.fast_compile import fast_call
+
 ENV_ID = "mpe:simple_spread_continuous"
 ENV_KW = {"max_steps": 10}
 TINY = dict(counts={"expert": 4, "poor": 8}, env_kwargs=ENV_KW, discover_teachers=False,
@@ -43,11 +45,12 @@ class Echo(MultiAgentEnv):
 
 
 def _executed(env, action, n=4096):
-    """What ``env`` executes for ``action``, over ``n`` independent steps (jitted)."""
+    """What ``env`` executes for ``action``, over ``n`` independent steps
+    (jitted, at XLA's level 0: fast_compile.py)."""
     def one(k):
         s, _ = env.reset(k)
         return env.step(s, action)[1].obs
-    return np.asarray(jax.jit(jax.vmap(one))(jax.random.split(jax.random.PRNGKey(0), n)))
+    return np.asarray(fast_call(jax.vmap(one), jax.random.split(jax.random.PRNGKey(0), n)))
 
 
 def test_action_noise_scale_is_sigma_times_the_box_width_and_stays_in_the_box():
@@ -78,7 +81,7 @@ def test_action_noise_is_jittable_with_the_state_types_of_reset_and_records_the_
     assert jax.tree.map(lambda a: (a.shape, a.dtype), s0) == \
         jax.tree.map(lambda a: (a.shape, a.dtype), s1)
     const = as_policy(lambda params, obs, avail, key: jnp.full((2, 3), 0.5))
-    ep = envs.run_episodes(env, const, None, jax.random.PRNGKey(1), 3)
+    ep = fast_call(lambda k: envs.run_episodes(env, const, None, k, 3), jax.random.PRNGKey(1))
     np.testing.assert_array_equal(ep.actions, 0.5)
     executed = np.asarray(ep.obs[:, 1:])  # Echo observes what ran
     assert np.abs(executed - 0.5).mean() > 0.1
