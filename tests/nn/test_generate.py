@@ -146,6 +146,11 @@ def test_greedy_tokens_equal_numpy_argmax_on_ties(jit):
     assert 0 <= int(fn(jnp.asarray(nan_row))) < V
 
 
+# Two sampling programs of generate to compile (8 s CPU): -m slow. By default
+# test_filter_keeps_the_smallest_set_reaching_top_p checks top-k and the
+# temperature's division in filter_logits, and test_same_key_... samples
+# through generate.
+@pytest.mark.slow
 def test_top_k_one_and_tiny_temperature_are_greedy(llama):
     """Sampling at top-k = 1, or at temperature 1e-4, gives the greedy
     tokens. Fails if top-k keeps the wrong token (e.g. the least likely, an
