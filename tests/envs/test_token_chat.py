@@ -334,7 +334,13 @@ def test_the_transcript_chat_expert_cannot_read_the_hidden_columns():
     assert (actions("scripted", obs) != actions("scripted", hidden)).any()
 
 
-@pytest.mark.parametrize("constrained", [True, pytest.param(False, marks=pytest.mark.slow)])
+# -m slow (a chat program of its own to compile, 15 s CPU). By default the
+# automaton's masks are checked against the grammar string by string
+# (test_automaton_masks_equal_brute_force), the parser by every command
+# (test_every_command_round_trips), and the constrained chat's masks in the
+# environment by the constrained expert winning (test_chat_experts_win_...).
+@pytest.mark.slow
+@pytest.mark.parametrize("constrained", [True, False])
 def test_constrained_random_turns_always_parse(constrained):
     """Uniformly random legal tokens under the automaton's masks always make
     a command that runs (no error answer, the command reaches the task);
