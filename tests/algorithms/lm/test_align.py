@@ -209,7 +209,7 @@ def test_bad_settings_raise_one_line_errors(env):
     # parameters stacked for two runs; zeros of init's shapes (the checks read
     # no value, and compiling the vmapped init costs seconds)
     shapes = jax.eval_shape(jax.vmap(net.init), jax.random.split(jax.random.PRNGKey(0), 2))
-    p = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    p = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
     with pytest.raises(ValueError, match="one KL coefficient per seed"):
         A.align_program(env, _small_number_reward, jnp.ones(2), p, [0.1], [0, 1], cfg)
     with pytest.raises(ValueError, match="finite and >= 0"):
