@@ -61,6 +61,7 @@ from typing import Any, Mapping, Optional, Union
 import numpy as np
 
 from jaxil import envs
+from jaxil.data.environment import dataset_env  # noqa: F401  (re-exported)
 from jaxil.data.format import Dataset, canonical_json, concatenate, save, size_bound
 from jaxil.collect.zoo import (
     DEFAULT_CHUNK,
@@ -436,17 +437,6 @@ def load_dataset(arg: str, seed: int = 0):
     if not path.exists():
         build(get_recipe(arg), seed=seed, out_path=path)
     return load(path)
-
-
-def dataset_env(ds: Dataset) -> envs.MultiAgentEnv:
-    """The environment `ds` was recorded in: its id with the recorded
-    keywords ([`DatasetInfo.env_kwargs`][jaxil.data.format.DatasetInfo.env_kwargs]), checked against its spec."""
-
-    env = envs.make(ds.spec.env_id, **ds.info.env_kwargs)
-    if env.spec != ds.spec:
-        raise ValueError(f"dataset spec {ds.spec} does not match environment {env.spec}; "
-                         "was it recorded with environment keywords it does not record?")
-    return env
 
 
 def dataset_path(arg: str, seed: int = 0) -> Path:

@@ -22,13 +22,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxil import envs
+from jaxil.data.environment import dataset_env
 from jaxil.data.format import Dataset
 from jaxil.data.sampling import flatten_transitions
 from jaxil.algorithms.irl.reward_model import RewardData, pad_transitions, source_roles
 from jaxil.algorithms.offline import LearnerData, make_learner
 from jaxil.algorithms.offline.base import Learner
 from jaxil.algorithms.offline.train import expand_grid, init_runs, train
-from jaxil.collect.recipes import dataset_env
 from jaxil.runs import engine
 from jaxil.runs.engine import open_run
 from jaxil.runs.loggers import LoggerFactory
