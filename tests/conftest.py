@@ -5,8 +5,19 @@ import tempfile
 
 import pytest
 
-# Tests run on 2 CPU cores; keep XLA from oversubscribing them.
-os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+# XLA's CPU flags for the test processes (the xdist workers and the `jaxil`
+# subprocesses of the CLI tests; a caller's XLA_FLAGS replace them):
+# - no Eigen thread pool of XLA's own: the workers share the cores;
+# - fused ops through XLA's loop emitters, not its MLIR fusion emitters,
+#   which compile the suite's programs two to three times as slowly (one
+#   interactive token round: 11 s of CPU against 4 s; the MJX half-cheetah's
+#   step 14 s against 6 s) into programs that compute the same (fused float
+#   maths may differ in the last bits). The default suite's CPU time falls
+#   by a third. An XLA without the flag stops at the first compile, naming it.
+# (XLA reads flags up to the first word that is not one: keep every entry a
+# --flag.)
+os.environ.setdefault("XLA_FLAGS",
+                      "--xla_cpu_multi_thread_eigen=false --xla_cpu_use_fusion_emitters=false")
 
 # XLA's persistent compilation cache, one folder per test session, shared by
 # the xdist workers and the `jaxil` subprocesses the CLI tests start (they
