@@ -12,10 +12,10 @@ state, ts = env.step(state, actions)  # actions: [N] int32 or [N, dim] float32
 `step` does not reset: once an episode has ended, wrap the environment in
 [`envs.wrappers.AutoReset`][jaxil.envs.wrappers.AutoReset] (or reset it yourself).
 
-Adapters subclass [`MultiAgentEnv`][jaxil.envs.core.MultiAgentEnv] and implement `_reset` and
-`_step` on their upstream state; the base class owns the parts that must be
-the same everywhere: random keys, episode statistics, dtype normalisation and
-the handling of illegal actions.
+Adapters subclass [`MultiAgentEnv`][jaxil.envs.core.MultiAgentEnv] and
+implement `_reset` and `_step` on their upstream state; the base class owns the
+parts that must be the same everywhere: random keys, episode statistics, dtype
+normalisation and the handling of illegal actions.
 """
 
 from __future__ import annotations

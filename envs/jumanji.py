@@ -8,11 +8,11 @@ Every id accepts `time_limit` (alias `max_steps`); the other keywords are
 listed per environment below, and an unknown keyword raises `TypeError`
 naming the accepted ones.
 
-The adapters call the plain upstream `reset`/`step` (Jumanji's `step`
-never resets; auto-reset is [`envs.AutoReset`][jaxil.envs.wrappers.AutoReset]). Jumanji has no global
-state, so each adapter defines one from the upstream `State`. Integer
-quantities (coordinates, levels) are kept as they are, cast to float32.
-Coordinates are (row, column).
+The adapters call the plain upstream `reset`/`step` (Jumanji's `step` never
+resets; auto-reset is [`envs.AutoReset`][jaxil.envs.wrappers.AutoReset]).
+Jumanji has no global state, so each adapter defines one from the upstream
+`State`. Integer quantities (coordinates, levels) are kept as they are, cast to
+float32. Coordinates are (row, column).
 
 LevelBasedForaging-v0 (N=2 agents, F=2 food, 8x8 grid, time limit 100)
   keywords: `num_agents, num_food, grid_size, fov` (defaults to
@@ -33,7 +33,8 @@ LevelBasedForaging-v0 (N=2 agents, F=2 food, 8x8 grid, time limit 100)
     that eating all food is worth exactly 1 in total: the sum is the team's
     share of food collected, and a cleared episode returns 1 (less penalties).
   - done: every food item eaten (= won); truncated: time limit.
-  - [`lbf_expert`][jaxil.envs.jumanji.lbf_expert] is a scripted expert for the default full view.
+  - [`lbf_expert`][jaxil.envs.jumanji.lbf_expert] is a scripted expert for the
+    default full view.
 
 RobotWarehouse-v0 (N=4 robots, 20x10 floor, S=80 shelves, time limit 500)
   keywords: `num_agents, shelf_rows, shelf_columns, column_height,
@@ -176,8 +177,9 @@ def _per_agent_obs(shared: jax.Array, own: jax.Array) -> jax.Array:
 
 
 class JumanjiEnv(MultiAgentEnv, abc.ABC):
-    """Base of the Jumanji adapters: holds `raw` (the upstream environment)
-    and turns its `(state, timestep)` into a [`Step`][jaxil.envs.core.Step] via `_out`."""
+    """Base of the Jumanji adapters: holds `raw` (the upstream environment) and
+    turns its `(state, timestep)` into a [`Step`][jaxil.envs.core.Step] via
+    `_out`."""
 
     raw: Any
     # Jumanji steps are deterministic given the state (RobotWarehouse keeps
@@ -186,8 +188,9 @@ class JumanjiEnv(MultiAgentEnv, abc.ABC):
 
     @abc.abstractmethod
     def _out(self, state: Any, ts: Any, first: bool) -> Step:
-        """Upstream `(state, timestep)` -> [`Step`][jaxil.envs.core.Step]; `first` on reset
-        (reward 0, not done), else the transition's reward and ending flags."""
+        """Upstream `(state, timestep)` -> [`Step`][jaxil.envs.core.Step];
+        `first` on reset (reward 0, not done), else the transition's reward and
+        ending flags."""
 
     def _reset(self, key: jax.Array) -> Step:
         state, ts = self.raw.reset(key)
@@ -301,7 +304,8 @@ def lbf_expert(env: MultiAgentEnv, jitter: float = 0.05) -> Callable:
     With probability `jitter` an agent takes a random legal action instead,
     which breaks the rare livelock of two agents bumping into the same cell.
     Needs the default full view (`fov == grid_size`) and the vector
-    observation; otherwise it raises [`envs.policies.ScriptedExpertUnavailable`][jaxil.envs.policies.ScriptedExpertUnavailable].
+    observation; otherwise it raises
+    [`envs.policies.ScriptedExpertUnavailable`][jaxil.envs.policies.ScriptedExpertUnavailable].
     """
     cfg = getattr(env, "config", None)
     if cfg is None or env.spec.env_id != "jumanji:LevelBasedForaging-v0":

@@ -70,7 +70,8 @@ _STATE_START = {"halfcheetah_6x1": 1}
 
 
 def _import_mabrax() -> tuple[Any, Any]:
-    """Import brax and JaxMARL's MABrax lazily, with a clear error if brax is missing."""
+    """Import brax and JaxMARL's MABrax lazily, with a clear error if brax is
+    missing."""
     try:
         import brax  # noqa: F401
         from brax import envs as brax_envs

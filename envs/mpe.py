@@ -14,8 +14,8 @@ Ids: `mpe:simple_spread` (5 discrete actions; 0 = no-op) and
 - the step is deterministic given the state unless `u_noise`/`c_noise` are
   set, so it gets no key of its own then (`stochastic_step`).
 
-[`spread_expert`][jaxil.envs.mpe.spread_expert] is a scripted expert for both ids (landmark assignment
-and dead-beat velocity control).
+[`spread_expert`][jaxil.envs.mpe.spread_expert] is a scripted expert for both
+ids (landmark assignment and dead-beat velocity control).
 """
 
 from __future__ import annotations

@@ -8,15 +8,17 @@ IRL learners) takes either form:
 
 - a plain function `policy(params, obs, avail, key) -> actions`
   (stateless), or
-- a [`Policy`][jaxil.envs.policies.Policy], which also threads a carry (`init(key, N) -> carry`,
-  reset by the rollout at every episode boundary): scripted state such as the
-  SMAX heuristic's per-agent target, or a recurrent network's hidden state.
-  Where a policy defines them, `log_prob(params, obs, avail, actions) ->
-  [N]` and `entropy(params, obs, avail) -> [N]` score its per-agent action
-  distribution (neural policies, [`jaxil.nn.policy.PolicyNet`][jaxil.nn.policy.PolicyNet]); scripted
-  experts leave them `None`.
+- a [`Policy`][jaxil.envs.policies.Policy], which also threads a carry
+  (`init(key, N) -> carry`, reset by the rollout at every episode boundary):
+  scripted state such as the SMAX heuristic's per-agent target, or a recurrent
+  network's hidden state. Where a policy defines them,
+  `log_prob(params, obs, avail, actions) -> [N]` and `entropy(params, obs,
+  avail) -> [N]` score its per-agent action distribution (neural policies,
+  [`jaxil.nn.policy.PolicyNet`][jaxil.nn.policy.PolicyNet]); scripted experts
+  leave them `None`.
 
-[`as_policy`][jaxil.envs.policies.as_policy] turns either form into a [`Policy`][jaxil.envs.policies.Policy].
+[`as_policy`][jaxil.envs.policies.as_policy] turns either form into a
+[`Policy`][jaxil.envs.policies.Policy].
 """
 
 from __future__ import annotations

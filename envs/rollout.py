@@ -2,9 +2,9 @@
 
 A policy is either a plain function `policy(params, obs, avail, key) ->
 actions` acting for all N agents of ONE environment (`obs [N, obs_dim]`,
-`avail [N, A]`), or a [`envs.policies.Policy`][jaxil.envs.policies.Policy] that also threads a
-recurrent carry (the SMAX heuristic needs one). Decentralised policies vmap
-over agents inside.
+`avail [N, A]`), or a [`envs.policies.Policy`][jaxil.envs.policies.Policy] that
+also threads a recurrent carry (the SMAX heuristic needs one). Decentralised
+policies vmap over agents inside.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from .wrappers import AutoReset
 
 @struct.dataclass
 class Trajectory:
-    """Time-major batch from [`rollout`][jaxil.envs.rollout.rollout]: every leaf is `[T, E, ...]`.
+    """Time-major batch from [`rollout`][jaxil.envs.rollout.rollout]: every
+    leaf is `[T, E, ...]`.
 
     `obs`/`global_state`/`avail_actions` are what the policy acted on;
     `reward`/`done`/`truncated`/`won` and the episode statistics
@@ -52,8 +53,9 @@ def rollout(
 ) -> Trajectory:
     """Run `num_envs` auto-resetting environments for `num_steps` steps.
 
-    Jittable (`env`, `policy`, `num_envs` and `num_steps` static).
-    Returns a time-major [`Trajectory`][jaxil.envs.rollout.Trajectory] `[num_steps, num_envs, ...]`.
+    Jittable (`env`, `policy`, `num_envs` and `num_steps` static). Returns a
+    time-major [`Trajectory`][jaxil.envs.rollout.Trajectory]
+    `[num_steps, num_envs, ...]`.
     """
     if not isinstance(env, AutoReset):
         env = AutoReset(env)

@@ -24,16 +24,18 @@ after `max_turns` turns).
 Difficulty knobs: `num_ops` (default 4), `modulus` (31, prime, so that
 `*` keeps the values spread), `max_turns` (default `2 num_ops + 2`).
 
-**Privileged columns** (`obs[:, K:]`, expert only, see [`envs.tokens`][jaxil.envs.tokens]):
-the partial command (4 tokens) and its length, then `progress`, the chain
-of values `r_0 … r_n` (`r_0` the first operand, `r_n` the answer), the
-operators (`n`, 0/1/2 for `+ - *`) and the operands `v_0 … v_n`.
+**Privileged columns** (`obs[:, K:]`, expert only, see
+[`envs.tokens`][jaxil.envs.tokens]): the partial command (4 tokens) and its
+length, then `progress`, the chain of values `r_0 … r_n` (`r_0` the first
+operand, `r_n` the answer), the operators (`n`, 0/1/2 for `+ - *`) and the
+operands `v_0 … v_n`.
 
-[`arith_expert`][jaxil.envs.token_arith.arith_expert] is the scripted expert: `CALC r_p op_{p+1}
-v_{p+1}` for `p = progress` until the chain is done, then `SUBMIT r_n`
-(`num_ops + 1` turns).
-[`arith_transcript_expert`][jaxil.envs.token_arith.arith_transcript_expert] plays it from the
-agent's own context only, copying values from the calculator's answers.
+[`arith_expert`][jaxil.envs.token_arith.arith_expert] is the scripted expert:
+`CALC r_p op_{p+1} v_{p+1}` for `p = progress` until the chain is done, then
+`SUBMIT r_n` (`num_ops + 1` turns).
+[`arith_transcript_expert`][jaxil.envs.token_arith.arith_transcript_expert]
+plays it from the agent's own context only, copying values from the
+calculator's answers.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Chat episodes of the token tasks: the same instances, as text a chat model reads and writes.
+"""Chat episodes of the token tasks: the same instances, as text a chat model
+reads and writes.
 
 A token task ([`envs.tokens`][jaxil.envs.tokens]) speaks a private vocabulary
 in which a malformed command cannot be typed, so a pretrained model cannot act
@@ -148,8 +149,9 @@ class ChatEnv(MultiAgentEnv):
     Args:
       inner: the token task (a [`TokenEnv`][jaxil.envs.tokens.TokenEnv]).
       tokenizer: the model's `tokenizers.Tokenizer`.
-      render: `render(messages, add_generation_prompt) -> str`, the chat
-        template (e.g. [`Checkpoint.render_chat`][jaxil.pretrained.load.Checkpoint.render_chat]).
+      render: `render(messages, add_generation_prompt) ->
+        str`, the chat template (e.g.
+        [`Checkpoint.render_chat`][jaxil.pretrained.load.Checkpoint.render_chat]).
       eot: the model's end-of-turn token id (it ends an assistant turn).
       constrained: legal masks from the command grammar's token automaton.
       turn_tokens: the most tokens of one turn, its end included (the last

@@ -28,18 +28,20 @@ score` on the submit step, 0 otherwise (and on truncation after
 Difficulty knobs: `half` (default 3), `values` (32), `sort` (False),
 `max_turns` (8).
 
-**Privileged columns** (`obs[:, K:]`, expert only, see [`envs.tokens`][jaxil.envs.tokens]):
-the partial command (`1 + 2 half` tokens) and its length, then per agent:
-on turn (0/1), heard the other's half correctly (0/1: the last message it
-received is exactly the other agent's half), its own half (`half`) and
-the answer (`2 half`).
+**Privileged columns** (`obs[:, K:]`, expert only, see
+[`envs.tokens`][jaxil.envs.tokens]): the partial command (`1 + 2 half` tokens)
+and its length, then per agent: on turn (0/1), heard the other's half correctly
+(0/1: the last message it received is exactly the other agent's half), its own
+half (`half`) and the answer (`2 half`).
 
-[`exchange_expert`][jaxil.envs.token_exchange.exchange_expert] is the scripted expert: on turn, `SUBMIT` the
-answer if it has heard the other's half, else `SAY` its own half (two turns
-from the start: agent 0 says `a`, agent 1 submits).
-[`exchange_transcript_expert`][jaxil.envs.token_exchange.exchange_transcript_expert] acts on
-the agent's own context only: it cannot see whether a message is right, so it
-submits a half only once it has heard it twice (four turns from the start).
+[`exchange_expert`][jaxil.envs.token_exchange.exchange_expert] is the scripted
+expert: on turn, `SUBMIT` the answer if it has heard the other's half, else
+`SAY` its own half (two turns from the start: agent 0 says `a`, agent 1
+submits).
+[`exchange_transcript_expert`][jaxil.envs.token_exchange.exchange_transcript_expert]
+acts on the agent's own context only: it cannot see whether a message is right,
+so it submits a half only once it has heard it twice (four turns from the
+start).
 """
 
 from __future__ import annotations

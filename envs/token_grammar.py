@@ -154,8 +154,10 @@ def token_automaton(regex: str, vocab_bytes: Sequence[bytes], eot: int,
     """Compile `regex` over a vocabulary with `outlines-core`.
 
     Args:
-      regex: the language of one turn (e.g. [`command_regex`][jaxil.envs.token_grammar.command_regex]).
-      vocab_bytes: the bytes of each token id (e.g. [`token_bytes`][jaxil.envs.token_grammar.token_bytes]).
+      regex: the language of one turn (e.g.
+        [`command_regex`][jaxil.envs.token_grammar.command_regex]).
+      vocab_bytes: the bytes of each token id (e.g.
+        [`token_bytes`][jaxil.envs.token_grammar.token_bytes]).
       eot: the end-of-turn token: legal exactly at final states, never part
         of the table's transitions.
       exclude: token ids never legal in a command (padding, special tokens).

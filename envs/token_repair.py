@@ -29,17 +29,19 @@ Difficulty knobs: `length` (default 8), `faults` (3), `values` (16),
 `max_turns` (default `4 faults + 8`, 20: twice what the expert needs
 plus slack).
 
-**Privileged columns** (`obs[:, K:]`, expert only, see [`envs.tokens`][jaxil.envs.tokens]):
-the partial command (3 tokens) and its length, then `x` (`length`),
-`y` (`length`) and the last test report (`-1`: none since the last
-`EDIT`; `i < length`: `FAIL` at `i`; `length`: `PASS`).
+**Privileged columns** (`obs[:, K:]`, expert only, see
+[`envs.tokens`][jaxil.envs.tokens]): the partial command (3 tokens) and its
+length, then `x` (`length`), `y` (`length`) and the last test report (`-1`:
+none since the last `EDIT`; `i < length`: `FAIL` at `i`; `length`: `PASS`).
 
-[`repair_expert`][jaxil.envs.token_repair.repair_expert] is the scripted expert: `TEST`; on `FAIL i WANT
-v`, `EDIT i v`; `TEST` again; on `PASS`, `SUBMIT` (2F + 2 turns
-for F faults: the procedure a student can follow from the transcript).
-[`repair_transcript_expert`][jaxil.envs.token_repair.repair_transcript_expert] plays it from
-the agent's own context only (the same tokens from a fresh episode; a partial
-command it takes over is completed from what the answers showed).
+[`repair_expert`][jaxil.envs.token_repair.repair_expert] is the scripted
+expert: `TEST`; on `FAIL i WANT v`, `EDIT i v`; `TEST` again; on `PASS`,
+`SUBMIT` (2F + 2 turns for F faults: the procedure a student can follow from
+the transcript).
+[`repair_transcript_expert`][jaxil.envs.token_repair.repair_transcript_expert]
+plays it from the agent's own context only (the same tokens from a fresh
+episode; a partial command it takes over is completed from what the answers
+showed).
 """
 
 from __future__ import annotations

@@ -37,9 +37,9 @@ read the privileged columns. `token_expert(env, "transcript")` finds it
 
 The expert is `expert(env) -> policy`: given the environment, a
 [Policy][jaxil.envs.policies.Policy] (or a plain
-`policy(params, obs, avail, key) -> actions` function) over it. What it must guarantee is in the docs page "Custom
-token tasks"; [check_token_task][jaxil.algorithms.lm.task_check.check_token_task]
-checks it.
+`policy(params, obs, avail, key) -> actions` function) over it. What it must
+guarantee is in the docs page "Custom token tasks";
+[check_token_task][jaxil.algorithms.lm.task_check.check_token_task] checks it.
 """
 
 from __future__ import annotations

@@ -2,15 +2,18 @@
 
 The `tokens:` family puts language-model agents (multi-turn tool use, as in
 SWE-bench) in miniature, JAX-native and cheap on a CPU. A token environment is
-an ordinary [`envs.core.MultiAgentEnv`][jaxil.envs.core.MultiAgentEnv]; the tasks live one per module:
+an ordinary [`envs.core.MultiAgentEnv`][jaxil.envs.core.MultiAgentEnv]; the
+tasks live one per module:
 
-- `tokens:repair` ([`envs.token_repair`][jaxil.envs.token_repair]): find and fix the faults of a
-  hidden list with `TEST` / `VIEW` / `EDIT` / `SUBMIT` commands;
-- `tokens:arith` ([`envs.token_arith`][jaxil.envs.token_arith]): evaluate a chain of modular
-  operations with a `CALC` calculator tool, then `SUBMIT` the result;
-- `tokens:exchange` ([`envs.token_exchange`][jaxil.envs.token_exchange]): two agents each hold half
-  of a list and must `SAY` what they know before one of them `SUBMIT` s
-  the whole list.
+- `tokens:repair` ([`envs.token_repair`][jaxil.envs.token_repair]): find and
+  fix the faults of a hidden list with `TEST` / `VIEW` / `EDIT` / `SUBMIT`
+  commands;
+- `tokens:arith` ([`envs.token_arith`][jaxil.envs.token_arith]): evaluate a
+  chain of modular operations with a `CALC` calculator tool, then `SUBMIT` the
+  result;
+- `tokens:exchange` ([`envs.token_exchange`][jaxil.envs.token_exchange]): two
+  agents each hold half of a list and must `SAY` what they know before one of
+  them `SUBMIT` s the whole list.
 
 The contract every task keeps (policies such as a decoder-only transformer
 are written against it):
@@ -35,13 +38,13 @@ are written against it):
   every non-`<pad>` token of `obs[:, :K]` to its context (a transformer's
   KV cache) sees the whole history; `env.max_context` bounds their number
   in one episode (the KV-cache length).
-- **PRIVILEGED COLUMNS.** `obs[:, K:]` are features for the scripted
-  experts only: the agent's partial command (`cmd_width` tokens, then its
-  length) followed by the task's hidden state (the true list, the chain of
-  intermediate results, the other agent's half...). **Students must ignore
-  them** (slice `obs[:, :env.token_width]`); they reveal the answer.
-  [`TokenEnv.privileged`][jaxil.envs.tokens.TokenEnv.privileged] splits them. `global_state` is the
-  privileged columns of all agents, flattened.
+- **PRIVILEGED COLUMNS.** `obs[:, K:]` are features for the scripted experts
+  only: the agent's partial command (`cmd_width` tokens, then its length)
+  followed by the task's hidden state (the true list, the chain of intermediate
+  results, the other agent's half...). **Students must ignore them** (slice
+  `obs[:, :env.token_width]`); they reveal the answer.
+  [`TokenEnv.privileged`][jaxil.envs.tokens.TokenEnv.privileged] splits them.
+  `global_state` is the privileged columns of all agents, flattened.
 - **Turns.** `env.eot_token` (`<eot>`) ends an agent's turn; the
   environment answers after it. An episode ends (`done`) on `SUBMIT`,
   or is truncated after `max_turns` turns (all agents together);
@@ -56,7 +59,8 @@ are written against it):
   instance set); difficulty knobs are constructor keywords
   (`envs.make("tokens:repair", faults=5)`).
 
-[`transcript`][jaxil.envs.tokens.transcript] renders an episode as text with [`Vocab.decode`][jaxil.envs.tokens.Vocab.decode].
+[`transcript`][jaxil.envs.tokens.transcript] renders an episode as text with
+[`Vocab.decode`][jaxil.envs.tokens.Vocab.decode].
 """
 
 from __future__ import annotations
@@ -241,7 +245,8 @@ class Outcome(NamedTuple):
 
 
 class Privileged(NamedTuple):
-    """The expert-only columns of `obs`, as int32 (see [`TokenEnv.privileged`][jaxil.envs.tokens.TokenEnv.privileged])."""
+    """The expert-only columns of `obs`, as int32 (see
+    [`TokenEnv.privileged`][jaxil.envs.tokens.TokenEnv.privileged])."""
 
     cmd: jax.Array  # [..., cmd_width] the current turn's tokens
     cmd_len: jax.Array  # [...]

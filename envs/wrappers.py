@@ -17,9 +17,9 @@ class AutoReset(MultiAgentEnv):
     The timestep returned by the ending `step` carries the final transition's
     `reward`, `done`, `truncated`, `won` and episode statistics, but the
     observation, global state and legal actions of the *new* episode's first
-    step, which is what the policy acts on next (PureJaxRL/JaxMARL
-    convention). Collect with [`envs.run_episodes`][jaxil.envs.rollout.run_episodes] when the final
-    observation itself is needed.
+    step, which is what the policy acts on next (PureJaxRL/JaxMARL convention).
+    Collect with [`envs.run_episodes`][jaxil.envs.rollout.run_episodes] when
+    the final observation itself is needed.
     """
 
     def __init__(self, env: MultiAgentEnv):
@@ -123,12 +123,12 @@ class StandardizeObservations(MultiAgentEnv):
     """Observations and global states standardised by fixed statistics:
     `(obs − obs_mean) / obs_std` per feature, and likewise the state.
 
-    The offline recipe of D4RL-style learners (TD3+BC, IQL in CORL): a
-    learner trained on a dataset standardised by its own statistics
-    ([`jaxil.data.standardize`][jaxil.data.standardize]) acts in the environment through this
-    wrapper with the same statistics. Rewards, ends and actions are the
-    wrapped environment's; the statistics are constants, not running
-    estimates.
+    The offline recipe of D4RL-style learners (TD3+BC, IQL in CORL): a learner
+    trained on a dataset standardised by its own statistics
+    ([`jaxil.data.standardize`][jaxil.data.standardize]) acts in the
+    environment through this wrapper with the same statistics. Rewards, ends
+    and actions are the wrapped environment's; the statistics are constants,
+    not running estimates.
     """
 
     def __init__(self, env: MultiAgentEnv, obs_mean, obs_std, state_mean, state_std):

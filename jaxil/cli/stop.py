@@ -32,7 +32,8 @@ def exit_status(e: BaseException) -> int:
 
 
 def what(e: BaseException) -> str:
-    """How a command's one line names the stop: `interrupted` or `stopped by SIGTERM`."""
+    """How a command's one line names the stop: `interrupted` or
+    `stopped by SIGTERM`."""
     return "stopped by SIGTERM" if isinstance(e, Terminated) else "interrupted"
 
 

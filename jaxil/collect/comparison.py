@@ -2,16 +2,17 @@
 MisoDICE table compares, their names in tables, and the measured tier
 returns a dataset's scores are normalised by.
 
-`ALGOS` are BC on all data D_U and on the expert-labelled data D_E,
-independent DemoDICE (INDD), MisoDICE with sum mixing (MisoDICE-VDN) and
-MisoDICE ([`jaxil.algorithms.offline.make_learner`][jaxil.algorithms.offline.make_learner] names);
-`VARIANTS` are learners of the comparison with one setting changed;
+`ALGOS` are BC on all data D_U and on the expert-labelled data D_E, independent
+DemoDICE (INDD), MisoDICE with sum mixing (MisoDICE-VDN) and MisoDICE
+([`jaxil.algorithms.offline.make_learner`][jaxil.algorithms.offline.make_learner]
+names); `VARIANTS` are learners of the comparison with one setting changed;
 `LABELS` names them all.
 
-[`tier_returns`][jaxil.collect.comparison.tier_returns] reads what [`jaxil.collect.recipes.build`][jaxil.collect.recipes.build] measured
-of each tier's policy (the dataset's `.tiers.json` sidecar): a return R is
-reported normalised as (R − R_random) / (R_expert − R_random), 0 for the
-random policy and 1 for the expert that made the data.
+[`tier_returns`][jaxil.collect.comparison.tier_returns] reads what
+[`jaxil.collect.recipes.build`][jaxil.collect.recipes.build] measured of each
+tier's policy (the dataset's `.tiers.json` sidecar): a return R is reported
+normalised as (R − R_random) / (R_expert − R_random), 0 for the random policy
+and 1 for the expert that made the data.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ LABELS.update({k: v[2] for k, v in VARIANTS.items()})
 
 
 def tier_returns(dataset: Union[str, os.PathLike], seed: int = 0) -> dict[str, float]:
-    """`{tier: mean return}` measured for a dataset: a file, or a recipe
-    name (its file under runs/data/, [`jaxil.collect.recipes.dataset_path`][jaxil.collect.recipes.dataset_path]);
+    """`{tier: mean return}` measured for a dataset: a file, or a recipe name
+    (its file under runs/data/,
+    [`jaxil.collect.recipes.dataset_path`][jaxil.collect.recipes.dataset_path]);
     {} when it has no `.tiers.json` sidecar."""
     side = sidecar_path(dataset_path(dataset, seed))
     if not side.exists():

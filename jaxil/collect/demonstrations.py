@@ -1,10 +1,10 @@
 """Demonstrations of ε-noised experts, built once and loaded after.
 
-A deliberately suboptimal demonstrator: the zoo's expert with per-agent
-ε-noise ([`jaxil.collect.zoo.noisy_policy`][jaxil.collect.zoo.noisy_policy]: each agent acts uniformly at
-random with probability ε at every step), collected by
-[`jaxil.collect.recipes.build`][jaxil.collect.recipes.build] as the `medium` tier with its ε set
-explicitly (`NOISED_EXPERTS`):
+A deliberately suboptimal demonstrator: the zoo's expert with per-agent ε-noise
+([`jaxil.collect.zoo.noisy_policy`][jaxil.collect.zoo.noisy_policy]: each agent
+acts uniformly at random with probability ε at every step), collected by
+[`jaxil.collect.recipes.build`][jaxil.collect.recipes.build] as the `medium`
+tier with its ε set explicitly (`NOISED_EXPERTS`):
 
 | environment                   | expert                             | ε   |
 |-------------------------------|------------------------------------|-----|

@@ -17,12 +17,13 @@ random   uniform over the available actions (or the action box)
 ```
 
 Bands are on the teacher's own evaluation (`teacher.json`) normalised as
-`(R - R_random) / (R_best - R_random)`: medium in `[0.3, 0.8]` (nearest
-0.55 wins), poor in `[0.0, 0.35]` (nearest 0.15). ε-noise
+`(R - R_random) / (R_best - R_random)`: medium in `[0.3,
+0.8]` (nearest 0.55 wins), poor in `[0.0, 0.35]` (nearest 0.15). ε-noise
 ([`noisy_policy`][jaxil.collect.zoo.noisy_policy]) has the semantics of
-[`envs.policies.epsilon_mixture`][jaxil.envs.policies.epsilon_mixture] (each agent independently acts
-uniformly at random with probability ε at every step) with ε a traced
-parameter, so expert, medium and poor share one compiled program.
+[`envs.policies.epsilon_mixture`][jaxil.envs.policies.epsilon_mixture] (each
+agent independently acts uniformly at random with probability ε at every step)
+with ε a traced parameter, so expert, medium and poor share one compiled
+program.
 
 Teachers are looked up under `runs/teachers/<env>/` (`<env>` is the id with
 `:` replaced by `_`, e.g. `runs/teachers/smax_3m`; the short recipe name
@@ -34,16 +35,17 @@ Without a local run, the teacher shipped with jaxil is used
 committed datasets and tables); a local run overrides it, with a warning.
 
 Collection is one jitted program per policy and chunk size: a `vmap` of
-[`envs.run_episodes`][jaxil.envs.rollout.run_episodes] for ONE episode over a chunk of per-episode keys,
-so episode `i` is reproducible on its own from its integer seed:
+[`envs.run_episodes`][jaxil.envs.rollout.run_episodes] for ONE episode over a
+chunk of per-episode keys, so episode `i` is reproducible on its own from its
+integer seed:
 
 ```python
 envs.run_episodes(env, tier.policy, tier.params, jax.random.PRNGKey(seed_i), 1)
 ```
 
-[`measure_tiers`][jaxil.collect.zoo.measure_tiers] rolls every tier out (default 128 episodes, one compiled,
-vectorized program per tier, shared where the policy is) and reports mean
-return ± std, win rate and length.
+[`measure_tiers`][jaxil.collect.zoo.measure_tiers] rolls every tier out
+(default 128 episodes, one compiled, vectorized program per tier, shared where
+the policy is) and reports mean return ± std, win rate and length.
 """
 
 from __future__ import annotations
@@ -91,13 +93,14 @@ MAX_SEED = 2**31  # per-episode seeds are < 2**31, so PRNGKey(seed) is exact
 
 class ExpertUnavailable(ValueError):
     """An environment has no trained teacher and no scripted expert (or none
-    for its configuration: [`envs.policies.ScriptedExpertUnavailable`][jaxil.envs.policies.ScriptedExpertUnavailable])."""
+    for its configuration:
+    [`envs.policies.ScriptedExpertUnavailable`][jaxil.envs.policies.ScriptedExpertUnavailable])."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class TierPolicy:
-    """One demonstrator: `policy` (a plain function or [`envs.policies.Policy`][jaxil.envs.policies.Policy])
-    with its `params`.
+    """One demonstrator: `policy` (a plain function or
+    [`envs.policies.Policy`][jaxil.envs.policies.Policy]) with its `params`.
 
     Attributes:
       tier: `"expert"`, `"medium"`, `"poor"` or `"random"`.
@@ -155,7 +158,8 @@ def _read_teacher(path: Path) -> Optional[dict]:
 
 
 def find_local_teacher(env_id: str) -> Optional[Path]:
-    """A COMPLETE teacher run of `env_id` under [`teacher_roots`][jaxil.collect.zoo.teacher_roots], or None."""
+    """A COMPLETE teacher run of `env_id` under
+    [`teacher_roots`][jaxil.collect.zoo.teacher_roots], or None."""
     for root in teacher_roots():
         for name in teacher_dir_names(env_id):
             d = root / name
@@ -169,8 +173,10 @@ def find_local_teacher(env_id: str) -> Optional[Path]:
 
 def find_teacher(env_id: str) -> Optional[Path]:
     """The teacher the zoo uses for `env_id`: a complete local run
-    ([`find_local_teacher`][jaxil.collect.zoo.find_local_teacher]), else the one shipped with jaxil
-    ([`jaxil.teachers.shipped_teachers`][jaxil.teachers.io.shipped_teachers]), else None."""
+    ([`find_local_teacher`][jaxil.collect.zoo.find_local_teacher]), else the
+    one shipped with jaxil
+    ([`jaxil.teachers.shipped_teachers`][jaxil.teachers.io.shipped_teachers]),
+    else None."""
 
     return find_local_teacher(env_id) or shipped_teachers().get(env_id)
 
@@ -208,9 +214,11 @@ def noisy_policy(policy: Any, spec: EnvSpec) -> Policy:
     `params = {"base": base_params, "epsilon": ε}`: at every step each agent
     independently acts uniformly at random (over its available actions, or the
     action box) with probability ε and follows `policy` otherwise — the
-    semantics of [`envs.policies.epsilon_mixture`][jaxil.envs.policies.epsilon_mixture], but one compiled
-    program serves every ε and every checkpoint of the same network, so the
-    expert, medium and poor tiers of an environment compile once.
+    semantics of
+    [`envs.policies.epsilon_mixture`][jaxil.envs.policies.epsilon_mixture], but
+    one compiled program serves every ε and every checkpoint of the same
+    network, so the expert, medium and poor tiers of an environment compile
+    once.
     """
     base = as_policy(policy)
     rand = random_policy(spec)
@@ -342,8 +350,10 @@ def _teacher_tiers(env: MultiAgentEnv, teacher_dir: Path,
 class Zoo:
     """The tiers of one environment, plus cached compiled collectors.
 
-    Build with [`make_zoo`][jaxil.collect.zoo.make_zoo]. `zoo["expert"]` is a [`TierPolicy`][jaxil.collect.zoo.TierPolicy];
-    [`collect`][jaxil.collect.zoo.Zoo.collect] rolls a tier out for a list of per-episode seeds.
+    Build with [`make_zoo`][jaxil.collect.zoo.make_zoo]. `zoo["expert"]` is a
+    [`TierPolicy`][jaxil.collect.zoo.TierPolicy];
+    [`collect`][jaxil.collect.zoo.Zoo.collect] rolls a tier out for a list of
+    per-episode seeds.
     """
 
     def __init__(self, env_id: str, env_kwargs: Mapping[str, Any], env: MultiAgentEnv,
@@ -372,10 +382,11 @@ class Zoo:
         return {t: dict(source=p.source, **p.details) for t, p in self.tiers.items()}
 
     def collector(self, tier: str, chunk_size: int, action_noise: float = 0.0) -> Callable:
-        """Jitted `(params, keys [C, 2] uint32) -> Episodes [C, ...]`: one
-        episode per key, compiled once per program (see
+        """Jitted `(params, keys [C, 2] uint32) -> Episodes [C,
+        ...]`: one episode per key, compiled once per program (see
         `TierPolicy.program`), chunk size and `action_noise` (σ of
-        [`envs.ActionNoise`][jaxil.envs.wrappers.ActionNoise] on the executed actions; 0: none)."""
+        [`envs.ActionNoise`][jaxil.envs.wrappers.ActionNoise] on the executed
+        actions; 0: none)."""
         k = (self[tier].program, int(chunk_size), float(action_noise))
         if k not in self._compiled:
             pol = as_policy(self[tier].policy)
@@ -394,9 +405,9 @@ class Zoo:
 
         Seeds go through in chunks of `chunk_size` (the last chunk is padded,
         so one compiled program serves every chunk); `bar` (a tqdm bar) is
-        advanced by the episodes of each chunk. `action_noise` > 0 executes
-        the actions through [`envs.ActionNoise`][jaxil.envs.wrappers.ActionNoise] and records the
-        policy's own (DART collection; box actions only).
+        advanced by the episodes of each chunk. `action_noise` > 0 executes the
+        actions through [`envs.ActionNoise`][jaxil.envs.wrappers.ActionNoise]
+        and records the policy's own (DART collection; box actions only).
         """
         seeds = np.asarray(seeds, np.int64).reshape(-1)
         if seeds.size and (seeds.min() < 0 or seeds.max() >= MAX_SEED):
@@ -449,7 +460,8 @@ def make_zoo(
 
     Args:
       env_id: registry id, e.g. `"smax:3m"`.
-      env_kwargs: keyword overrides for [`envs.make`][jaxil.envs.registry.make] (e.g. `max_steps`).
+      env_kwargs: keyword overrides for [`envs.make`][jaxil.envs.registry.make]
+        (e.g. `max_steps`).
       teacher_dir: a teacher run directory to take the tiers from (may still
         be training); `None` looks one up (see the module docstring).
       discover: look for a complete teacher when `teacher_dir` is None;
@@ -515,7 +527,8 @@ def _make_zoo(env_id: str, env_kwargs: dict, teacher_dir: Optional[os.PathLike |
 
 
 def measurement_seeds(seed: int, num_episodes: int) -> np.ndarray:
-    """Distinct per-episode seeds of [`measure_tiers`][jaxil.collect.zoo.measure_tiers] (independent of the
+    """Distinct per-episode seeds of
+    [`measure_tiers`][jaxil.collect.zoo.measure_tiers] (independent of the
     seeds a recipe collects with)."""
     return np.random.default_rng([int(seed), 0x6D656173]).choice(
         MAX_SEED, size=num_episodes, replace=False
@@ -523,9 +536,9 @@ def measurement_seeds(seed: int, num_episodes: int) -> np.ndarray:
 
 
 def tier_summary(eps: Any, has_win: bool) -> dict[str, Any]:
-    """[`jaxil.envs.episode_summary`][jaxil.envs.rollout.episode_summary] under the names of the tier
-    measurements (`mean_return`, `std_return`, `mean_length`;
-    `win_rate` None when the task has no win)."""
+    """[`jaxil.envs.episode_summary`][jaxil.envs.rollout.episode_summary] under
+    the names of the tier measurements (`mean_return`, `std_return`,
+    `mean_length`; `win_rate` None when the task has no win)."""
     s = envs.episode_summary(eps, has_win)
     return dict(episodes=s["episodes"], mean_return=s["return_mean"],
                 std_return=s["return_std"], mean_length=s["length_mean"],
@@ -549,10 +562,10 @@ def measure_tiers(
     """Mean return ± std, win rate and length of each tier over `num_episodes`.
 
     Each tier is one compiled, vectorized program (the collector of
-    [`Zoo.collect`][jaxil.collect.zoo.Zoo.collect]; `chunk_size` defaults to `num_episodes`, so one
-    call). Pass `zoo` to reuse its compiled programs. Writes the result as
-    JSON to `out_path` if given. `progress`: True for a tqdm bar, or an
-    existing bar to advance.
+    [`Zoo.collect`][jaxil.collect.zoo.Zoo.collect]; `chunk_size` defaults to
+    `num_episodes`, so one call). Pass `zoo` to reuse its compiled programs.
+    Writes the result as JSON to `out_path` if given. `progress`: True for a
+    tqdm bar, or an existing bar to advance.
 
     Returns:
       `{"env_id", "env_kwargs", "num_episodes", "seed", "tiers": {tier:

@@ -1,9 +1,13 @@
 """Offline datasets: format and validation, on-device sampling, vault interchange.
 
-* [`jaxil.data.format`][jaxil.data.format] — the [`Dataset`][jaxil.data.format.Dataset] pytree, [`save`][jaxil.data.format.save] /
-  [`load`][jaxil.data.format.load] (atomic, checksummed, byte-deterministic single file).
-* [`jaxil.data.validate`][jaxil.data.validate] — the schema rules and [`DatasetError`][jaxil.data.validate.DatasetError].
-* [`jaxil.data.sampling`][jaxil.data.sampling] — jittable transition / segment-pair samplers.
+* [`jaxil.data.format`][jaxil.data.format] — the
+  [`Dataset`][jaxil.data.format.Dataset] pytree,
+  [`save`][jaxil.data.format.save] / [`load`][jaxil.data.format.load] (atomic,
+  checksummed, byte-deterministic single file).
+* [`jaxil.data.validate`][jaxil.data.validate] — the schema rules and
+  [`DatasetError`][jaxil.data.validate.DatasetError].
+* [`jaxil.data.sampling`][jaxil.data.sampling] — jittable transition /
+  segment-pair samplers.
 * [`jaxil.data.vault`][jaxil.data.vault] — OG-MARL / flashbax vault import and export.
 """
 

@@ -1,11 +1,11 @@
 """The environment a dataset was recorded in.
 
-[`dataset_env`][jaxil.data.environment.dataset_env] makes it from the dataset's environment id and the
-`envs.make` keywords its builder recorded
-([`DatasetInfo.env_kwargs`][jaxil.data.format.DatasetInfo.env_kwargs]), and checks it against the dataset's
-spec, so that a learner trained on the data is evaluated where the data
-came from (a MaMuJoCo dataset at a cheaper solver setting, say, or an MPE
-one with shorter episodes).
+[`dataset_env`][jaxil.data.environment.dataset_env] makes it from the dataset's
+environment id and the `envs.make` keywords its builder recorded
+([`DatasetInfo.env_kwargs`][jaxil.data.format.DatasetInfo.env_kwargs]), and
+checks it against the dataset's spec, so that a learner trained on the data is
+evaluated where the data came from (a MaMuJoCo dataset at a cheaper solver
+setting, say, or an MPE one with shorter episodes).
 """
 
 from __future__ import annotations

@@ -1,24 +1,27 @@
 """The offline dataset: M padded trajectories plus their provenance.
 
-In memory a [`Dataset`][jaxil.data.format.Dataset] is a pytree of numpy arrays (see
-[`jaxil.data.validate`][jaxil.data.validate] for every field, its dtype and the episode
-boundary rules) with a static [`DatasetInfo`][jaxil.data.format.DatasetInfo] (environment spec, tier and
+In memory a [`Dataset`][jaxil.data.format.Dataset] is a pytree of numpy arrays
+(see [`jaxil.data.validate`][jaxil.data.validate] for every field, its dtype
+and the episode boundary rules) with a static
+[`DatasetInfo`][jaxil.data.format.DatasetInfo] (environment spec, tier and
 source names, recipe, library versions, creation arguments).
 
 On disk a dataset is ONE uncompressed zip file in the `.npz` layout that
 `np.load` also reads: a `metadata.json` member followed by one `.npy`
 member per field. Why this format:
 
-* Fast load. Members are stored uncompressed, so [`load`][jaxil.data.format.load] reads each field
-  with one `readinto` straight into its destination array (no decompression,
-  no per-chunk copies); verifying the SHA-256 checksums costs more than the
-  read itself. Observations are float noise to a compressor anyway.
+* Fast load. Members are stored uncompressed, so
+  [`load`][jaxil.data.format.load] reads each field with one `readinto`
+  straight into its destination array (no decompression, no per-chunk copies);
+  verifying the SHA-256 checksums costs more than the read itself. Observations
+  are float noise to a compressor anyway.
 * Atomic. One file can be written to a temporary sibling, fsynced and moved
-  over the destination with `os.replace`: a reader sees the old file or the
-  new one, never a half-written one, and an interrupted write leaves at most a
-  hidden `.<name>.*.tmp` file that [`load`][jaxil.data.format.load] never picks up and the next
-  write to the same path removes ([`jaxil.runs.io_atomic`][jaxil.runs.io_atomic]). A directory
-  of `.npy` files cannot replace an existing directory atomically.
+  over the destination with `os.replace`: a reader sees the old file or the new
+  one, never a half-written one, and an interrupted write leaves at most a
+  hidden `.<name>.*.tmp` file that [`load`][jaxil.data.format.load] never picks
+  up and the next write to the same path removes
+  ([`jaxil.runs.io_atomic`][jaxil.runs.io_atomic]). A directory of `.npy` files
+  cannot replace an existing directory atomically.
 * Deterministic. Members are written in a fixed order with a fixed zip
   timestamp and attributes, and `metadata.json` has sorted keys and no
   creation time, so the same content gives byte-identical files (the basis of
@@ -76,8 +79,9 @@ def library_versions() -> dict[str, Optional[str]]:
 
 @dataclasses.dataclass(frozen=True)
 class DatasetInfo:
-    """Dataset-level metadata. Frozen and hashable, so a [`Dataset`][jaxil.data.format.Dataset] can be
-    passed through `jax.jit` (it is the static part of the pytree).
+    """Dataset-level metadata. Frozen and hashable, so a
+    [`Dataset`][jaxil.data.format.Dataset] can be passed through `jax.jit` (it
+    is the static part of the pytree).
 
     Attributes:
       spec: the environment the data was recorded on.
@@ -201,7 +205,8 @@ class Dataset:
         creation_args: Optional[Mapping[str, Any]] = None,
         check: bool = True,
     ) -> "Dataset":
-        """Wrap [`envs.run_episodes`][jaxil.envs.rollout.run_episodes] output (`Episodes`) as a dataset.
+        """Wrap [`envs.run_episodes`][jaxil.envs.rollout.run_episodes] output
+        (`Episodes`) as a dataset.
 
         Args:
           episodes: batch-major complete episodes `[E, T(+1), ...]`.
@@ -212,7 +217,8 @@ class Dataset:
           expert: ground-truth expert flag, one for all or `[E]`.
           recipe: name of the recipe building the dataset.
           creation_args: JSON-serialisable arguments that created it.
-          check: run [`validate`][jaxil.data.format.Dataset.validate] (recommended; costs one pass).
+          check: run [`validate`][jaxil.data.format.Dataset.validate]
+            (recommended; costs one pass).
         """
         length = np.asarray(episodes.length, np.int32)
         M = length.shape[0]
@@ -300,7 +306,8 @@ class Dataset:
         return self.select(perm)
 
     def validate(self, spec: Optional[EnvSpec] = None) -> "Dataset":
-        """Raise [`DatasetError`][jaxil.data.validate.DatasetError] if any rule is broken; return self."""
+        """Raise [`DatasetError`][jaxil.data.validate.DatasetError] if any rule
+        is broken; return self."""
         validate(self, spec)
         return self
 
@@ -347,7 +354,8 @@ class Dataset:
         }
 
     def metadata(self) -> dict[str, Any]:
-        """The `metadata.json` that [`save`][jaxil.data.format.save] writes (with checksums)."""
+        """The `metadata.json` that [`save`][jaxil.data.format.save] writes
+        (with checksums)."""
         arrays = self.arrays()
         return _metadata(self.info, arrays)
 
@@ -507,8 +515,9 @@ def write_archive(
 
 def size_bound(spec: EnvSpec, num_trajectories: int, max_steps: Optional[int] = None) -> int:
     """Bytes of the arrays of `num_trajectories` trajectories padded to
-    `max_steps` (default `spec.max_steps`), the size a file of them
-    reaches at most: every field of [`Dataset`][jaxil.data.format.Dataset], stored uncompressed."""
+    `max_steps` (default `spec.max_steps`), the size a file of them reaches at
+    most: every field of [`Dataset`][jaxil.data.format.Dataset], stored
+    uncompressed."""
     T = spec.max_steps if max_steps is None else int(max_steps)
     n = spec.num_agents
     action = n * (spec.action.dim * 4 if not spec.discrete else 4)
@@ -532,12 +541,14 @@ def read_archive(
     required: Sequence[str] = (),
     format_name: str = FORMAT_NAME,
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Read `(metadata, arrays)` written by [`write_archive`][jaxil.data.format.write_archive].
+    """Read `(metadata, arrays)` written by
+    [`write_archive`][jaxil.data.format.write_archive].
 
-    Every problem becomes a [`DatasetError`][jaxil.data.validate.DatasetError] naming the file: not a zip
-    (truncated or corrupt), no or bad `metadata.json`, wrong `format` or
-    `schema_version`, missing fields, member sizes, dtypes or shapes that
-    disagree with the metadata, SHA-256 mismatches (when `verify`).
+    Every problem becomes a [`DatasetError`][jaxil.data.validate.DatasetError]
+    naming the file: not a zip (truncated or corrupt), no or bad
+    `metadata.json`, wrong `format` or `schema_version`, missing fields, member
+    sizes, dtypes or shapes that disagree with the metadata, SHA-256 mismatches
+    (when `verify`).
     """
     path = Path(path)
     if not path.exists():

@@ -1,4 +1,5 @@
-"""Expert labels of a dataset: ground truth, none, all, or a labels file, and their digest."""
+"""Expert labels of a dataset: ground truth, none, all, or a labels file, and
+their digest."""
 
 from __future__ import annotations
 

@@ -35,9 +35,10 @@ What the import makes of it:
   ends at its first done, else at T. Entries past the end are zeroed (jaxil
   padding), `done` is the file's done at the last step, `truncated` is
   never set (SMAC reports a time-limit end as done too).
-* the preferences Phase 1 takes, `(pairs, prefs)`: [`QueryPairs`][jaxil.data.preferences.QueryPairs]
-  of whole trajectories (x_i = i, y_i = P + i, start 0, `segment_len=None`)
-  and `prefs [P]` float32, the probability that x is preferred = the label:
+* the preferences Phase 1 takes, `(pairs, prefs)`:
+  [`QueryPairs`][jaxil.data.preferences.QueryPairs] of whole trajectories
+  (x_i = i, y_i = P + i, start 0, `segment_len=None`) and `prefs [P]` float32,
+  the probability that x is preferred = the label:
 
 ```python
 ds, (pairs, prefs) = import_omapl_h5("dataset/5m_vs_6m.h5", None, spec=SMAC_SPEC)
@@ -52,9 +53,10 @@ pair. The authors recorded StarCraft II SMAC and MaMuJoCo, whose shapes no
 jaxil environment shares (SMAX observations differ): import those with
 `spec=` describing the file, or `env_id=None` to infer one.
 
-[`save_preferences`][jaxil.data.omapl_h5.save_preferences] / [`load_preferences`][jaxil.data.omapl_h5.load_preferences] keep the preferences
-beside the dataset file (`jaxil data import-omapl` writes both), tied to
-the dataset by a content hash. h5py is an optional dependency:
+[`save_preferences`][jaxil.data.omapl_h5.save_preferences] /
+[`load_preferences`][jaxil.data.omapl_h5.load_preferences] keep the preferences
+beside the dataset file (`jaxil data import-omapl` writes both), tied to the
+dataset by a content hash. h5py is an optional dependency:
 `pip install "jaxil[h5]"`.
 """
 
@@ -447,8 +449,9 @@ def content_id(dataset: Dataset) -> str:
 
 def save_preferences(path: PathLike, dataset: Dataset, prefs: Preferences) -> Path:
     """Write `prefs` beside `dataset` atomically (the dataset file layout:
-    `metadata.json` + one `.npy` per array, format `jaxil.preferences`).
-    The metadata records the dataset's [`content_id`][jaxil.data.omapl_h5.content_id], checked on load."""
+    `metadata.json` + one `.npy` per array, format `jaxil.preferences`). The
+    metadata records the dataset's
+    [`content_id`][jaxil.data.omapl_h5.content_id], checked on load."""
     pairs, p = prefs
     arrays = {
         "traj_x": np.asarray(pairs.traj_x, np.int32),
@@ -472,8 +475,9 @@ def save_preferences(path: PathLike, dataset: Dataset, prefs: Preferences) -> Pa
 
 
 def load_preferences(path: PathLike, dataset: Optional[Dataset] = None) -> Preferences:
-    """Read what [`save_preferences`][jaxil.data.omapl_h5.save_preferences] wrote; with `dataset`, refuse
-    preferences that were made for other trajectories."""
+    """Read what [`save_preferences`][jaxil.data.omapl_h5.save_preferences]
+    wrote; with `dataset`, refuse preferences that were made for other
+    trajectories."""
     meta, a = read_archive(path, format_name=PREFERENCES_FORMAT, required=_PAIR_FIELDS)
     if dataset is not None and meta.get("dataset_sha256") != content_id(dataset):
         raise DatasetError(

@@ -1,10 +1,10 @@
 """Preference queries: which trajectory segments an oracle is asked to compare.
 
-A query set is chosen once, on the host, with a budget (the number of
-queries); the oracle answers it once; the preference learner then trains on
-minibatches of the answered queries. [`QueryPairs`][jaxil.data.preferences.QueryPairs] holds indices only
-(trajectory and start step of both sides), so the same queries can be
-answered by several oracles and compared.
+A query set is chosen once, on the host, with a budget (the number of queries);
+the oracle answers it once; the preference learner then trains on minibatches
+of the answered queries. [`QueryPairs`][jaxil.data.preferences.QueryPairs]
+holds indices only (trajectory and start step of both sides), so the same
+queries can be answered by several oracles and compared.
 
     pairs = sample_query_pairs(dataset, num_queries=1000, segment_len=None, seed=0)
     x, y = pair_segments(dataset, pairs)          # numpy Segments [Q, L(+1), ...]
@@ -112,9 +112,10 @@ def sample_query_pairs(
 
 
 def _segments_per_trajectory(dataset: Dataset, segment_len: Optional[int]) -> np.ndarray:
-    """`[M]` the number of distinct segments of each trajectory: one start
-    per step in `[0, max(length − L, 0)]` ([`sample_query_pairs`][jaxil.data.preferences.sample_query_pairs]), or
-    one whole trajectory."""
+    """`[M]` the number of distinct segments of each trajectory: one start per
+    step in `[0, max(length − L, 0)]`
+    ([`sample_query_pairs`][jaxil.data.preferences.sample_query_pairs]), or one
+    whole trajectory."""
     if segment_len is None:
         return np.ones(dataset.num_trajectories, np.int64)
     return np.maximum(np.asarray(dataset.length, np.int64) - int(segment_len), 0) + 1
@@ -163,14 +164,14 @@ def distinct_query_pairs(dataset: Dataset, num_queries: int, segment_len: Option
                          seed: int = 0) -> QueryPairs:
     """`min(num_queries, num_distinct_pairs(...))` distinct random queries.
 
-    [`sample_query_pairs`][jaxil.data.preferences.sample_query_pairs] draws with replacement, so a budget near or
-    above the number of distinct pairs asks many pairs twice (or both ways
-    round) while seeming to ask more. Here a repeated pair is dropped and
-    replaced by a fresh draw; when the budget asks for more than half of
-    all distinct pairs they are chosen without replacement from the full
-    list instead, and a budget above the total asks every pair once. When
-    the first draw has no repeats (a budget small against the number of
-    pairs) the queries are exactly `sample_query_pairs(dataset,
+    [`sample_query_pairs`][jaxil.data.preferences.sample_query_pairs] draws
+    with replacement, so a budget near or above the number of distinct pairs
+    asks many pairs twice (or both ways round) while seeming to ask more. Here
+    a repeated pair is dropped and replaced by a fresh draw; when the budget
+    asks for more than half of all distinct pairs they are chosen without
+    replacement from the full list instead, and a budget above the total asks
+    every pair once. When the first draw has no repeats (a budget small against
+    the number of pairs) the queries are exactly `sample_query_pairs(dataset,
     num_queries, segment_len, seed)`. Deterministic given `seed`.
     """
     drawn = sample_query_pairs(dataset, num_queries, segment_len, seed=seed)  # checks the args
@@ -206,9 +207,9 @@ def _window(x: np.ndarray, traj: np.ndarray, start: np.ndarray, n: int) -> np.nd
 
 
 def segments(dataset: Dataset, traj: np.ndarray, start: np.ndarray, L: Optional[int]) -> Segments:
-    """numpy [`Segments`][jaxil.data.sampling.Segments] of the given trajectories/starts. `L=None`
-    means whole trajectories, cut to the dataset's longest episode (padding
-    beyond it would only cost compute)."""
+    """numpy [`Segments`][jaxil.data.sampling.Segments] of the given
+    trajectories/starts. `L=None` means whole trajectories, cut to the
+    dataset's longest episode (padding beyond it would only cost compute)."""
     n = int(np.max(dataset.length)) if L is None else int(L)
     mask = _window(dataset.mask, traj, start, n)
     return Segments(
@@ -225,14 +226,16 @@ def segments(dataset: Dataset, traj: np.ndarray, start: np.ndarray, L: Optional[
 
 
 def pair_segments(dataset: Dataset, pairs: QueryPairs) -> tuple[Segments, Segments]:
-    """Both sides of every query as numpy [`Segments`][jaxil.data.sampling.Segments] `[Q, ...]`."""
+    """Both sides of every query as numpy
+    [`Segments`][jaxil.data.sampling.Segments] `[Q, ...]`."""
     query_sides(dataset, pairs)
     return (segments(dataset, pairs.traj_x, pairs.start_x, pairs.segment_len),
             segments(dataset, pairs.traj_y, pairs.start_y, pairs.segment_len))
 
 
 def query_sides(dataset: Dataset, pairs: QueryPairs):
-    """`((traj_x, start_x), (traj_y, start_y))` as int64, checked against the dataset."""
+    """`((traj_x, start_x), (traj_y, start_y))` as int64, checked against the
+    dataset."""
     M = dataset.num_trajectories
     out = []
     for t, s in ((pairs.traj_x, pairs.start_x), (pairs.traj_y, pairs.start_y)):
@@ -256,7 +259,8 @@ def valid_steps(dataset: Dataset, traj: np.ndarray, start: np.ndarray, n: int) -
 def segment_returns(dataset: Dataset, pairs: QueryPairs) -> tuple[np.ndarray, np.ndarray]:
     """True (recorded) returns of both sides of every query, `[Q]` float64
     each, summed over the segments' valid steps (without building the
-    observation windows that [`pair_segments`][jaxil.data.preferences.pair_segments] gathers)."""
+    observation windows that
+    [`pair_segments`][jaxil.data.preferences.pair_segments] gathers)."""
     n = dataset.reward.shape[1] if pairs.segment_len is None else int(pairs.segment_len)
     reward = np.asarray(dataset.reward)
     T = reward.shape[1]

@@ -50,7 +50,8 @@ class Transitions:
       init_obs, init_global_state, init_avail: step 0 of the same trajectory,
         for the (1 - γ)·E[ν(s0)] term of DICE objectives. Read off a uniform
         transition they weight each trajectory's s0 by its length; draw s0
-        uniformly over trajectories with [`sample_initial_states`][jaxil.data.sampling.sample_initial_states].
+        uniformly over trajectories with
+        [`sample_initial_states`][jaxil.data.sampling.sample_initial_states].
       traj_index: [K] int32 trajectory of each step; step: [K] int32 its time
         (every trajectory has exactly one `step == 0` transition).
       expert: [K] bool labels copied from `expert_flags` per trajectory,
@@ -81,7 +82,8 @@ class Transitions:
 def flatten_transitions(
     dataset: Dataset, expert_flags: Any = None, device: Any = None
 ) -> Transitions:
-    """All valid steps of `dataset` as a [`Transitions`][jaxil.data.sampling.Transitions] on `device`.
+    """All valid steps of `dataset` as a
+    [`Transitions`][jaxil.data.sampling.Transitions] on `device`.
 
     Args:
       dataset: the trajectories.
@@ -134,8 +136,8 @@ def sample_transitions(key: jax.Array, transitions: Transitions, batch_size: int
 def sample_transitions_indexed(
     key: jax.Array, transitions: Transitions, batch_size: int
 ) -> tuple[Transitions, jax.Array]:
-    """[`sample_transitions`][jaxil.data.sampling.sample_transitions] (the same draw for the same key) and the
-    `[batch_size]` indices it drew."""
+    """[`sample_transitions`][jaxil.data.sampling.sample_transitions] (the same
+    draw for the same key) and the `[batch_size]` indices it drew."""
     k = transitions.reward.shape[0]
     idx = jax.random.randint(key, (batch_size,), 0, k)
     return jax.tree.map(lambda x: x[idx], transitions), idx
@@ -217,21 +219,24 @@ def sample_initial_states(key: jax.Array, transitions: Transitions, batch_size: 
     first transition: read `init_obs` / `init_global_state` off the result.
 
     This is the s0 ∼ p0 of DICE objectives as DemoDICE samples it, one initial
-    state per trajectory (Kim et al. 2022; the authors' `lfd_mujoco.py`
-    draws indices uniformly over an array of per-trajectory initial states).
-    Taking `init_obs` of uniformly drawn *transitions* instead weights every
-    trajectory's s0 by its length. Jittable (`batch_size` static); one
-    O(K) cumulative sum per call ([`sample_where`][jaxil.data.sampling.sample_where] on
-    [`initial_state_mask`][jaxil.data.sampling.initial_state_mask]). Every trajectory must keep its `step == 0`
-    transition ([`flatten_transitions`][jaxil.data.sampling.flatten_transitions] does).
+    state per trajectory (Kim et al. 2022; the authors' `lfd_mujoco.py` draws
+    indices uniformly over an array of per-trajectory initial states). Taking
+    `init_obs` of uniformly drawn *transitions* instead weights every
+    trajectory's s0 by its length. Jittable (`batch_size` static); one O(K)
+    cumulative sum per call ([`sample_where`][jaxil.data.sampling.sample_where]
+    on [`initial_state_mask`][jaxil.data.sampling.initial_state_mask]). Every
+    trajectory must keep its `step == 0` transition
+    ([`flatten_transitions`][jaxil.data.sampling.flatten_transitions] does).
     """
     return sample_where(key, transitions, batch_size, initial_state_mask(transitions))
 
 
 @struct.dataclass
 class TrajectoryArrays:
-    """The per-step fields of a dataset on device, batch-major `[M, T(+1), ...]`
-    (what [`sample_segment_pairs`][jaxil.data.sampling.sample_segment_pairs] gathers from)."""
+    """The per-step fields of a dataset on device, batch-major
+    `[M, T(+1), ...]` (what
+    [`sample_segment_pairs`][jaxil.data.sampling.sample_segment_pairs] gathers
+    from)."""
 
     obs: jax.Array  # [M, T+1, N, O]
     global_state: jax.Array  # [M, T+1, S]

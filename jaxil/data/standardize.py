@@ -1,13 +1,16 @@
 """Standardised observations: a dataset's per-feature statistics, and the
 dataset with its observations and global states standardised by them.
 
-D4RL-style offline learners (TD3+BC, IQL in CORL) train on states
-standardised by the dataset's own mean and std and act through an
-environment wrapped with the same statistics. jaxil does the same:
-[`observation_stats`][jaxil.data.standardize.observation_stats] measures them over every real entry of the
-dataset (each step's observation and the final next observation, padding
-excluded), [`standardize`][jaxil.data.standardize.standardize] applies them (padding stays zero), and
-[`envs.StandardizeObservations`][jaxil.envs.wrappers.StandardizeObservations] applies them in the environment:
+D4RL-style offline learners (TD3+BC, IQL in CORL) train on states standardised
+by the dataset's own mean and std and act through an environment wrapped with
+the same statistics. jaxil does the same:
+[`observation_stats`][jaxil.data.standardize.observation_stats] measures them
+over every real entry of the dataset (each step's observation and the final
+next observation, padding excluded),
+[`standardize`][jaxil.data.standardize.standardize] applies them (padding stays
+zero), and
+[`envs.StandardizeObservations`][jaxil.envs.wrappers.StandardizeObservations]
+applies them in the environment:
 
 ```python
 stats = observation_stats(ds)

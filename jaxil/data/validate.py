@@ -1,4 +1,5 @@
-"""The rules every jaxil dataset satisfies, and [`validate`][jaxil.data.validate.validate] that checks them.
+"""The rules every jaxil dataset satisfies, and
+[`validate`][jaxil.data.validate.validate] that checks them.
 
 A dataset holds M padded trajectories of T steps (`T = actions.shape[1]`):
 
@@ -28,9 +29,9 @@ Episode boundaries (the decision this module enforces):
   every valid step; continuous actions lie in the spec's box.
 * Float fields hold no NaN or inf.
 
-Every violation raises [`DatasetError`][jaxil.data.validate.DatasetError] naming the field, the trajectory
-(and step) and what to do about it. All checks are vectorised numpy; they cost
-about as much as one pass over the data.
+Every violation raises [`DatasetError`][jaxil.data.validate.DatasetError]
+naming the field, the trajectory (and step) and what to do about it. All checks
+are vectorised numpy; they cost about as much as one pass over the data.
 """
 
 from __future__ import annotations
@@ -116,10 +117,11 @@ _RECREATE = "the file was not written by jaxil.data.save or was edited — re-cr
 def check_metadata(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
     """Check a file's `metadata.json` block against the arrays stored with it.
 
-    Every key of `METADATA_KEYS` must be present with its type,
-    `env_id` must equal `spec.env_id`, and `num_trajectories` /
-    `num_steps` must equal the trajectories in `length` and the steps in
-    `actions`. Raises [`DatasetError`][jaxil.data.validate.DatasetError] (the caller adds the file name).
+    Every key of `METADATA_KEYS` must be present with its type, `env_id` must
+    equal `spec.env_id`, and `num_trajectories` / `num_steps` must equal the
+    trajectories in `length` and the steps in `actions`. Raises
+    [`DatasetError`][jaxil.data.validate.DatasetError] (the caller adds the
+    file name).
     """
     for key, kind in METADATA_KEYS.items():
         if key not in meta:
@@ -154,9 +156,9 @@ def check_metadata(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) ->
 
 
 def check_env_id(env_id: str) -> None:
-    """Raise [`DatasetError`][jaxil.data.validate.DatasetError] unless `env_id` is registered with
-    [`envs`][jaxil.envs] (membership only: no environment is built) or belongs to a
-    data-only family (`DATA_ONLY_FAMILIES`)."""
+    """Raise [`DatasetError`][jaxil.data.validate.DatasetError] unless `env_id`
+    is registered with [`envs`][jaxil.envs] (membership only: no environment is
+    built) or belongs to a data-only family (`DATA_ONLY_FAMILIES`)."""
 
     if env_id.split(":", 1)[0] in DATA_ONLY_FAMILIES:
         return
@@ -177,11 +179,12 @@ def action_dtype(spec: EnvSpec) -> np.dtype:
 
 
 def validate(dataset: Any, spec: Optional[EnvSpec] = None) -> None:
-    """Check every rule in this module's docstring; raise [`DatasetError`][jaxil.data.validate.DatasetError].
+    """Check every rule in this module's docstring; raise
+    [`DatasetError`][jaxil.data.validate.DatasetError].
 
     Args:
-      dataset: a [`jaxil.data.Dataset`][jaxil.data.format.Dataset] (anything with its fields and an
-        `info` carrying the recorded `spec` works).
+      dataset: a [`jaxil.data.Dataset`][jaxil.data.format.Dataset] (anything
+        with its fields and an `info` carrying the recorded `spec` works).
       spec: the environment the caller will use the data with. Defaults to the
         spec the dataset was recorded with; when given, shapes are checked
         against it and it must equal the recorded one.

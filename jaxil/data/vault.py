@@ -38,16 +38,17 @@ all fields, the `infos.legals` width covering every action taken) and
 against the environment's spec (the one given, else the one stored with the
 vault), and names the vault, the field, the expected and the actual shape.
 
-[`export_vault`][jaxil.data.vault.export_vault] writes that layout, with team rewards and episode flags
-broadcast over agents (float32, as OG-MARL's released vaults) and cut
-trajectories (neither done nor truncated) marked as truncations, so OG-MARL
-code reads it as is. The environment's spec is stored in `metadata.json`
-(user key `jaxil.spec`); beside it a small `jaxil_episodes.npz` holds
-final observations and per-trajectory metadata (tier, source, seed, expert
-flag, success, exact episode boundaries). [`import_vault`][jaxil.data.vault.import_vault] uses the
-stored spec, and the episode file when present and consistent, so that
-`import_vault(export_vault(ds))` gives back `ds` exactly; a vault whose
-episode file no longer matches (appended to after export) keeps its spec.
+[`export_vault`][jaxil.data.vault.export_vault] writes that layout, with team
+rewards and episode flags broadcast over agents (float32, as OG-MARL's released
+vaults) and cut trajectories (neither done nor truncated) marked as
+truncations, so OG-MARL code reads it as is. The environment's spec is stored
+in `metadata.json` (user key `jaxil.spec`); beside it a small
+`jaxil_episodes.npz` holds final observations and per-trajectory metadata
+(tier, source, seed, expert flag, success, exact episode boundaries).
+[`import_vault`][jaxil.data.vault.import_vault] uses the stored spec, and the
+episode file when present and consistent, so that
+`import_vault(export_vault(ds))` gives back `ds` exactly; a vault whose episode
+file no longer matches (appended to after export) keeps its spec.
 
 Backends: flashbax's own `Vault` when it is installed
 (`pip install 'jaxil[vault]'`), otherwise the same layout through
@@ -390,16 +391,18 @@ def import_vault(
     reward_reduction: str = "mean",
     backend: str = "auto",
 ) -> Dataset:
-    """Read an OG-MARL / flashbax vault into a validated [`Dataset`][jaxil.data.format.Dataset].
+    """Read an OG-MARL / flashbax vault into a validated
+    [`Dataset`][jaxil.data.format.Dataset].
 
     Args:
       path: the vault directory `<rel_dir>/<vault_name>` (OG-MARL:
         `vaults/smac_v1/3m.vlt`), or the `<vault_uid>` directory itself.
       vault_uid: e.g. `"Good"`; optional when `path` holds one vault.
       spec: the environment the data belongs to. Defaults to the spec stored by
-        [`export_vault`][jaxil.data.vault.export_vault] (`metadata.json`, else `jaxil_episodes.npz`),
-        else one inferred from the shapes (env id `vault:<name>/<uid>`,
-        max_steps = the longest episode). The vault's fields must fit it.
+        [`export_vault`][jaxil.data.vault.export_vault] (`metadata.json`, else
+        `jaxil_episodes.npz`), else one inferred from the shapes (env id
+        `vault:<name>/<uid>`, max_steps = the longest episode). The vault's
+        fields must fit it.
       tier, source, expert: per-trajectory labels for a plain OG-MARL vault
         (source defaults to `<vault_name>/<vault_uid>`); a vault written by
         [`export_vault`][jaxil.data.vault.export_vault] keeps its own.
@@ -697,7 +700,8 @@ def _episode_bounds(flat: dict, vdir: Path) -> tuple[np.ndarray, np.ndarray, np.
 
 
 def _load_sidecar(vdir: Path) -> dict | None:
-    """The episode file written by [`export_vault`][jaxil.data.vault.export_vault] (arrays, `meta` and
+    """The episode file written by
+    [`export_vault`][jaxil.data.vault.export_vault] (arrays, `meta` and
     `num_steps`), or None when absent or unreadable (with a warning)."""
     path = vdir / SIDECAR_FILE
     if not path.exists():
@@ -714,9 +718,9 @@ def _load_sidecar(vdir: Path) -> dict | None:
 
 def _stored_spec(vdir: Path, meta: dict, side: dict | None, required: bool
                  ) -> EnvSpec | None:
-    """The spec [`export_vault`][jaxil.data.vault.export_vault] stored: `metadata.json`'s `jaxil.spec`,
-    else the episode file's. An unreadable one is an error when `required`
-    (no spec was given), else ignored."""
+    """The spec [`export_vault`][jaxil.data.vault.export_vault] stored:
+    `metadata.json`'s `jaxil.spec`, else the episode file's. An unreadable one
+    is an error when `required` (no spec was given), else ignored."""
     jaxil = meta.get("jaxil") if isinstance(meta.get("jaxil"), dict) else {}
     if jaxil.get("spec") is not None:
         where, d = f"{METADATA_FILE} (jaxil.spec)", jaxil["spec"]

@@ -1,19 +1,22 @@
 """Adversarial imitation (GAIL, AIRL) and the KL-penalised learned reward.
 
-Pure functions of arrays; the learners in [`jaxil.algorithms.irl.adversarial`][jaxil.algorithms.irl.adversarial]
-compose them with the discriminator network and the PPO trainer.
+Pure functions of arrays; the learners in
+[`jaxil.algorithms.irl.adversarial`][jaxil.algorithms.irl.adversarial] compose
+them with the discriminator network and the PPO trainer.
 
 Conventions. The discriminator D = σ(ℓ) is trained with label 1 on expert
 samples and label 0 on the policy's (the logistic loss of
-[`jaxil.losses.discriminator_loss`][jaxil.losses.discriminator.discriminator_loss], here also per agent:
+[`jaxil.losses.discriminator_loss`][jaxil.losses.discriminator.discriminator_loss],
+here also per agent:
 [`agent_discriminator_loss`][jaxil.losses.adversarial.agent_discriminator_loss]).
 
 - GAIL (Ho & Ermon, 2016): ℓ(s, a) is a free function; the policy's reward is
   one of `GAIL_REWARDS` of ℓ ([`gail_reward`][jaxil.losses.adversarial.gail_reward]).
 - AIRL (Fu, Luo & Levine, 2018): D(s, a, s') = exp f / (exp f + π(a|s)) with
-  the reward-shaping form f = g(s, a) + γ h(s') − h(s), i.e. the logit is
-  ℓ = f − log π(a|s) ([`airl_logits`][jaxil.losses.adversarial.airl_logits]), and the policy's reward is
-  log D − log(1 − D) = ℓ = f − log π (entropy-regularised RL on f).
+  the reward-shaping form f = g(s, a) + γ h(s') − h(s), i.e. the logit is ℓ = f
+  − log π(a|s) ([`airl_logits`][jaxil.losses.adversarial.airl_logits]), and the
+  policy's reward is log D − log(1 − D) = ℓ = f − log π (entropy-regularised RL
+  on f).
 """
 
 from __future__ import annotations
@@ -91,7 +94,8 @@ def airl_logits(g: jax.Array, h: jax.Array, h_next: jax.Array, last: jax.Array,
     discriminator step does not differentiate the policy (stop-gradient).
 
     Args:
-      g, h, h_next, last, gamma: as in [`airl_shaped_reward`][jaxil.losses.adversarial.airl_shaped_reward].
+      g, h, h_next, last, gamma: as in
+        [`airl_shaped_reward`][jaxil.losses.adversarial.airl_shaped_reward].
       log_pi: `[...]` log π(a|s) under the current policy.
 
     Returns:

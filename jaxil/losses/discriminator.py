@@ -106,7 +106,8 @@ def _interpolate(u: jax.Array, x: Any, y: Any) -> Any:
 
 
 def _interpolation_draws(key: jax.Array, b: int, b2: int):
-    """Random draws of `gradient_penalty`: `(u [b], partner_idx [b] | None, shuffle_idx [b])`.
+    """Random draws of `gradient_penalty`: `(u [b], partner_idx [b] | None,
+    shuffle_idx [b])`.
 
     `u ~ U(0,1)` per expert sample; `partner_idx` picks the union partner
     of each expert sample (`None`: sample b pairs with union sample b, when
@@ -216,9 +217,11 @@ def gradient_penalty(
 
 
 def agent_interpolation_draws(key: jax.Array, b: int, b2: int, num_agents: int):
-    """The draws of [`agent_gradient_penalty`][jaxil.losses.discriminator.agent_gradient_penalty]: `_interpolation_draws`
-    once per agent (`jax.random.split(key, num_agents)`), stacked on a
-    leading agent axis: `(u [N, b], partner_idx [N, b] | None, shuffle_idx [N, b])`."""
+    """The draws of
+    [`agent_gradient_penalty`][jaxil.losses.discriminator.agent_gradient_penalty]:
+    `_interpolation_draws` once per agent (`jax.random.split(key,
+    num_agents)`), stacked on a leading agent axis:
+    `(u [N, b], partner_idx [N, b] | None, shuffle_idx [N, b])`."""
     keys = jax.random.split(key, num_agents)
     return jax.vmap(lambda k: _interpolation_draws(k, b, b2))(keys)
 
@@ -232,15 +235,17 @@ def agent_gradient_penalty(
     cost_eps: float = _GP_COST_EPS,
     union_union: bool = True,
 ) -> jax.Array:
-    """[`gradient_penalty`][jaxil.losses.discriminator.gradient_penalty] for N independent per-agent discriminators
-    (INDD), every interpolate built within one agent.
+    """[`gradient_penalty`][jaxil.losses.discriminator.gradient_penalty] for N
+    independent per-agent discriminators (INDD), every interpolate built within
+    one agent.
 
     Agent i's logit ℓ_i(x_i) sees its own input only, so agent i runs the
-    DemoDICE penalty on its own samples: `u ~ U(0,1)`, partners and the
-    union shuffle are drawn per agent ([`agent_interpolation_draws`][jaxil.losses.discriminator.agent_interpolation_draws]),
-    `x̃_i = u·x_E,i + (1−u)·x_U,i` and `x̃'_i = u·perm_i(x_U,i) + (1−u)·x_U,i`
-    — never a point between agent i's input and agent j's. Per agent,
-    `GP_i = mean_b (‖∇_{x_i} c(ℓ_i(x̃_i)) + ε_32‖₂ − 1)²`, and
+    DemoDICE penalty on its own samples: `u ~ U(0,1)`, partners and the union
+    shuffle are drawn per agent
+    ([`agent_interpolation_draws`][jaxil.losses.discriminator.agent_interpolation_draws]),
+    `x̃_i = u·x_E,i + (1−u)·x_U,i` and `x̃'_i = u·perm_i(x_U,i) +
+    (1−u)·x_U,i` — never a point between agent i's input and agent j's. Per
+    agent, `GP_i = mean_b (‖∇_{x_i} c(ℓ_i(x̃_i)) + ε_32‖₂ − 1)²`, and
 
         GP = Σ_i GP_i
 
@@ -253,7 +258,8 @@ def agent_gradient_penalty(
       expert_inputs: `[B, N, D]` expert inputs.
       union_inputs: `[B2, N, D]` union inputs.
       key: PRNG key.
-      target_norm, cost_eps, union_union: as in [`gradient_penalty`][jaxil.losses.discriminator.gradient_penalty].
+      target_norm, cost_eps, union_union: as in
+        [`gradient_penalty`][jaxil.losses.discriminator.gradient_penalty].
 
     Returns:
       Scalar penalty, summed over agents (multiply by the coefficient yourself).

@@ -19,10 +19,10 @@ on-policy distillation.
 Both distributions come in as log-probabilities normalised over the legal
 tokens (the masked categoricals of
 [`jaxil.nn.distributions.categorical_log_probs`][jaxil.nn.distributions.categorical_log_probs],
-as the other losses take log-probabilities, not logits): an illegal token
-has probability 0 under both and contributes nothing (the convention
-`0 · log 0 = 0`, taken by selecting, not multiplying, so it carries no
-gradient either).
+as the other losses take log-probabilities, not logits): an illegal token has
+probability 0 under both and contributes nothing (the convention
+`0 · log 0 = 0`, taken by selecting, not multiplying, so it carries no gradient
+either).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """PPO's clipped objectives (Schulman et al., 2017), as pure functions.
 
-The trainer ([`jaxil.algorithms.rl.ppo`][jaxil.algorithms.rl.ppo]) computes log-probabilities, values,
-advantages and targets; these functions only do the arithmetic, averaged
-over every element of their inputs (a minibatch of `[B, N]` agent-steps, or
-any other shape).
+The trainer ([`jaxil.algorithms.rl.ppo`][jaxil.algorithms.rl.ppo]) computes
+log-probabilities, values, advantages and targets; these functions only do the
+arithmetic, averaged over every element of their inputs (a minibatch of
+`[B, N]` agent-steps, or any other shape).
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import jax.numpy as jnp
 
 
 class SurrogateStats(NamedTuple):
-    """Diagnostics of [`clipped_surrogate_loss`][jaxil.losses.ppo.clipped_surrogate_loss] (scalars)."""
+    """Diagnostics of
+    [`clipped_surrogate_loss`][jaxil.losses.ppo.clipped_surrogate_loss]
+    (scalars)."""
 
     approx_kl: jax.Array  # E[(ρ − 1) − log ρ], the k3 estimator of KL(old ‖ new)
     clip_frac: jax.Array  # fraction of elements with |ρ − 1| > ε

@@ -2,12 +2,13 @@
 of supervised fine-tuning (SFT, behaviour cloning on token tasks) and the
 loss masks it is weighed by.
 
-A token episode is `T` steps of `N` agents, one token per agent and
-step; a learner scores it teacher-forced (e.g.
-`jaxil.nn.transformer.TransformerPolicy.episode_scores`) into `log π(a_t)
-[T, N]` and averages it over the tokens a loss mask `m [T, N]` selects:
-the episode's valid steps ([`agent_token_mask`][jaxil.losses.sequence.agent_token_mask]), and for learning from
-a takeover (OEC-style) only the steps from the switch on
+A token episode is `T` steps of `N` agents, one token per agent and step; a
+learner scores it teacher-forced (e.g.
+`jaxil.nn.transformer.TransformerPolicy.episode_scores`) into
+`log π(a_t) [T, N]` and averages it over the tokens a loss mask `m [T, N]`
+selects: the episode's valid steps
+([`agent_token_mask`][jaxil.losses.sequence.agent_token_mask]), and for
+learning from a takeover (OEC-style) only the steps from the switch on
 ([`after_switch`][jaxil.losses.sequence.after_switch]).
 """
 
@@ -137,17 +138,19 @@ def reinforce_loss(log_probs: jax.Array, mask: jax.Array, advantages: jax.Array)
 
         L(θ) = − mean_e  A_e · Σ_{t,i} m_eti · log π_θ(a_eti | context_eti)
 
-    Its gradient is the score-function estimate of `−∇ E[R]` when `A_e`
-    is the episode's return minus a baseline that does not depend on the
-    episode's own tokens ([`leave_one_out_advantages`][jaxil.losses.sequence.leave_one_out_advantages]); the advantages
-    are constants (gradients are stopped through them).
+    Its gradient is the score-function estimate of `−∇ E[R]` when `A_e` is the
+    episode's return minus a baseline that does not depend on the episode's own
+    tokens
+    ([`leave_one_out_advantages`][jaxil.losses.sequence.leave_one_out_advantages]);
+    the advantages are constants (gradients are stopped through them).
 
     Args:
       log_probs: `[E, T, N]` float teacher-forced log-probabilities of the
         emitted tokens under the parameters being trained (anything, even
         −inf, where the mask is off).
       mask: `[E, T, N]` bool or 0/1: the tokens the policy chose
-        ([`agent_token_mask`][jaxil.losses.sequence.agent_token_mask] with the legal masks).
+        ([`agent_token_mask`][jaxil.losses.sequence.agent_token_mask] with the
+        legal masks).
       advantages: `[E]` float.
 
     Returns:

@@ -1,10 +1,11 @@
 """Trajectory scores from per-step quantities: discounted sums over valid steps.
 
-A reward model scores a trajectory τ by the discounted sum of its step
-rewards; the analytic reward of two policies is the log-likelihood ratio of
-the actions taken, summed over steps and agents. Both are pure functions of
-padded, batch-major `[B, T, ...]` arrays with a `[B, T]` mask of valid
-steps ([`envs.rollout.Episodes`][jaxil.envs.rollout.Episodes], [`jaxil.data.Dataset`][jaxil.data.format.Dataset]).
+A reward model scores a trajectory τ by the discounted sum of its step rewards;
+the analytic reward of two policies is the log-likelihood ratio of the actions
+taken, summed over steps and agents. Both are pure functions of padded,
+batch-major `[B, T, ...]` arrays with a `[B, T]` mask of valid steps
+([`envs.rollout.Episodes`][jaxil.envs.rollout.Episodes],
+[`jaxil.data.Dataset`][jaxil.data.format.Dataset]).
 """
 
 from __future__ import annotations

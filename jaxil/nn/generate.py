@@ -1,4 +1,5 @@
-"""Batched generation with [`Transformer`][jaxil.nn.transformer.Transformer]: prefill, then decode.
+"""Batched generation with [`Transformer`][jaxil.nn.transformer.Transformer]:
+prefill, then decode.
 
 [`generate`][jaxil.nn.generate.generate] continues a batch of prompts of
 different lengths in one jitted program:
@@ -36,21 +37,21 @@ jax.vmap(lambda k: generate(config, params, prompt_ids, prompt_lengths, k, 64,
 ```
 
 What a decode step costs: it is the decoder's batched step,
-[`Transformer.decode`][jaxil.nn.transformer.Transformer.decode]. Each
-layer keeps its keys and values in buffers of its own (values `[B, H_kv,
-C, D]`, keys the same or, with grouped-query attention, `[B, H_kv, D, C]`;
-see [`KVCache`][jaxil.nn.transformer.KVCache]) that the step updates in
-place (a scatter of the new token's slot inside the `while_loop`): the cache is never copied or restacked, and a step's
-memory traffic is the weights plus one read of the attended cache slots.
-With `block=0` attention reads all `max_context` slots (masked past each
-row's length), so keep `max_context` close to the longest prompt plus
-`max_new_tokens`; with `block > 0` it reads blocks of `block` slots, only
-as many as the longest row has filled, under a running softmax. On XLA's
-CPU backend the block loop copies each block before its matrix product, so
-it pays off only when the filled length is well below `max_context`
-([`attention_block`][jaxil.nn.generate.attention_block] chooses blocks for
-contexts longer than `2 · DEFAULT_BLOCK`; `benchmarks/decode_engine.py`
-measures both).
+[`Transformer.decode`][jaxil.nn.transformer.Transformer.decode]. Each layer
+keeps its keys and values in buffers of its own (values `[B, H_kv, C, D]`, keys
+the same or, with grouped-query attention, `[B, H_kv, D, C]`; see
+[`KVCache`][jaxil.nn.transformer.KVCache]) that the step updates in place (a
+scatter of the new token's slot inside the `while_loop`): the cache is never
+copied or restacked, and a step's memory traffic is the weights plus one read
+of the attended cache slots. With `block=0` attention reads all `max_context`
+slots (masked past each row's length), so keep `max_context` close to the
+longest prompt plus `max_new_tokens`; with `block > 0` it reads blocks of
+`block` slots, only as many as the longest row has filled, under a running
+softmax. On XLA's CPU backend the block loop copies each block before its
+matrix product, so it pays off only when the filled length is well below
+`max_context` ([`attention_block`][jaxil.nn.generate.attention_block] chooses
+blocks for contexts longer than `2 · DEFAULT_BLOCK`;
+`benchmarks/decode_engine.py` measures both).
 """
 
 from __future__ import annotations

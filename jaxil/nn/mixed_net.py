@@ -1,14 +1,15 @@
 """Local per-agent scalars mixed into a team scalar: the network of the DICE
 discriminator and value and of the IRL reward models.
 
-`MixedNet` evaluates a [`jaxil.nn.nets.LocalMLP`][jaxil.nn.nets.LocalMLP] with one output per
-agent, `x_i = f_i(in_i)` for all N agents at once, and combines them by
-`mode`:
+`MixedNet` evaluates a [`jaxil.nn.nets.LocalMLP`][jaxil.nn.nets.LocalMLP] with
+one output per agent, `x_i = f_i(in_i)` for all N agents at once, and combines
+them by `mode`:
 
-- `"hyper"`: `x_tot(s) = Σ_i w_i(s)·x_i + b(s)` with the non-negative
-  weights and bias of a [`jaxil.nn.nets.HyperMixer`][jaxil.nn.nets.HyperMixer] of the global state
-  ([`jaxil.nn.mixing.mix`][jaxil.nn.mixing.mix]; MisoDICE);
-- `"sum"`: `x_tot = Σ_i x_i` ([`jaxil.nn.mixing.vdn_mix`][jaxil.nn.mixing.vdn_mix]; VDN);
+- `"hyper"`: `x_tot(s) = Σ_i w_i(s)·x_i + b(s)` with the non-negative weights
+  and bias of a [`jaxil.nn.nets.HyperMixer`][jaxil.nn.nets.HyperMixer] of the
+  global state ([`jaxil.nn.mixing.mix`][jaxil.nn.mixing.mix]; MisoDICE);
+- `"sum"`: `x_tot = Σ_i x_i`
+  ([`jaxil.nn.mixing.vdn_mix`][jaxil.nn.mixing.vdn_mix]; VDN);
 - `"none"`: no mixing, the `[..., N]` local values themselves (INDD, a
   per-agent discriminator).
 

@@ -109,7 +109,8 @@ class LocalMLP(nn.Module):
         parameters.
       activation: hidden activation.
       kernel_init, out_kernel_init: kernel initialisers of the hidden and
-        output layers (None: LeCun normal; see [`orthogonal_init`][jaxil.nn.nets.orthogonal_init]).
+        output layers (None: LeCun normal; see
+        [`orthogonal_init`][jaxil.nn.nets.orthogonal_init]).
     """
 
     out_dim: int

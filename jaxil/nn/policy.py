@@ -2,16 +2,17 @@
 
 Every neural policy — a learner's student (BC, INDD, MisoDICE, O-MAPL), a PPO
 teacher, the interactive and IRL learners built on them — is a
-[`PolicyNet`][jaxil.nn.policy.PolicyNet]: a local network per agent ([`jaxil.nn.nets.LocalMLP`][jaxil.nn.nets.LocalMLP],
-all agents in one batched call, each agent seeing only its own observation)
-and a head from [`jaxil.nn.distributions`][jaxil.nn.distributions]:
+[`PolicyNet`][jaxil.nn.policy.PolicyNet]: a local network per agent
+([`jaxil.nn.nets.LocalMLP`][jaxil.nn.nets.LocalMLP], all agents in one batched
+call, each agent seeing only its own observation) and a head from
+[`jaxil.nn.distributions`][jaxil.nn.distributions]:
 
 - discrete actions: logits `[..., N, A]` of a masked categorical;
 - box actions, one of three heads (`box`):
 
   - `"censored_gaussian"`: a diagonal Gaussian clipped to the box, with the
-    probability mass that the clip puts on each bound counted in the
-    likelihood ([`jaxil.nn.distributions.censored_gaussian_log_prob`][jaxil.nn.distributions.censored_gaussian_log_prob]);
+    probability mass that the clip puts on each bound counted in the likelihood
+    ([`jaxil.nn.distributions.censored_gaussian_log_prob`][jaxil.nn.distributions.censored_gaussian_log_prob]);
   - `"tanh_gaussian"`: a tanh-squashed diagonal Gaussian;
   - `"beta"`: a Beta per dimension on the box (`log_std="state"` only;
     the network outputs the two concentrations through a softplus).
@@ -33,19 +34,19 @@ and a head from [`jaxil.nn.distributions`][jaxil.nn.distributions]:
   names its head in its config (`box`, default the censored Gaussian), so
   its run identity records it.
 
-[`PolicyNet.policy`][jaxil.nn.policy.PolicyNet.policy] gives the [`envs.policies.Policy`][jaxil.envs.policies.Policy] that rollouts,
-the dataset zoo and everything else that takes a policy accept, with
-`log_prob` and `entropy` defined; a scripted expert is a Policy with those
-left `None`.
+[`PolicyNet.policy`][jaxil.nn.policy.PolicyNet.policy] gives the
+[`envs.policies.Policy`][jaxil.envs.policies.Policy] that rollouts, the dataset
+zoo and everything else that takes a policy accept, with `log_prob` and
+`entropy` defined; a scripted expert is a Policy with those left `None`.
 
-Raw actions. PPO stores what it sampled *before* the tanh or the clip:
-`raw` is the integer action (discrete), the pre-squash / pre-clip Gaussian
-draw `u` (Gaussian heads) or the action itself (Beta), and
-[`PolicyNet.raw_log_prob_entropy`][jaxil.nn.policy.PolicyNet.raw_log_prob_entropy] scores it. The tanh Jacobian does not
-depend on the parameters, so ratios of raw log-probabilities equal those of
-the squashed policy, without the precision loss of `atanh` near the bounds;
-for the clip, the Gaussian density of `u` is the likelihood of a policy
-that acts `u` in an environment that clips.
+Raw actions. PPO stores what it sampled *before* the tanh or the clip: `raw` is
+the integer action (discrete), the pre-squash / pre-clip Gaussian draw `u`
+(Gaussian heads) or the action itself (Beta), and
+[`PolicyNet.raw_log_prob_entropy`][jaxil.nn.policy.PolicyNet.raw_log_prob_entropy]
+scores it. The tanh Jacobian does not depend on the parameters, so ratios of
+raw log-probabilities equal those of the squashed policy, without the precision
+loss of `atanh` near the bounds; for the clip, the Gaussian density of `u` is
+the likelihood of a policy that acts `u` in an environment that clips.
 """
 
 from __future__ import annotations
@@ -89,10 +90,11 @@ class PolicyNet:
       box: the box head, one of `BOX_HEADS`; None takes
         `DEFAULT_BOX` of the `log_std` mode. Ignored for discrete
         actions.
-      obs_norm: standardise each observation feature by running statistics
-        kept in the parameters ([`jaxil.nn.running_stats`][jaxil.nn.running_stats]; the PPO
-        teachers of MuJoCo robots). The trainer updates them with
-        [`PolicyNet.with_obs_stats`][jaxil.nn.policy.PolicyNet.with_obs_stats]; no gradient reaches them.
+      obs_norm: standardise each observation feature by running statistics kept
+        in the parameters ([`jaxil.nn.running_stats`][jaxil.nn.running_stats];
+        the PPO teachers of MuJoCo robots). The trainer updates them with
+        [`PolicyNet.with_obs_stats`][jaxil.nn.policy.PolicyNet.with_obs_stats];
+        no gradient reaches them.
 
     Parameters: `log_std="state"` (and every discrete policy) uses the
     [`LocalMLP`][jaxil.nn.nets.LocalMLP] variables as they are; `"param"` uses
@@ -261,9 +263,10 @@ class PolicyNet:
 
     # -- the protocol ------------------------------------------------------------
     def policy(self, deterministic: bool = False, key: Optional[str] = None) -> Policy:
-        """This network as an [`envs.policies.Policy`][jaxil.envs.policies.Policy] (no carry; with
-        `log_prob` and `entropy`). With `key`, the policy takes a
-        learner's whole parameter dict and uses `params[key]`."""
+        """This network as an
+        [`envs.policies.Policy`][jaxil.envs.policies.Policy] (no carry; with
+        `log_prob` and `entropy`). With `key`, the policy takes a learner's
+        whole parameter dict and uses `params[key]`."""
         sub = (lambda params: params) if key is None else (lambda params: params[key])
 
         def act(params, obs, avail, rng, carry):

@@ -4,12 +4,13 @@ A checkpoint read by [`jaxil.pretrained`][jaxil.pretrained] is an
 [`ArchConfig`][jaxil.pretrained.config.ArchConfig] and a canonical parameter
 table ([`jaxil.pretrained.names`][jaxil.pretrained.names]);
 [`config_from_arch`][jaxil.nn.pretrained_params.config_from_arch] turns the
-first into a [`TransformerConfig`][jaxil.nn.transformer.TransformerConfig]
-and [`params_from_table`][jaxil.nn.pretrained_params.params_from_table] the
-second into the [`Transformer`][jaxil.nn.transformer.Transformer]'s
-parameter tree ([`table_from_params`][jaxil.nn.pretrained_params.table_from_params]
-is the way back, for export). [`from_pretrained`][jaxil.nn.pretrained_params.from_pretrained]
-does both from a short name or a path:
+first into a [`TransformerConfig`][jaxil.nn.transformer.TransformerConfig] and
+[`params_from_table`][jaxil.nn.pretrained_params.params_from_table] the second
+into the [`Transformer`][jaxil.nn.transformer.Transformer]'s parameter tree
+([`table_from_params`][jaxil.nn.pretrained_params.table_from_params] is the way
+back, for export).
+[`from_pretrained`][jaxil.nn.pretrained_params.from_pretrained] does both from
+a short name or a path:
 
 ```python
 from jaxil.nn.pretrained_params import from_pretrained
@@ -63,7 +64,8 @@ def config_from_arch(arch: ArchConfig, *, max_context: Optional[int] = None,
       arch: the checkpoint's architecture.
       max_context: the KV-cache length and the longest context (None: the
         checkpoint's `max_positions`; with learned positions at most that).
-      token_width: how many tokens one [`Transformer.step`][jaxil.nn.transformer.Transformer.step] appends.
+      token_width: how many tokens one
+        [`Transformer.step`][jaxil.nn.transformer.Transformer.step] appends.
       dtype: the parameters' dtype, `float32` or `bfloat16`.
       compute_dtype: the forward pass's dtype (None: `dtype`).
 
@@ -167,8 +169,9 @@ def params_from_table(config: TransformerConfig, table: Mapping[str, np.ndarray]
       where: the checkpoint, for messages.
 
     Returns:
-      `{"params": ...}`, the tree [`Transformer.init`][jaxil.nn.transformer.Transformer.init] would give, in
-      `config.param_dtype`.
+      `{"params": ...}`, the tree
+      [`Transformer.init`][jaxil.nn.transformer.Transformer.init] would give,
+      in `config.param_dtype`.
 
     Raises:
       CheckpointError: one line naming the first parameter the
@@ -245,7 +248,8 @@ def from_checkpoint(ckpt: Checkpoint, *, max_context: Optional[int] = None,
     dtype the checkpoint was loaded in.
 
     Raises:
-      CheckpointError: as [`params_from_table`][jaxil.nn.pretrained_params.params_from_table].
+      CheckpointError: as
+        [`params_from_table`][jaxil.nn.pretrained_params.params_from_table].
     """
     where = str(ckpt.path)
     check_params(ckpt.arch, ckpt.params, where)
@@ -259,7 +263,8 @@ def from_checkpoint(ckpt: Checkpoint, *, max_context: Optional[int] = None,
 def from_pretrained(name_or_path, dtype: str = "float32", *, max_context: Optional[int] = None,
                     token_width: int = 1, compute_dtype: Optional[str] = None
                     ) -> tuple[TransformerConfig, dict]:
-    """`(config, params)` of a pretrained checkpoint for [`Transformer`][jaxil.nn.transformer.Transformer].
+    """`(config, params)` of a pretrained checkpoint for
+    [`Transformer`][jaxil.nn.transformer.Transformer].
 
     Args:
       name_or_path: a short name of a shipped model

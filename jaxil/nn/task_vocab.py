@@ -358,9 +358,10 @@ def chat_model(model: Any, env: Any, *, compute_dtype: Optional[str] = None) -> 
 
 def export_table(model: TaskModel, params: Any) -> tuple[ArchConfig, dict[str, np.ndarray]]:
     """`(architecture, canonical table)` of the full model with the task
-    decoder's `params` written back: every non-vocabulary parameter
-    replaced, the task rows scattered into the pretrained embedding (and head)
-    with composed tokens appended ([`TaskVocab.scatter`][jaxil.nn.task_vocab.TaskVocab.scatter]; the
+    decoder's `params` written back: every non-vocabulary parameter replaced,
+    the task rows scattered into the pretrained embedding (and head) with
+    composed tokens appended
+    ([`TaskVocab.scatter`][jaxil.nn.task_vocab.TaskVocab.scatter]; the
     architecture's `vocab_size` grows by their number). A learned position
     table keeps only the task's `max_context` rows.
 

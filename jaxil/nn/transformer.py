@@ -33,18 +33,22 @@ returned logits are float32.
 
 The network has two paths over the same parameters:
 
-- [`Transformer.decode`][jaxil.nn.transformer.Transformer.decode] — append up to `K` new tokens to each
-  row of a batch of [`KVCache`][jaxil.nn.transformer.KVCache]s and return the next-token logits at the
-  last of them (`O(K·C)` attention per layer, `C = max_context`); each
+- [`Transformer.decode`][jaxil.nn.transformer.Transformer.decode] — append up
+  to `K` new tokens to each row of a batch of
+  [`KVCache`][jaxil.nn.transformer.KVCache]s and return the next-token logits
+  at the last of them (`O(K·C)` attention per layer, `C = max_context`); each
   layer's cache is its own pair of `[B, H_kv, ·, ·]` buffers (layouts in
-  [`KVCache`][jaxil.nn.transformer.KVCache]), written only at the
-  new tokens' slots (in place inside a compiled loop) and read where it
-  lies. [`Transformer.step`][jaxil.nn.transformer.Transformer.step] is the same for one agent;
-- [`Transformer.sequence_logits`][jaxil.nn.transformer.Transformer.sequence_logits] — teacher forcing over a whole token
-  sequence (`O(T²)`), the training path; it also serves, re-run on the
-  growing prefix every step, as the cache-free reference
+  [`KVCache`][jaxil.nn.transformer.KVCache]), written only at the new tokens'
+  slots (in place inside a compiled loop) and read where it lies.
+  [`Transformer.step`][jaxil.nn.transformer.Transformer.step] is the same for
+  one agent;
+- [`Transformer.sequence_logits`][jaxil.nn.transformer.Transformer.sequence_logits]
+  — teacher forcing over a whole token sequence (`O(T²)`), the training path;
+  it also serves, re-run on the growing prefix every step, as the cache-free
+  reference
   ([`TransformerPolicy.recompute_policy`][jaxil.nn.transformer.TransformerPolicy.recompute_policy]).
-  [`Transformer.logits`][jaxil.nn.transformer.Transformer.logits] is the same over a batch, `[B, T] -> [B, T, V]`.
+  [`Transformer.logits`][jaxil.nn.transformer.Transformer.logits] is the same
+  over a batch, `[B, T] -> [B, T, V]`.
 
 PAD slots (token `pad_id`, 0 by default) may appear anywhere in either
 input: they neither advance the position (learned or rotary) nor are
@@ -59,11 +63,12 @@ positions also the size of the position table). A context longer than
 stay those of the last stored token (both paths alike); environments keep
 their episodes within it.
 
-[`TransformerPolicy`][jaxil.nn.transformer.TransformerPolicy] turns the network into an
-[`envs.policies.Policy`][jaxil.envs.policies.Policy] for N agents with shared parameters (an
-optional learned agent-id embedding, `num_agents > 0`, lets them differ):
-`init(key, N)` is an empty cache per agent and `act` appends the step's
-tokens and samples a legal token with [`jaxil.nn.distributions`][jaxil.nn.distributions].
+[`TransformerPolicy`][jaxil.nn.transformer.TransformerPolicy] turns the network
+into an [`envs.policies.Policy`][jaxil.envs.policies.Policy] for N agents with
+shared parameters (an optional learned agent-id embedding, `num_agents > 0`,
+lets them differ): `init(key, N)` is an empty cache per agent and `act` appends
+the step's tokens and samples a legal token with
+[`jaxil.nn.distributions`][jaxil.nn.distributions].
 
 Scoring needs the context, which the protocol's stateless `log_prob(params,
 obs, avail, actions)` and `entropy(params, obs, avail)` do not receive: the
@@ -72,26 +77,30 @@ distribution of a token is a function of the whole episode so far, not of
 policy (an empty context), silently, so the Policy leaves both `None`
 (like a scripted expert) and the context-aware scores are methods:
 
-- [`TransformerPolicy.step_log_probs`][jaxil.nn.transformer.TransformerPolicy.step_log_probs] — `(params, obs, avail, carry)
-  -> (log π [N, V], carry)`, one step along a rollout;
-- [`TransformerPolicy.episode_scores`][jaxil.nn.transformer.TransformerPolicy.episode_scores] — `(params, obs [T, N, O], avail
-  [T, N, V], actions [T, N]) -> (log π(a_t) [T, N], entropy [T, N])`,
-  teacher-forced over one recorded episode in one pass per agent: exactly the
-  distributions `act` sampled from. Behaviour cloning / SFT on episodes is
-  `−Σ mask·log π / Σ mask` with a loss mask over steps (the agent's own
-  tokens; for OEC only the expert's segment). A per-token KL to a
-  reference policy compares the two policies' [`TransformerPolicy.chunk_logits`][jaxil.nn.transformer.TransformerPolicy.chunk_logits]
-  under the same mask (`D.categorical_log_probs`); its one-sample
-  estimate is the difference of two `episode_scores`;
-- [`TransformerPolicy.sequence_log_probs`][jaxil.nn.transformer.TransformerPolicy.sequence_log_probs] — flat token sequences,
-  `log π(targets[t] | tokens[:t+1])`, for token data that is not an
-  environment episode.
+- [`TransformerPolicy.step_log_probs`][jaxil.nn.transformer.TransformerPolicy.step_log_probs]
+  — `(params, obs, avail, carry) -> (log π [N, V], carry)`, one step along a
+  rollout;
+- [`TransformerPolicy.episode_scores`][jaxil.nn.transformer.TransformerPolicy.episode_scores]
+  — `(params, obs [T, N, O], avail [T, N, V], actions [T, N]) -> (log π(a_t)
+  [T, N], entropy [T, N])`, teacher-forced over one recorded episode in one
+  pass per agent: exactly the distributions `act` sampled from. Behaviour
+  cloning / SFT on episodes is `−Σ mask·log π / Σ mask` with a loss mask over
+  steps (the agent's own tokens; for OEC only the expert's segment). A
+  per-token KL to a reference policy compares the two policies'
+  [`TransformerPolicy.chunk_logits`][jaxil.nn.transformer.TransformerPolicy.chunk_logits]
+  under the same mask (`D.categorical_log_probs`); its one-sample estimate is
+  the difference of two `episode_scores`;
+- [`TransformerPolicy.sequence_log_probs`][jaxil.nn.transformer.TransformerPolicy.sequence_log_probs]
+  — flat token sequences, `log π(targets[t] | tokens[:t+1])`, for token data
+  that is not an environment episode.
 
-[`TransformerPolicy.chunk_features`][jaxil.nn.transformer.TransformerPolicy.chunk_features] is the same teacher-forced pass
-stopped before the head: the final hidden states `[T, N, d_model]` (after
-the final norm) at the positions `chunk_logits` reads, which
-[`Transformer.read_out`][jaxil.nn.transformer.Transformer.read_out] maps to those logits — the student's
-representation of its context, for diagnostics such as covariate shift.
+[`TransformerPolicy.chunk_features`][jaxil.nn.transformer.TransformerPolicy.chunk_features]
+is the same teacher-forced pass stopped before the head: the final hidden
+states `[T, N, d_model]` (after the final norm) at the positions `chunk_logits`
+reads, which
+[`Transformer.read_out`][jaxil.nn.transformer.Transformer.read_out] maps to
+those logits — the student's representation of its context, for diagnostics
+such as covariate shift.
 """
 
 from __future__ import annotations
@@ -144,7 +153,8 @@ _ACTIVATIONS = {"gelu_tanh": lambda x: nn.gelu(x, approximate=True),
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
-    """Static structure of a [`Transformer`][jaxil.nn.transformer.Transformer] (hashable; no dropout).
+    """Static structure of a [`Transformer`][jaxil.nn.transformer.Transformer]
+    (hashable; no dropout).
 
     The defaults after `num_agents` are jaxil's from-scratch architecture;
     the other choices are those of pretrained families (see the module
@@ -630,8 +640,8 @@ def _kept_positions(tokens: jax.Array, start: jax.Array, max_context: int,
 
 
 class Transformer:
-    """The network of [`jaxil.nn.transformer`][jaxil.nn.transformer] as pure functions of one
-    agent's tokens (`vmap` them over agents and batches).
+    """The network of [`jaxil.nn.transformer`][jaxil.nn.transformer] as pure
+    functions of one agent's tokens (`vmap` them over agents and batches).
 
     Parameters: `{"params": {"token_embed", ("pos_embed" [C, d]), ("agent_embed"
     [N, d]), "blocks_i" {ln_attn, qkv (or q, k, v), (q_norm, k_norm), attn_out,
@@ -699,7 +709,8 @@ class Transformer:
           params: the network's variables.
           tokens: `[B, K]` integer token ids, one row per context; PAD slots
             anywhere are skipped.
-          cache: the rows' [`KVCache`][jaxil.nn.transformer.KVCache] (leading axis `[B]`).
+          cache: the rows' [`KVCache`][jaxil.nn.transformer.KVCache] (leading
+            axis `[B]`).
           agents: `[B]` agent indices (used only with an agent-id
             embedding); None for 0.
           block: 0 to attend to all `C` slots; else read the slots in blocks
@@ -739,10 +750,10 @@ class Transformer:
           agent: the agent index (used only with an agent-id embedding).
 
         Returns:
-          `[T, V]`: row `t` is the distribution of the token after
-          `tokens[t]` given the non-PAD tokens up to `t` — what
-          [`step`][jaxil.nn.transformer.Transformer.step] returns after the chunk ending at `t`. Rows at PAD
-          slots are finite but meaningless.
+          `[T, V]`: row `t` is the distribution of the token after `tokens[t]`
+          given the non-PAD tokens up to `t` — what
+          [`step`][jaxil.nn.transformer.Transformer.step] returns after the
+          chunk ending at `t`. Rows at PAD slots are finite but meaningless.
         """
         chex.assert_rank(tokens, 1)
         chex.assert_type(tokens, int)
@@ -762,7 +773,8 @@ class Transformer:
                           agent: jax.Array | int = 0) -> jax.Array:
         """Teacher-forced final hidden states `[T, d_model]` of one token
         sequence: the final norm's output, which the head maps to
-        [`sequence_logits`][jaxil.nn.transformer.Transformer.sequence_logits] (`read_out(params, features)`)."""
+        [`sequence_logits`][jaxil.nn.transformer.Transformer.sequence_logits]
+        (`read_out(params, features)`)."""
         chex.assert_rank(tokens, 1)
         chex.assert_type(tokens, int)
         return self.module.apply(params, tokens, agent, method=_Decoder.sequence_features)
@@ -779,19 +791,23 @@ def obs_tokens(obs: jax.Array, token_width: int) -> jax.Array:
 
 
 class TokenBuffer(NamedTuple):
-    """Carry of [`TransformerPolicy.recompute_policy`][jaxil.nn.transformer.TransformerPolicy.recompute_policy]: the context as
-    tokens `[..., C]` (PAD after `length`) and its `length [...]`."""
+    """Carry of
+    [`TransformerPolicy.recompute_policy`][jaxil.nn.transformer.TransformerPolicy.recompute_policy]:
+    the context as tokens `[..., C]` (PAD after `length`) and its
+    `length [...]`."""
 
     tokens: jax.Array
     length: jax.Array
 
 
 class TransformerPolicy:
-    """A [`Transformer`][jaxil.nn.transformer.Transformer] acting for the N agents of one token environment
-    (parameters shared; see the module docstring for scoring).
+    """A [`Transformer`][jaxil.nn.transformer.Transformer] acting for the N
+    agents of one token environment (parameters shared; see the module
+    docstring for scoring).
 
     Args:
-      config: the network's [`TransformerConfig`][jaxil.nn.transformer.TransformerConfig].
+      config: the network's
+        [`TransformerConfig`][jaxil.nn.transformer.TransformerConfig].
     """
 
     def __init__(self, config: TransformerConfig):
@@ -837,9 +853,10 @@ class TransformerPolicy:
 
     def step_log_probs(self, params: Any, obs: jax.Array, avail: jax.Array,
                        carry: KVCache) -> tuple[jax.Array, KVCache]:
-        """`(log π [N, V], carry)`: the masked categorical `act` samples
-        from at this step (log π(a) = `out[i, a]`; entropy:
-        `D.categorical_entropy(logits, avail)` of [`step_logits`][jaxil.nn.transformer.TransformerPolicy.step_logits])."""
+        """`(log π [N, V], carry)`: the masked categorical `act` samples from
+        at this step (log π(a) = `out[i, a]`; entropy:
+        `D.categorical_entropy(logits, avail)` of
+        [`step_logits`][jaxil.nn.transformer.TransformerPolicy.step_logits])."""
         logits, carry = self.step_logits(params, obs, carry)
         return D.categorical_log_probs(logits, avail), carry
 
@@ -854,10 +871,13 @@ class TransformerPolicy:
 
     # -- the protocol --------------------------------------------------------------
     def policy(self, deterministic: bool = False, key: str | None = None) -> Policy:
-        """This network as an [`envs.policies.Policy`][jaxil.envs.policies.Policy] whose carry is the
-        KV cache; `log_prob` / `entropy` are `None` (they need the
-        context: use [`step_log_probs`][jaxil.nn.transformer.TransformerPolicy.step_log_probs] or [`episode_scores`][jaxil.nn.transformer.TransformerPolicy.episode_scores]). With
-        `key`, the policy takes a learner's parameter dict and uses
+        """This network as an
+        [`envs.policies.Policy`][jaxil.envs.policies.Policy] whose carry is the
+        KV cache; `log_prob` / `entropy` are `None` (they need the context: use
+        [`step_log_probs`][jaxil.nn.transformer.TransformerPolicy.step_log_probs]
+        or
+        [`episode_scores`][jaxil.nn.transformer.TransformerPolicy.episode_scores]).
+        With `key`, the policy takes a learner's parameter dict and uses
         `params[key]`."""
         sub = (lambda params: params) if key is None else (lambda params: params[key])
 
@@ -868,10 +888,12 @@ class TransformerPolicy:
 
     def recompute_policy(self, deterministic: bool = False, key: str | None = None) -> Policy:
         """The same policy without a KV cache: the carry keeps the context's
-        tokens and every step re-runs [`Transformer.sequence_logits`][jaxil.nn.transformer.Transformer.sequence_logits]
+        tokens and every step re-runs
+        [`Transformer.sequence_logits`][jaxil.nn.transformer.Transformer.sequence_logits]
         over all `max_context` of them (`O(C²)` per step). A baseline for
         benchmarks and a reference for tests; it acts exactly as
-        [`policy`][jaxil.nn.transformer.TransformerPolicy.policy] up to float32 rounding."""
+        [`policy`][jaxil.nn.transformer.TransformerPolicy.policy] up to float32
+        rounding."""
         sub = (lambda params: params) if key is None else (lambda params: params[key])
         c = self.config
 
@@ -934,14 +956,15 @@ class TransformerPolicy:
         Args:
           params: the network's variables.
           obs: `[T, N, O]` the observations the agents acted on (an
-            [`envs.rollout.Episodes`][jaxil.envs.rollout.Episodes]' `obs[e, :-1]`); steps past the
-            episode's end may hold anything, they do not affect earlier ones.
+            [`envs.rollout.Episodes`][jaxil.envs.rollout.Episodes]'
+            `obs[e, :-1]`); steps past the episode's end may hold anything,
+            they do not affect earlier ones.
 
         Returns:
           `[T, N, V]`: the logits `act` saw at each step, from one
-          [`Transformer.sequence_features`][jaxil.nn.transformer.Transformer.sequence_features] pass per agent over its
-          whole context (the chunks' tokens packed into `max_context`
-          slots), the head applied at the steps' positions only.
+          [`Transformer.sequence_features`][jaxil.nn.transformer.Transformer.sequence_features]
+          pass per agent over its whole context (the chunks' tokens packed into
+          `max_context` slots), the head applied at the steps' positions only.
         """
         # The head reads only the T steps' positions: [T, V] logits rather
         # than [C, V] (a pretrained vocabulary makes the latter the largest
@@ -955,14 +978,16 @@ class TransformerPolicy:
 
         Args:
           params: the network's variables.
-          obs: `[T, N, O]` as for [`chunk_logits`][jaxil.nn.transformer.TransformerPolicy.chunk_logits].
+          obs: `[T, N, O]` as for
+            [`chunk_logits`][jaxil.nn.transformer.TransformerPolicy.chunk_logits].
 
         Returns:
-          `[T, N, d_model]`: at the positions [`chunk_logits`][jaxil.nn.transformer.TransformerPolicy.chunk_logits] reads,
-          the final norm's output, which the head maps to those logits
-          (`self.net.read_out(params, features)`); zeros where an agent
-          has no token yet. The student's representation of its context,
-          e.g. for measuring covariate shift
+          `[T, N, d_model]`: at the positions
+          [`chunk_logits`][jaxil.nn.transformer.TransformerPolicy.chunk_logits]
+          reads, the final norm's output, which the head maps to those logits
+          (`self.net.read_out(params, features)`); zeros where an agent has no
+          token yet. The student's representation of its context, e.g. for
+          measuring covariate shift
           ([`jaxil.algorithms.lm.diagnostics`][jaxil.algorithms.lm.diagnostics]).
         """
         return self._chunks(

@@ -118,8 +118,8 @@ def render_chat(template: str, messages: Sequence[Mapping[str, Any]], *,
         template: the checkpoint's template (`tokenizer.chat_template`).
         messages: `[{"role": ..., "content": ...}, ...]`.
         add_generation_prompt: end with the opening of an assistant turn.
-        special_tokens: `bos_token`, `eos_token` ... as the template reads
-            them ([SpecialTokens.template_variables][jaxil.pretrained.tokenizer.SpecialTokens.template_variables]).
+        special_tokens: `bos_token`, `eos_token` ... as the template reads them
+            ([SpecialTokens.template_variables][jaxil.pretrained.tokenizer.SpecialTokens.template_variables]).
         tools: tool schemas, for templates that read `tools`.
         documents: documents, for templates that read `documents`.
         **kwargs: further template variables (they override the special tokens).

@@ -201,7 +201,8 @@ GGUF_GPT2 = Table(tuple(_GGUF_COMMON + [
 ]))
 
 HF_TABLES = {"gpt2": HF_GPT2, "llama": HF_LLAMA, "qwen2": HF_LLAMA, "qwen3": HF_LLAMA}
-"""`model_type` -> the [Table][jaxil.pretrained.names.Table] of its HF checkpoint names."""
+"""`model_type` -> the [Table][jaxil.pretrained.names.Table] of its HF
+checkpoint names."""
 GGUF_TABLES = {"gpt2": GGUF_GPT2, "llama": GGUF_LLAMA, "qwen2": GGUF_QWEN, "qwen3": GGUF_QWEN}
 """`model_type` -> the [Table][jaxil.pretrained.names.Table] of its GGUF tensor
 names (Llama's with llama.cpp's q/k interleaving undone)."""
@@ -284,7 +285,8 @@ def undo_steps(x, steps, arch: ArchConfig) -> np.ndarray:
 
 
 def stack_layers(table: Mapping[str, np.ndarray], n_layers: int) -> dict[str, np.ndarray]:
-    """The table with `layers.{i}.X` stacked into `layers.X` of shape `[n_layers, ...]`."""
+    """The table with `layers.{i}.X` stacked into `layers.X` of shape
+    `[n_layers, ...]`."""
     out, per = {}, {}
     for name, value in table.items():
         m = re.match(r"^layers\.(\d+)\.(.+)$", name)

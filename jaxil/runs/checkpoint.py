@@ -1,17 +1,19 @@
 """The one checkpoint format of jaxil: orbax, through this module.
 
-- [`save_tree`][jaxil.runs.checkpoint.save_tree] / [`restore_tree`][jaxil.runs.checkpoint.restore_tree]: one pytree in one directory, its
-  leaves stored as `{"leaf_<i>": array}` in tree order (any container type
-  works; zero-size leaves, which orbax refuses, are skipped and rebuilt from
-  the template on restore). Teachers' actors and runner states, and the
-  teacher policies shipped inside the package, use it.
-- [`Checkpointer`][jaxil.runs.checkpoint.Checkpointer]: numbered steps of a whole learner state (all seeds /
-  grid points at once) under one directory, of which the manager keeps the
-  newest few (`jaxil train`, `jaxil interactive`). Zero-size leaves (a
-  box-action environment's `[.., 0]` legal-action mask) are stored as empty
-  nodes and rebuilt from the template on restore.
-- [`params_digest`][jaxil.runs.checkpoint.params_digest]: a SHA-256 over a pytree's leaves, recorded wherever
-  a dataset or a shipped teacher must pin exact weights.
+- [`save_tree`][jaxil.runs.checkpoint.save_tree] /
+  [`restore_tree`][jaxil.runs.checkpoint.restore_tree]: one pytree in one
+  directory, its leaves stored as `{"leaf_<i>": array}` in tree order (any
+  container type works; zero-size leaves, which orbax refuses, are skipped and
+  rebuilt from the template on restore). Teachers' actors and runner states,
+  and the teacher policies shipped inside the package, use it.
+- [`Checkpointer`][jaxil.runs.checkpoint.Checkpointer]: numbered steps of a
+  whole learner state (all seeds / grid points at once) under one directory, of
+  which the manager keeps the newest few (`jaxil train`, `jaxil interactive`).
+  Zero-size leaves (a box-action environment's `[.., 0]` legal-action mask) are
+  stored as empty nodes and rebuilt from the template on restore.
+- [`params_digest`][jaxil.runs.checkpoint.params_digest]: a SHA-256 over a
+  pytree's leaves, recorded wherever a dataset or a shipped teacher must pin
+  exact weights.
 
 Orbax writes into a temporary directory and renames it when complete, so a
 kill mid-save leaves the previous checkpoint loadable.
@@ -26,10 +28,11 @@ passes a damaged checkpoint over for the newest one that reads; `--resume`
 and `jaxil eval` both go through it.
 
 A save that fails (a full disk, a permission change) raises one
-[`CheckpointWriteError`][jaxil.runs.checkpoint.CheckpointWriteError] naming the step, the directory and the fix; the
-tracebacks that orbax's background threads log meanwhile are held back (the
-exception chains the original error, which `jaxil --debug` shows). A
-Ctrl-C during a save keeps them silent too. [`Checkpointer.check_space`][jaxil.runs.checkpoint.Checkpointer.check_space]
+[`CheckpointWriteError`][jaxil.runs.checkpoint.CheckpointWriteError] naming the
+step, the directory and the fix; the tracebacks that orbax's background threads
+log meanwhile are held back (the exception chains the original error, which
+`jaxil --debug` shows). A Ctrl-C during a save keeps them silent too.
+[`Checkpointer.check_space`][jaxil.runs.checkpoint.Checkpointer.check_space]
 refuses a run whose checkpoint cannot fit before any work is done.
 """
 
@@ -275,7 +278,8 @@ def save_tree(path: str | os.PathLike, tree: Any) -> None:
     (overwritten if it exists).
 
     Raises:
-      CheckpointWriteError: the write failed (see [`Checkpointer`][jaxil.runs.checkpoint.Checkpointer]).
+      CheckpointWriteError: the write failed (see
+        [`Checkpointer`][jaxil.runs.checkpoint.Checkpointer]).
     """
     leaves = jax.tree.leaves(tree)
     flat = {_leaf_name(i): np.asarray(x) for i, x in enumerate(leaves) if np.size(x) > 0}
@@ -289,8 +293,8 @@ def save_tree(path: str | os.PathLike, tree: Any) -> None:
 
 
 def restore_tree(path: str | os.PathLike, like: Any) -> Any:
-    """Restore what [`save_tree`][jaxil.runs.checkpoint.save_tree] wrote into the structure of `like` (a
-    pytree of arrays or `jax.ShapeDtypeStruct`).
+    """Restore what [`save_tree`][jaxil.runs.checkpoint.save_tree] wrote into
+    the structure of `like` (a pytree of arrays or `jax.ShapeDtypeStruct`).
 
     Raises:
       FileNotFoundError: `path` does not exist.
@@ -407,7 +411,8 @@ class Checkpointer:
             raise _write_failure(f"checkpoint {step}", self.directory, e) from e
 
     def check_space(self, state: Any) -> None:
-        """[`check_space`][jaxil.runs.checkpoint.Checkpointer.check_space] of this directory."""
+        """[`check_space`][jaxil.runs.checkpoint.Checkpointer.check_space] of
+        this directory."""
         check_space(self.directory, state)
 
     def restore(self, like: Any, step: Optional[int] = None,
@@ -417,10 +422,10 @@ class Checkpointer:
         The arrays are placed as `like`'s are (its leaves may be
         `jax.ShapeDtypeStruct` with a `sharding`), or every leaf with
         `sharding` when given: orbax then reads each device's part straight
-        into place ([`jaxil.runs.sharding`][jaxil.runs.sharding]). Where a leaf of `like` is an
-        uncommitted array (what a freshly initialised state holds), the
-        restored one is uncommitted too: orbax returns committed arrays,
-        whose programs do not match the persistent compilation cache's
+        into place ([`jaxil.runs.sharding`][jaxil.runs.sharding]). Where a leaf
+        of `like` is an uncommitted array (what a freshly initialised state
+        holds), the restored one is uncommitted too: orbax returns committed
+        arrays, whose programs do not match the persistent compilation cache's
         entries of the original run, so a resumed run recompiled everything.
 
         Raises:

@@ -1,12 +1,13 @@
 """Several processes training one sharded run: `jax.distributed` set-up.
 
-With `jax.distributed.initialize`, `jax.devices()` lists the devices
-of every process, and the runs mesh of [`jaxil.runs.sharding`][jaxil.runs.sharding] spans them all:
-each process trains the runs on its own devices, every process runs the same
-program, and the metrics are gathered to all. Process 0 alone writes the run
-directory (`run.json`, `metrics.jsonl`, `results.json`, TensorBoard)
-and prints; orbax checkpoints are written by all processes together (each
-saves the runs on its own devices; replicated arrays are written once).
+With `jax.distributed.initialize`, `jax.devices()` lists the devices of every
+process, and the runs mesh of [`jaxil.runs.sharding`][jaxil.runs.sharding]
+spans them all: each process trains the runs on its own devices, every process
+runs the same program, and the metrics are gathered to all. Process 0 alone
+writes the run directory (`run.json`, `metrics.jsonl`, `results.json`,
+TensorBoard) and prints; orbax checkpoints are written by all processes
+together (each saves the runs on its own devices; replicated arrays are written
+once).
 
 A run is multi-process when given `--coordinator HOST:PORT
 --num-processes N --process-id I`, or the variables
@@ -15,10 +16,11 @@ inside a SLURM or Open MPI job of more than one task (JAX reads those
 itself); otherwise it is one process and nothing here does anything. On CPU
 the processes talk through gloo (`jax_cpu_collectives_implementation`).
 
-`jax.distributed.initialize` must run before JAX first touches a device,
-and importing the environments already does (JaxMARL builds arrays at
-import), so [`initialize_from_argv`][jaxil.runs.distributed.initialize_from_argv] runs first thing in a program,
-before `envs` or `jaxil.algorithms.offline.train` are imported.
+`jax.distributed.initialize` must run before JAX first touches a device, and
+importing the environments already does (JaxMARL builds arrays at import), so
+[`initialize_from_argv`][jaxil.runs.distributed.initialize_from_argv] runs
+first thing in a program, before `envs` or `jaxil.algorithms.offline.train` are
+imported.
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ _FLAGS = ("--coordinator", "--num-processes", "--process-id")
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
-    """The multi-process flags (for `--help`; [`initialize_from_argv`][jaxil.runs.distributed.initialize_from_argv] reads them)."""
+    """The multi-process flags (for `--help`;
+    [`initialize_from_argv`][jaxil.runs.distributed.initialize_from_argv] reads
+    them)."""
     g = p.add_argument_group("multi-process run (jax.distributed)")
     g.add_argument("--coordinator", metavar="HOST:PORT", default=None,
                    help="process 0's address; with --num-processes and --process-id (or "
@@ -45,8 +49,9 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 
 def initialize_from_argv(argv: Sequence[str]) -> list[str]:
     """Take the multi-process flags out of `argv` (wherever they stand),
-    initialize from them or from the environment ([`initialize_from_env`][jaxil.runs.distributed.initialize_from_env]),
-    and return the other arguments."""
+    initialize from them or from the environment
+    ([`initialize_from_env`][jaxil.runs.distributed.initialize_from_env]), and
+    return the other arguments."""
     p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     add_flags(p)
     known, rest = p.parse_known_args(list(argv))

@@ -1,14 +1,14 @@
 """The run engine: one driver for every training program.
 
-An algorithm contributes a [`Program`][jaxil.runs.engine.Program]: how to make the stacked state of
-all its runs, one compiled chunk of work (K fused updates, an interactive
-round, a PPO chunk), its evaluation, and its summary fields. [`run`][jaxil.runs.engine.run]
-drives any program and owns everything else, so that no training loop
-re-implements it:
+An algorithm contributes a [`Program`][jaxil.runs.engine.Program]: how to make
+the stacked state of all its runs, one compiled chunk of work (K fused updates,
+an interactive round, a PPO chunk), its evaluation, and its summary fields.
+[`run`][jaxil.runs.engine.run] drives any program and owns everything else, so
+that no training loop re-implements it:
 
-- the run directory ([`jaxil.runs.rundir`][jaxil.runs.rundir]): identity, `resume` (refused
-  when a setting differs), `overwrite`, metrics rows past the newest
-  checkpoint dropped on resume;
+- the run directory ([`jaxil.runs.rundir`][jaxil.runs.rundir]): identity,
+  `resume` (refused when a setting differs), `overwrite`, metrics rows past the
+  newest checkpoint dropped on resume;
 - restore from the newest checkpoint that can be read and whose metrics
   rows are all kept (a damaged checkpoint, or a row lost to a cut line, moves
   the resume back, in one line, and the newer checkpoints are written
@@ -167,9 +167,10 @@ class Program:
 
 @dataclasses.dataclass
 class RunResult:
-    """What [`run`][jaxil.runs.engine.run] returns: the summary (as written to `results.json`,
-    with `wall_seconds` and `complete`), every metrics row, the final
-    stacked state and the run directory (closed; None without `out_dir`)."""
+    """What [`run`][jaxil.runs.engine.run] returns: the summary (as written to
+    `results.json`, with `wall_seconds` and `complete`), every metrics row, the
+    final stacked state and the run directory (closed; None without
+    `out_dir`)."""
 
     summary: dict
     rows: list[dict]
@@ -197,14 +198,14 @@ def run(program: Program, *, rundir: Optional[RunDir] = None,
         profile_dir: Optional[str] = None) -> RunResult:
     """Run `program` to its end (or `stop_after_chunks`, as a kill would).
 
-    `rundir`: an opened run directory ([`open_run`][jaxil.runs.engine.open_run]), or None for a run
-    that writes nothing. `checkpointer` / `resume_step`: a process that
-    does not write the run directory (the others of a multi-process run)
-    still takes part in the checkpoints and resumes from the same step.
-    `loggers`: factories `(names, step_key, resume_from) -> Logger` that
-    receive every metrics row (one logged run per name of `log_names`).
-    `profile_dir`: a `jax.profiler` trace of the second chunk (after
-    compilation).
+    `rundir`: an opened run directory
+    ([`open_run`][jaxil.runs.engine.open_run]), or None for a run that writes
+    nothing. `checkpointer` / `resume_step`: a process that does not write the
+    run directory (the others of a multi-process run) still takes part in the
+    checkpoints and resumes from the same step. `loggers`: factories
+    `(names, step_key, resume_from) -> Logger` that receive every metrics row
+    (one logged run per name of `log_names`). `profile_dir`: a `jax.profiler`
+    trace of the second chunk (after compilation).
 
     Raises:
       jaxil.runs.guard.NonFiniteError: a loss or parameter became NaN or

@@ -1,13 +1,15 @@
 """Run directories in the formats other tools read.
 
-`jaxil train` / `jaxil sweep` and `jaxil interactive` write
-`metrics.jsonl`: one row per (evaluation, run) with `update` (train) or
-`round` (interactive), `run`, `seed`, `grid` (train: the grid point's
-hyper-parameters) or `regime` (interactive), `eval_return`,
-`eval_win_rate` and the learner's last training metrics. This module reads
-those rows ([`load_run`][jaxil.runs.export.load_run], [`group_rows`][jaxil.runs.export.group_rows], shared with
-[`jaxil.runs.plot`][jaxil.runs.plot]) and writes them for InstaDeep's `marl-eval`
-([`to_marl_eval`][jaxil.runs.export.to_marl_eval]), the aggregation used by Mava and OG-MARL.
+`jaxil train` / `jaxil sweep` and `jaxil interactive` write `metrics.jsonl`:
+one row per (evaluation, run) with `update` (train) or `round` (interactive),
+`run`, `seed`, `grid` (train: the grid point's hyper-parameters) or `regime`
+(interactive), `eval_return`, `eval_win_rate` and the learner's last training
+metrics. This module reads those rows
+([`load_run`][jaxil.runs.export.load_run],
+[`group_rows`][jaxil.runs.export.group_rows], shared with
+[`jaxil.runs.plot`][jaxil.runs.plot]) and writes them for InstaDeep's
+`marl-eval` ([`to_marl_eval`][jaxil.runs.export.to_marl_eval]), the aggregation
+used by Mava and OG-MARL.
 
 CLI: `jaxil export marl-eval RUN_DIR [RUN_DIR ...] --out results.json`.
 """
@@ -59,8 +61,9 @@ class Run:
 
 
 def _read_rows(path: Path) -> list[dict]:
-    """The rows of `metrics.jsonl`; a last line cut by a kill is dropped
-    (as the writers in jaxil.algorithms.offline.train and jaxil.algorithms.interactive.loop do on resume)."""
+    """The rows of `metrics.jsonl`; a last line cut by a kill is dropped (as
+    the writers in jaxil.algorithms.offline.train and
+    jaxil.algorithms.interactive.loop do on resume)."""
     if not path.is_file():
         hint = "" if path.parent.is_dir() else f" ({path.parent} does not exist)"
         raise FileNotFoundError(

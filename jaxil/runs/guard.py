@@ -6,13 +6,15 @@ a policy still "works" (argmax of NaN logits is action 0), so without a
 guard a run reports a plausible return and exits 0. The loops check after
 every fused chunk of updates:
 
-- [`health`][jaxil.runs.guard.health] (inside jit) from the chunk's stacked metrics `[K]` and
-  the new parameters: the index of the first update with a non-finite
-  metric, the metrics at that update, and whether the parameters are finite;
-- [`check`][jaxil.runs.guard.check] (on the host, per run) raises [`NonFiniteError`][jaxil.runs.guard.NonFiniteError] naming
-  the learner, the run, the update and the quantities. The loop raises
-  before it writes the chunk's metrics or checkpoint, so the last good
-  checkpoint is what a run directory keeps.
+- [`health`][jaxil.runs.guard.health] (inside jit) from the chunk's stacked
+  metrics `[K]` and the new parameters: the index of the first update with a
+  non-finite metric, the metrics at that update, and whether the parameters are
+  finite;
+- [`check`][jaxil.runs.guard.check] (on the host, per run) raises
+  [`NonFiniteError`][jaxil.runs.guard.NonFiniteError] naming the learner, the
+  run, the update and the quantities. The loop raises before it writes the
+  chunk's metrics or checkpoint, so the last good checkpoint is what a run
+  directory keeps.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ def health(stacked: dict, params: Any) -> Health:
 
 def check(h: Health, *, learner: str, run_labels: Sequence[str], first_step: int,
           chunk_len: int, step_name: str = "update", kept: str = "") -> None:
-    """Raise [`NonFiniteError`][jaxil.runs.guard.NonFiniteError] for the first run `h` reports bad.
+    """Raise [`NonFiniteError`][jaxil.runs.guard.NonFiniteError] for the first
+    run `h` reports bad.
 
     `h` holds numpy arrays with a leading runs axis; `run_labels[i]`
     names run `i` (e.g. `"run 3 (seed 1, alpha=-2)"`); `first_step` is

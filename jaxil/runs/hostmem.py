@@ -2,29 +2,29 @@
 
 Why. On the CPU backend every call of a compiled program allocates one
 temporary buffer for its intermediate values and frees it when the call
-returns. For one O-MAPL update at the paper shapes (8 pairs × 70 steps,
-N = 5, 256-256 networks) that buffer is 90 MB. glibc's `malloc` serves an
-allocation that large with a fresh `mmap` (always above 32 MB, and on the
-worker threads XLA runs on, above the 64 MB of a thread arena's heap) and
-`free` hands it back with `munmap`. So every call starts with about
-22,000 page faults: the kernel maps and zeroes 90 MB before the update can
-compute. A fused [`jaxil.algorithms.offline.update_n`][jaxil.algorithms.offline.base.update_n] pays this once per K
-updates; a loop that calls one update at a time pays it on every update
-(`benchmarks/single_update.py` measures it).
+returns. For one O-MAPL update at the paper shapes (8 pairs × 70 steps, N = 5,
+256-256 networks) that buffer is 90 MB. glibc's `malloc` serves an allocation
+that large with a fresh `mmap` (always above 32 MB, and on the worker threads
+XLA runs on, above the 64 MB of a thread arena's heap) and `free` hands it back
+with `munmap`. So every call starts with about 22,000 page faults: the kernel
+maps and zeroes 90 MB before the update can compute. A fused
+[`jaxil.algorithms.offline.update_n`][jaxil.algorithms.offline.base.update_n]
+pays this once per K updates; a loop that calls one update at a time pays it on
+every update (`benchmarks/single_update.py` measures it).
 
-[`retain`][jaxil.runs.hostmem.retain] tells glibc to serve such buffers from the one main heap and
-keep what is freed there (`mallopt`: one arena, no `mmap`, no trimming).
-The second call then reuses the pages the first one faulted in. The cost is
-that the process's resident memory stays at its peak instead of shrinking
-after each call.
+[`retain`][jaxil.runs.hostmem.retain] tells glibc to serve such buffers from
+the one main heap and keep what is freed there (`mallopt`: one arena, no
+`mmap`, no trimming). The second call then reuses the pages the first one
+faulted in. The cost is that the process's resident memory stays at its peak
+instead of shrinking after each call.
 
-Call it before JAX's first computation. A thread that has already
-allocated keeps its own arena, so a later call cannot reach XLA's running
-worker threads. Importing jaxil does not call it (a library should not
-change its host process's allocator behind its back); the `jaxil`
-command calls it at start-up ([`retain_at_startup`][jaxil.runs.hostmem.retain_at_startup]), which
-`JAXIL_RETAIN_HOST_MEMORY=0` turns off. Elsewhere than on glibc (macOS,
-musl) it does nothing and returns False.
+Call it before JAX's first computation. A thread that has already allocated
+keeps its own arena, so a later call cannot reach XLA's running worker threads.
+Importing jaxil does not call it (a library should not change its host
+process's allocator behind its back); the `jaxil` command calls it at start-up
+([`retain_at_startup`][jaxil.runs.hostmem.retain_at_startup]), which
+`JAXIL_RETAIN_HOST_MEMORY=0` turns off. Elsewhere than on glibc (macOS, musl)
+it does nothing and returns False.
 """
 
 from __future__ import annotations
@@ -91,10 +91,10 @@ def retain() -> bool:
 
 
 def retain_at_startup() -> bool:
-    """[`retain`][jaxil.runs.hostmem.retain] for a program's entry point: skipped (False) where
-    `JAXIL_RETAIN_HOST_MEMORY=0` or jax is already imported (a host
-    program, e.g. `jaxil.cli.main.main` called from Python or a test runner,
-    keeps its allocator as it is), without a warning."""
+    """[`retain`][jaxil.runs.hostmem.retain] for a program's entry point:
+    skipped (False) where `JAXIL_RETAIN_HOST_MEMORY=0` or jax is already
+    imported (a host program, e.g. `jaxil.cli.main.main` called from Python or
+    a test runner, keeps its allocator as it is), without a warning."""
     if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
         return False
     if "jax" in sys.modules:

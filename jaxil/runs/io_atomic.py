@@ -1,9 +1,10 @@
 """Atomic writes: the one way jaxil replaces a file or directory on disk.
 
-Every writer puts its bytes into a hidden sibling `.<name>.<host>-<pid>-<token>.tmp`
-and moves it over `<name>` with `os.replace` (a directory is swapped in
-with two renames, see [`atomic_dir`][jaxil.runs.io_atomic.atomic_dir]). A reader therefore sees the old
-version or the new one, never a half-written one, and two processes (or
+Every writer puts its bytes into a hidden sibling
+`.<name>.<host>-<pid>-<token>.tmp` and moves it over `<name>` with `os.replace`
+(a directory is swapped in with two renames, see
+[`atomic_dir`][jaxil.runs.io_atomic.atomic_dir]). A reader therefore sees the
+old version or the new one, never a half-written one, and two processes (or
 threads) writing the same path never share a temporary file.
 
 A writer that is killed leaves its temporary behind, possibly as large as the
@@ -14,8 +15,9 @@ the pre-`io_atomic` formats (`.<name>.<pid>.tmp` of a dead pid;
 `.<name>.tmp`, `.<name>.<random>.tmp` and `.<name>.tmp-<hex>`, which
 carry no owner). Temporaries of live writers are left alone.
 
-[`check_file_writable`][jaxil.runs.io_atomic.check_file_writable] proves, before the work that produces a file,
-that it can be written (the directory-level check of run directories is
+[`check_file_writable`][jaxil.runs.io_atomic.check_file_writable] proves,
+before the work that produces a file, that it can be written (the
+directory-level check of run directories is
 [`jaxil.runs.rundir.check_writable`][jaxil.runs.rundir.check_writable]).
 """
 
@@ -92,9 +94,9 @@ def _remove(entry: Path) -> None:
 def clear_stale(path: PathLike) -> list[Path]:
     """Remove what killed writes to `path` left beside it; return what was removed.
 
-    A killed directory swap ([`atomic_dir`][jaxil.runs.io_atomic.atomic_dir]) can leave the previous
-    version as `.<name>.*.old` with nothing at `path`; that version is put
-    back rather than deleted.
+    A killed directory swap ([`atomic_dir`][jaxil.runs.io_atomic.atomic_dir])
+    can leave the previous version as `.<name>.*.old` with nothing at `path`;
+    that version is put back rather than deleted.
     """
     path = Path(path)
     prefix = f".{path.name}."
@@ -197,9 +199,10 @@ def atomic_path(path: PathLike, *, fsync: bool = True) -> Iterator[Path]:
     """Yield a temporary file path; when the block succeeds, it replaces `path`.
 
     The caller writes (and closes) the file at the yielded path. On success it
-    is fsynced (`fsync=True`) and moved over `path` with `os.replace`;
-    on any exception it is deleted and `path` is untouched. Leftovers of
-    killed writes to `path` are removed first ([`clear_stale`][jaxil.runs.io_atomic.clear_stale]).
+    is fsynced (`fsync=True`) and moved over `path` with `os.replace`; on any
+    exception it is deleted and `path` is untouched. Leftovers of killed writes
+    to `path` are removed first
+    ([`clear_stale`][jaxil.runs.io_atomic.clear_stale]).
     """
     path = Path(path)
     if path.is_dir():
@@ -220,14 +223,16 @@ def atomic_path(path: PathLike, *, fsync: bool = True) -> Iterator[Path]:
 
 
 def atomic_write_bytes(path: PathLike, data: bytes, *, fsync: bool = True) -> Path:
-    """Write `data` to `path` atomically (see [`atomic_path`][jaxil.runs.io_atomic.atomic_path]); return the path."""
+    """Write `data` to `path` atomically (see
+    [`atomic_path`][jaxil.runs.io_atomic.atomic_path]); return the path."""
     with atomic_path(path, fsync=fsync) as tmp:
         tmp.write_bytes(data)
     return Path(path)
 
 
 def atomic_write_text(path: PathLike, text: str, *, fsync: bool = True) -> Path:
-    """Write `text` (UTF-8) to `path` atomically (see [`atomic_path`][jaxil.runs.io_atomic.atomic_path]); return the path."""
+    """Write `text` (UTF-8) to `path` atomically (see
+    [`atomic_path`][jaxil.runs.io_atomic.atomic_path]); return the path."""
     return atomic_write_bytes(path, text.encode("utf-8"), fsync=fsync)
 
 

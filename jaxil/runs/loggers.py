@@ -7,24 +7,25 @@ step a resumed run continues from. Only the rows of the steps a session
 trains reach a logger: a resumed run sends none at or before the step it
 resumes from.
 
-TensorBoard (`--tensorboard DIR`, [`tensorboard`][jaxil.runs.loggers.tensorboard]): the metrics rows that a loop appends to `metrics.jsonl` are also written as
-scalars, one TensorBoard run (sub-directory) per jaxil run, e.g.
-`DIR/run3-seed1-alpha=0.1`, so TensorBoard's run selector filters seeds and
-grid points. tensorboardX is the writer (extra `jaxil[tensorboard]`); it
-needs neither TensorFlow nor PyTorch.
+TensorBoard (`--tensorboard DIR`,
+[`tensorboard`][jaxil.runs.loggers.tensorboard]): the metrics rows that a loop
+appends to `metrics.jsonl` are also written as scalars, one TensorBoard run
+(sub-directory) per jaxil run, e.g. `DIR/run3-seed1-alpha=0.1`, so
+TensorBoard's run selector filters seeds and grid points. tensorboardX is the
+writer (extra `jaxil[tensorboard]`); it needs neither TensorFlow nor PyTorch.
 
 A resumed run purges the events past the step it resumes from, so curves do
 not double back.
 
-Weights & Biases (`--wandb PROJECT`, [`wandb`][jaxil.runs.loggers.wandb]; extra `jaxil[wandb]`,
-wandb >= 0.19.10): one W&B run per jaxil run (seed, grid point, regime),
-named by its run name, all runs of one invocation in one W&B group (default:
-the run directory's name), so W&B's grouping averages seeds and its
+Weights & Biases (`--wandb PROJECT`, [`wandb`][jaxil.runs.loggers.wandb]; extra
+`jaxil[wandb]`, wandb >= 0.19.10): one W&B run per jaxil run (seed, grid point,
+regime), named by its run name, all runs of one invocation in one W&B group
+(default: the run directory's name), so W&B's grouping averages seeds and its
 filters pick grid points:
 
-- config: the settings given to [`wandb`][jaxil.runs.loggers.wandb] (the command line's, for
-  `jaxil` commands) and each run's ids from its rows (`seed`, `grid`,
-  `regime`, `run`);
+- config: the settings given to [`wandb`][jaxil.runs.loggers.wandb] (the
+  command line's, for `jaxil` commands) and each run's ids from its rows
+  (`seed`, `grid`, `regime`, `run`);
 - history: every numeric field of a row (not the ids), logged at the row's
   step field as the W&B step (`run.log(metrics, step=row[step_key])`), so
   each panel's x-axis is the jaxil step (`update`, `round`, `chunk`,

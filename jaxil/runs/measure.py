@@ -1,29 +1,36 @@
 """Measuring compiled JAX programs: timings, machine facts, XLA's cost and
 memory analyses, the machine's matmul rate, tables and JSON results.
 
-Timing ([`time_call`][jaxil.runs.measure.time_call]): compile ahead of time ([`compile_ahead`][jaxil.runs.measure.compile_ahead]) so
-no repeat pays for tracing, run the compiled call once as a warm-up, then
-take the median of repeats, each ended by `jax.block_until_ready`. The
-process CPU time of each repeat is kept too: on a machine shared with other
-work the wall clock includes time spent waiting for a core, the CPU time
-does not.
+Timing ([`time_call`][jaxil.runs.measure.time_call]): compile ahead of time
+([`compile_ahead`][jaxil.runs.measure.compile_ahead]) so no repeat pays for
+tracing, run the compiled call once as a warm-up, then take the median of
+repeats, each ended by `jax.block_until_ready`. The process CPU time of each
+repeat is kept too: on a machine shared with other work the wall clock includes
+time spent waiting for a core, the CPU time does not.
 
-Results: [`write_json`][jaxil.runs.measure.write_json] writes one JSON file per run,
-`<out_dir>/<name>-<host>-<YYYY-MM-DD>.json`, by convention holding
-[`machine_info`][jaxil.runs.measure.machine_info], [`library_versions`][jaxil.runs.measure.library_versions], the load average around the
-run ([`loadavg`][jaxil.runs.measure.loadavg]) and its rows; [`format_table`][jaxil.runs.measure.format_table] prints the same rows
-as a fixed-width table.
+Results: [`write_json`][jaxil.runs.measure.write_json] writes one JSON file per
+run, `<out_dir>/<name>-<host>-<YYYY-MM-DD>.json`, by convention holding
+[`machine_info`][jaxil.runs.measure.machine_info],
+[`library_versions`][jaxil.runs.measure.library_versions], the load average
+around the run ([`loadavg`][jaxil.runs.measure.loadavg]) and its rows;
+[`format_table`][jaxil.runs.measure.format_table] prints the same rows as a
+fixed-width table.
 
-Memory: [`xla_memory`][jaxil.runs.measure.xla_memory] (a compiled call's output and temporary buffers),
-[`free_memory_bytes`][jaxil.runs.measure.free_memory_bytes] and [`memory_shortfall`][jaxil.runs.measure.memory_shortfall] decide whether a size
-fits before it runs; [`is_oom`][jaxil.runs.measure.is_oom] recognises the out-of-memory errors of
-one that did not.
+Memory: [`xla_memory`][jaxil.runs.measure.xla_memory] (a compiled call's output
+and temporary buffers),
+[`free_memory_bytes`][jaxil.runs.measure.free_memory_bytes] and
+[`memory_shortfall`][jaxil.runs.measure.memory_shortfall] decide whether a size
+fits before it runs; [`is_oom`][jaxil.runs.measure.is_oom] recognises the
+out-of-memory errors of one that did not.
 
-Yardsticks, to set a program's achieved GFLOP/s against: [`matmul_rates`][jaxil.runs.measure.matmul_rates]
-(`jnp.dot` per product shape, [`mlp_matmul_shapes`][jaxil.runs.measure.mlp_matmul_shapes] for those of an
-MLP), [`PeakProbe`][jaxil.runs.measure.PeakProbe] (a 1024² product to time in between other
-measurements) and [`matmul_peak_children`][jaxil.runs.measure.matmul_peak_children] (the rates with one thread and
-with all, each in a child process: [`run_json_child`][jaxil.runs.measure.run_json_child]).
+Yardsticks, to set a program's achieved GFLOP/s against:
+[`matmul_rates`][jaxil.runs.measure.matmul_rates] (`jnp.dot` per product shape,
+[`mlp_matmul_shapes`][jaxil.runs.measure.mlp_matmul_shapes] for those of an
+MLP), [`PeakProbe`][jaxil.runs.measure.PeakProbe] (a 1024² product to time in
+between other measurements) and
+[`matmul_peak_children`][jaxil.runs.measure.matmul_peak_children] (the rates
+with one thread and with all, each in a child process:
+[`run_json_child`][jaxil.runs.measure.run_json_child]).
 
 `jax` and `numpy` are imported inside the functions, not at module level,
 so a process can still set `XLA_FLAGS` or its allocator
@@ -287,10 +294,11 @@ def free_memory_bytes() -> Optional[int]:
 
 
 def memory_shortfall(mem: dict[str, Optional[int]], headroom: float = MEMORY_HEADROOM) -> Optional[str]:
-    """Why a call whose buffers are `mem` ([`xla_memory`][jaxil.runs.measure.xla_memory]) would not fit:
+    """Why a call whose buffers are `mem`
+    ([`xla_memory`][jaxil.runs.measure.xla_memory]) would not fit:
     `"needs ~X GiB (XLA output + temp), Y GiB free"` when they exceed
-    `headroom` × [`free_memory_bytes`][jaxil.runs.measure.free_memory_bytes]; None when they fit or the free
-    memory is unknown."""
+    `headroom` × [`free_memory_bytes`][jaxil.runs.measure.free_memory_bytes];
+    None when they fit or the free memory is unknown."""
     need = (mem["xla_output_bytes"] or 0) + (mem["xla_temp_bytes"] or 0)
     free = free_memory_bytes()
     if free is not None and need > headroom * free:
@@ -310,8 +318,9 @@ def is_oom(e: BaseException) -> bool:
 
 
 class ChildError(RuntimeError):
-    """A child process of [`run_json_child`][jaxil.runs.measure.run_json_child] timed out or failed (the
-    message is the reason: the timeout, or the end of its stderr)."""
+    """A child process of [`run_json_child`][jaxil.runs.measure.run_json_child]
+    timed out or failed (the message is the reason: the timeout, or the end of
+    its stderr)."""
 
 
 def run_json_child(
@@ -321,7 +330,8 @@ def run_json_child(
     env: Optional[dict[str, str]] = None,
 ) -> Any:
     """Run `cmd` in a child process and return the JSON of the last line it
-    prints; raises [`ChildError`][jaxil.runs.measure.ChildError] when it times out or fails.
+    prints; raises [`ChildError`][jaxil.runs.measure.ChildError] when it times
+    out or fails.
 
     The child inherits this process's environment, with `env` set on top.
     A thread count is fixed when XLA starts, so measurements on one core run in
@@ -412,8 +422,9 @@ def summarize_matmul(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def matmul_peak(m: int) -> dict[str, Any]:
-    """[`matmul_rates`][jaxil.runs.measure.matmul_rates] of [`mlp_matmul_shapes`][jaxil.runs.measure.mlp_matmul_shapes] at `m` rows in this
-    process: `{rows, summary, xla_flags}`."""
+    """[`matmul_rates`][jaxil.runs.measure.matmul_rates] of
+    [`mlp_matmul_shapes`][jaxil.runs.measure.mlp_matmul_shapes] at `m` rows in
+    this process: `{rows, summary, xla_flags}`."""
     rows = matmul_rates(mlp_matmul_shapes(m))
     return {"rows": rows, "summary": summarize_matmul(rows), "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
@@ -424,10 +435,12 @@ _MATMUL_PEAK_CHILD = "import json; from jaxil.runs import measure; print(json.du
 def matmul_peak_children(
     m: int, threads: Sequence[str] = ("all", "1"), timeout_s: float = 300.0
 ) -> dict[str, dict[str, Any]]:
-    """[`matmul_peak`][jaxil.runs.measure.matmul_peak] in a child process per thread setting (`"all"`:
-    XLA's threads as the environment sets them; `"1"`: one thread pinned to
-    one CPU, [`run_json_child`][jaxil.runs.measure.run_json_child]): `{threads: {rows, summary, xla_flags}}`,
-    or `{threads: {"error": ...}}` for a child that failed."""
+    """[`matmul_peak`][jaxil.runs.measure.matmul_peak] in a child process per
+    thread setting (`"all"`: XLA's threads as the environment sets them; `"1"`:
+    one thread pinned to one CPU,
+    [`run_json_child`][jaxil.runs.measure.run_json_child]):
+    `{threads: {rows, summary, xla_flags}}`, or `{threads: {"error":
+    ...}}` for a child that failed."""
     results: dict[str, dict[str, Any]] = {}
     for th in threads:
         cmd = [sys.executable, "-c", _MATMUL_PEAK_CHILD.format(m=int(m))]
@@ -474,8 +487,10 @@ def write_json(
     out_dir: Optional[Union[str, os.PathLike]] = None,
     path: Optional[Union[str, os.PathLike]] = None,
 ) -> Path:
-    """Write `{"benchmark": name, "created": <timestamp>, **payload}` to
-    `path`, or to [`results_path`][jaxil.runs.measure.results_path] under `out_dir`; returns the path."""
+    """Write `{"benchmark": name, "created": <timestamp>,
+    **payload}` to `path`, or to
+    [`results_path`][jaxil.runs.measure.results_path] under `out_dir`; returns
+    the path."""
     if path is None:
         if out_dir is None:
             raise ValueError("write_json needs out_dir or path")

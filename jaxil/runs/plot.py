@@ -24,7 +24,8 @@ from jaxil.runs.export import algorithm_name, check_metric, group_rows, load_run
 def curves(run_dirs: Sequence[Union[str, Path]], metric: str = "eval_return",
            by: Optional[str] = None) -> list[dict]:
     """`[{label, x [T], mean [T], std [T], seeds}]`, one per line of
-    [`plot_runs`][jaxil.runs.plot.plot_runs]; at each x, over the seeds that recorded `metric`."""
+    [`plot_runs`][jaxil.runs.plot.plot_runs]; at each x, over the seeds that
+    recorded `metric`."""
     runs = [load_run(p) for p in run_dirs]
     lines = []
     for run in runs:

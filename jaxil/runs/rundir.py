@@ -10,7 +10,8 @@ checkpoints/    orbax steps of the whole stacked state (jaxil.runs.checkpoint)
 results.json    the final summary
 ```
 
-[`open_run_dir`][jaxil.runs.rundir.open_run_dir] decides what may happen to a directory before any work:
+[`open_run_dir`][jaxil.runs.rundir.open_run_dir] decides what may happen to a
+directory before any work:
 
 - a directory that holds another run is refused unless `resume` (continue
   it) or `overwrite` (start afresh: its run files are removed);
@@ -21,12 +22,12 @@ results.json    the final summary
   checkpoint, leaves such rows), so the resumed run rewrites them exactly;
 - the directory is checked writable up front, so no work is lost to a
   permission error at the end;
-- one process at a time: [`check_run_dir`][jaxil.runs.rundir.check_run_dir] and [`open_run_dir`][jaxil.runs.rundir.open_run_dir]
-  take an advisory lock (`.lock`, `fcntl.flock`) that the process holds
-  until `RunDir.close` or its exit, so a second run on the same
-  directory is refused with the holder named; the operating system drops
-  the lock of a killed process, so a stale lock never blocks `--resume`
-  (on platforms without `fcntl` there is no lock);
+- one process at a time: [`check_run_dir`][jaxil.runs.rundir.check_run_dir] and
+  [`open_run_dir`][jaxil.runs.rundir.open_run_dir] take an advisory lock
+  (`.lock`, `fcntl.flock`) that the process holds until `RunDir.close` or its
+  exit, so a second run on the same directory is refused with the holder named;
+  the operating system drops the lock of a killed process, so a stale lock
+  never blocks `--resume` (on platforms without `fcntl` there is no lock);
 - `run.json` records the library versions that wrote the run (jaxil,
   JAX, flax, optax, orbax). A resume under other versions goes ahead with a
   one-line warning: the run's identity, which decides what it computes, is
@@ -203,7 +204,8 @@ class RunDir:
 
     Attributes:
       path: the directory.
-      checkpointer: its [`jaxil.runs.checkpoint.Checkpointer`][jaxil.runs.checkpoint.Checkpointer].
+      checkpointer: its
+        [`jaxil.runs.checkpoint.Checkpointer`][jaxil.runs.checkpoint.Checkpointer].
       latest: the newest committed checkpoint step to resume from, or None.
       rows: the metrics rows kept (those at steps `<= latest`).
     """
@@ -265,9 +267,9 @@ def check_writable(path: Path, flag: str = "--out") -> None:
 
 def check_run_dir(path: str | os.PathLike, *, resume: bool = False,
                   overwrite: bool = False) -> None:
-    """What [`open_run_dir`][jaxil.runs.rundir.open_run_dir] refuses before it reads any identity: call it
-    before the expensive work (a dataset build) so that a bad `--out` fails
-    at once. Creates the directory."""
+    """What [`open_run_dir`][jaxil.runs.rundir.open_run_dir] refuses before it
+    reads any identity: call it before the expensive work (a dataset build) so
+    that a bad `--out` fails at once. Creates the directory."""
     if resume and overwrite:
         raise ValueError("--resume and --overwrite exclude each other: resume continues "
                          "the run, overwrite deletes it")

@@ -1,20 +1,23 @@
 """Runs and batches on a device mesh: `jaxil train`/`sweep` over N × M devices.
 
-A training run stacks R = grid points × seeds learner states on a leading
-runs axis `[R, ...]` ([`jaxil.algorithms.offline.train`][jaxil.algorithms.offline.train]). Runs never talk to each other,
-so splitting that axis over N devices needs no communication: on a
-`Mesh` of axes `("runs", "batch")` (N × 1 unless batches are split
-too), the states are placed with
-`NamedSharding(mesh, P("runs"))`, the dataset is replicated (`P()`), and
-the chunk and evaluation are jitted with those in/out shardings, so each
-device trains and evaluates its own R/N runs.
+A training run stacks R = grid points × seeds learner states on a leading runs
+axis `[R, ...]`
+([`jaxil.algorithms.offline.train`][jaxil.algorithms.offline.train]). Runs
+never talk to each other, so splitting that axis over N devices needs no
+communication: on a `Mesh` of axes `("runs", "batch")` (N × 1 unless batches
+are split too), the states are placed with `NamedSharding(mesh,
+P("runs"))`, the dataset is replicated (`P()`), and the chunk and evaluation
+are jitted with those in/out shardings, so each device trains and evaluates its
+own R/N runs.
 
 Padding. R is padded up to a multiple of N by repeating the last run's state
 (the padded runs train as copies of it and are thrown away). Only the real R
-runs ever leave the devices: [`RunsLayout.gather`][jaxil.runs.sharding.RunsLayout.gather] (metrics, health,
-evaluation) and [`RunsLayout.checkpoint_view`][jaxil.runs.sharding.RunsLayout.checkpoint_view] (what is saved) both cut
-the runs axis to R, so padded runs never reach metrics rows, results.json or
-a checkpoint.
+runs ever leave the devices:
+[`RunsLayout.gather`][jaxil.runs.sharding.RunsLayout.gather] (metrics, health,
+evaluation) and
+[`RunsLayout.checkpoint_view`][jaxil.runs.sharding.RunsLayout.checkpoint_view]
+(what is saved) both cut the runs axis to R, so padded runs never reach metrics
+rows, results.json or a checkpoint.
 
 Checkpoints hold exactly the R real runs, the same arrays an unsharded run
 saves, so a checkpoint does not depend on the device count: `jaxil eval`
@@ -27,13 +30,14 @@ N counts `jax.devices()`: in one process its local devices, after
 `jax.distributed.initialize` the devices of all processes.
 
 Batch sharding (one large run, data-parallel). The mesh is 2-D,
-`("runs", "batch")` of N × M devices (M = 1 unless asked for): the states
-are split over `runs` and copied over `batch`, and inside each update the
-sampled batch is constrained to `P("batch")` on its leading axis
-([`constrain_batch`][jaxil.runs.sharding.constrain_batch]). Each of the M devices then computes the losses
-of B/M samples, and XLA's partitioner adds the all-reduce that sums the
-gradients (and the batch means and normalisers), so the update is the
-unsharded one up to float round-off. The batch size must divide by M.
+`("runs", "batch")` of N × M devices (M = 1 unless asked for): the states are
+split over `runs` and copied over `batch`, and inside each update the sampled
+batch is constrained to `P("batch")` on its leading axis
+([`constrain_batch`][jaxil.runs.sharding.constrain_batch]). Each of the M
+devices then computes the losses of B/M samples, and XLA's partitioner adds the
+all-reduce that sums the gradients (and the batch means and normalisers), so
+the update is the unsharded one up to float round-off. The batch size must
+divide by M.
 """
 
 from __future__ import annotations
@@ -201,7 +205,9 @@ class RunsLayout:
         return self._cut(self.replicated)(states)
 
     def from_checkpoint(self, states: Any) -> Any:
-        """Restored `[R, ...]` ([`checkpoint_sharding`][jaxil.runs.sharding.RunsLayout.checkpoint_sharding]) -> padded and sharded."""
+        """Restored `[R, ...]`
+        ([`checkpoint_sharding`][jaxil.runs.sharding.RunsLayout.checkpoint_sharding])
+        -> padded and sharded."""
         if self.padded == self.num_runs:
             return states
         return _pad_fn(self.padded, self.runs)(states)

@@ -1,14 +1,13 @@
 """The results table of every program: evaluation rows grouped and summarised.
 
-A program's metrics rows (`metrics.jsonl`, one per evaluation and run)
-carry a step field (`update`, `round` or `chunk`), the run's ids and
-`eval_return` / `eval_win_rate`. [`summarize_step`][jaxil.runs.summary.summarize_step] groups the rows
-of one step (the last by default) by a key (the grid point, the regime, or
-nothing) and gives each group's mean ± population std over its runs;
-[format_table][jaxil.runs.measure.format_table] prints such groups as a
-table ([mean_std][jaxil.runs.summary.mean_std] gives the column of a group's
-`return` or `win`).
-Both serve `jaxil train`/`sweep`, `jaxil interactive` and the
+A program's metrics rows (`metrics.jsonl`, one per evaluation and run) carry a
+step field (`update`, `round` or `chunk`), the run's ids and `eval_return` /
+`eval_win_rate`. [`summarize_step`][jaxil.runs.summary.summarize_step] groups
+the rows of one step (the last by default) by a key (the grid point, the
+regime, or nothing) and gives each group's mean ± population std over its runs;
+[format_table][jaxil.runs.measure.format_table] prints such groups as a table
+([mean_std][jaxil.runs.summary.mean_std] gives the column of a group's `return`
+or `win`). Both serve `jaxil train`/`sweep`, `jaxil interactive` and the
 adversarial programs, so their `results.json` and tables read alike.
 """
 

@@ -1,11 +1,12 @@
 """The one scan over updates: K updates of any training state in one `lax.scan`.
 
-Every learner, reward model and interactive student fuses its updates
-through [`scan_updates`][jaxil.runs.updates.scan_updates]: each update gets a fresh key split from the
-state's `key` (the state keeps the other half), so the sequence of keys,
-and with it every batch, depends only on the state. [`fused_updates`][jaxil.runs.updates.fused_updates]
-adds what the run engine needs after a chunk: the last update's metrics and
-the chunk's [`jaxil.runs.guard.Health`][jaxil.runs.guard.Health].
+Every learner, reward model and interactive student fuses its updates through
+[`scan_updates`][jaxil.runs.updates.scan_updates]: each update gets a fresh key
+split from the state's `key` (the state keeps the other half), so the sequence
+of keys, and with it every batch, depends only on the state.
+[`fused_updates`][jaxil.runs.updates.fused_updates] adds what the run engine
+needs after a chunk: the last update's metrics and the chunk's
+[`jaxil.runs.guard.Health`][jaxil.runs.guard.Health].
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ def scan_updates(update: Callable[[S, jax.Array], tuple[S, dict]], state: S,
 def fused_updates(update: Callable[[S, jax.Array], tuple[S, dict]], state: S, k: int,
                   params: Callable[[S], Any] = lambda s: s.params
                   ) -> tuple[S, dict, Health]:
-    """[`scan_updates`][jaxil.runs.updates.scan_updates] plus `(last update's metrics, Health)`: the
-    first update with a non-finite metric and whether `params(state)` is
-    finite after the chunk (the means over K would hide divergence)."""
+    """[`scan_updates`][jaxil.runs.updates.scan_updates] plus
+    `(last update's metrics, Health)`: the first update with a non-finite
+    metric and whether `params(state)` is finite after the chunk (the means
+    over K would hide divergence)."""
     state, metrics = scan_updates(update, state, k)
     return state, jax.tree.map(lambda m: m[-1], metrics), health(metrics, params(state))

@@ -1,6 +1,7 @@
 """Teacher run directories: layout, loading, and the teachers shipped with jaxil.
 
-Layout of a run (written by [`jaxil.teachers.train.train_teacher`][jaxil.teachers.train.train_teacher]):
+Layout of a run (written by
+[`jaxil.teachers.train.train_teacher`][jaxil.teachers.train.train_teacher]):
 
 ```text
 out_dir/teacher.json         env id, algo, config, spec, random baseline,
@@ -12,15 +13,18 @@ out_dir/checkpoints/<env_steps>/runner/     the full RunnerState
 out_dir/checkpoints/<env_steps>/checkpoint.json   its evaluation
 ```
 
-Arrays are stored with [`jaxil.runs.checkpoint.save_tree`][jaxil.runs.checkpoint.save_tree]. `teacher.json`
-records `actor_format`: 2 is the [`jaxil.nn.policy.PolicyNet`][jaxil.nn.policy.PolicyNet] layout;
-runs written before it (no `actor_format`; the earlier flax `Actor` module)
-are converted on load, so old run directories keep working.
+Arrays are stored with
+[`jaxil.runs.checkpoint.save_tree`][jaxil.runs.checkpoint.save_tree].
+`teacher.json` records `actor_format`: 2 is the
+[`jaxil.nn.policy.PolicyNet`][jaxil.nn.policy.PolicyNet] layout; runs written
+before it (no `actor_format`; the earlier flax `Actor` module) are converted on
+load, so old run directories keep working.
 
 Shipped teachers. `jaxil/teachers/shipped/<name>/` holds the teachers the
 dataset recipes use, as policy parameters only (every evaluated checkpoint's
-actor, no runner state) with a SHA-256 of each in `teacher.json`, verified
-on load. [`ship_teacher`][jaxil.teachers.io.ship_teacher] makes one from a run directory.
+actor, no runner state) with a SHA-256 of each in `teacher.json`, verified on
+load. [`ship_teacher`][jaxil.teachers.io.ship_teacher] makes one from a run
+directory.
 """
 
 from __future__ import annotations
@@ -118,8 +122,8 @@ def _legacy_actor_like(spec: EnvSpec, config: PPOConfig) -> dict:
 def legacy_mlp_variables(old: dict) -> dict:
     """The variables of an `actor_format` 1 network (actor or critic:
     `_Torso_0/Dense_<i>` hidden layers, `Dense_0` output) as those of the
-    shared [`jaxil.nn.nets.LocalMLP`][jaxil.nn.nets.LocalMLP] that replaces it (same weights, same
-    function)."""
+    shared [`jaxil.nn.nets.LocalMLP`][jaxil.nn.nets.LocalMLP] that replaces it
+    (same weights, same function)."""
     p = old["params"]
     mlp = {f"hidden_{i}": layer for i, layer in
            ((int(k.split("_")[1]), v) for k, v in p["_Torso_0"].items())}
@@ -128,7 +132,8 @@ def legacy_mlp_variables(old: dict) -> dict:
 
 
 def _from_legacy(old: dict, spec: EnvSpec) -> Any:
-    """An `actor_format` 1 actor as [`jaxil.nn.policy.PolicyNet`][jaxil.nn.policy.PolicyNet] parameters."""
+    """An `actor_format` 1 actor as
+    [`jaxil.nn.policy.PolicyNet`][jaxil.nn.policy.PolicyNet] parameters."""
     variables = legacy_mlp_variables(old)
     if spec.discrete:
         return variables
@@ -137,9 +142,10 @@ def _from_legacy(old: dict, spec: EnvSpec) -> Any:
 
 def _restore_actor(out_dir: str | os.PathLike, step: int, doc: dict) -> tuple[Any, str]:
     """`(params, stored digest)`: the actor of checkpoint `step` as
-    [`jaxil.nn.policy.PolicyNet`][jaxil.nn.policy.PolicyNet] parameters, and the SHA-256 of the tree as
-    it is stored (an `actor_format` 1 run keeps its own layout's digest, so
-    datasets built from it record the same digest as before)."""
+    [`jaxil.nn.policy.PolicyNet`][jaxil.nn.policy.PolicyNet] parameters, and
+    the SHA-256 of the tree as it is stored (an `actor_format` 1 run keeps its
+    own layout's digest, so datasets built from it record the same digest as
+    before)."""
     config = PPOConfig.from_dict(doc["config"])
     spec = EnvSpec.from_dict(doc["spec"])
     path = os.path.join(out_dir, CKPT_DIR, str(int(step)), "actor")
@@ -184,9 +190,11 @@ def load_teacher(
         one.
 
     Returns:
-      `(policy, params, spec)`: an [`envs.policies.Policy`][jaxil.envs.policies.Policy] for one
-      environment (`act`, `log_prob`, `entropy`), usable with
-      [`envs.run_episodes`][jaxil.envs.rollout.run_episodes]; the actor parameters; the [`EnvSpec`][jaxil.envs.core.EnvSpec].
+      `(policy, params, spec)`: an
+      [`envs.policies.Policy`][jaxil.envs.policies.Policy] for one environment
+      (`act`, `log_prob`, `entropy`), usable with
+      [`envs.run_episodes`][jaxil.envs.rollout.run_episodes]; the actor
+      parameters; the [`EnvSpec`][jaxil.envs.core.EnvSpec].
     """
     policy, params, spec, _ = load_checkpoint(out_dir, step, deterministic)
     return policy, params, spec
@@ -195,8 +203,8 @@ def load_teacher(
 def load_checkpoint(
     out_dir: str | os.PathLike, step: Optional[int] = None, deterministic: bool = False
 ) -> tuple[Callable, Any, EnvSpec, str]:
-    """[`load_teacher`][jaxil.teachers.io.load_teacher] plus the SHA-256 of the checkpoint's weights as
-    stored (what datasets record), from one read."""
+    """[`load_teacher`][jaxil.teachers.io.load_teacher] plus the SHA-256 of the
+    checkpoint's weights as stored (what datasets record), from one read."""
     doc = read_teacher(out_dir)
     steps = list_checkpoints(out_dir)
     if not steps:

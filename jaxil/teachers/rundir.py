@@ -1,16 +1,20 @@
 """A teacher's run directory as the run engine writes it.
 
-A teacher keeps the layout of [`jaxil.teachers.io`][jaxil.teachers.io] (`teacher.json`,
-`metrics.jsonl`, `checkpoints/<env_steps>/{actor,runner,checkpoint.json}`)
-because shipped teachers, dataset recipes and [`jaxil.teachers.load_teacher`][jaxil.teachers.io.load_teacher]
-read it. [`TeacherRunDir`][jaxil.teachers.rundir.TeacherRunDir] gives that layout the interface of
-[`jaxil.runs.rundir.RunDir`][jaxil.runs.rundir.RunDir], so [`jaxil.runs.engine.run`][jaxil.runs.engine.run] drives a
-teacher as it drives every other program: the engine appends the rows and
-asks for checkpoints; this module decides where they go.
+A teacher keeps the layout of [`jaxil.teachers.io`][jaxil.teachers.io]
+(`teacher.json`, `metrics.jsonl`,
+`checkpoints/<env_steps>/{actor,runner,checkpoint.json}`) because shipped
+teachers, dataset recipes and
+[`jaxil.teachers.load_teacher`][jaxil.teachers.io.load_teacher] read it.
+[`TeacherRunDir`][jaxil.teachers.rundir.TeacherRunDir] gives that layout the
+interface of [`jaxil.runs.rundir.RunDir`][jaxil.runs.rundir.RunDir], so
+[`jaxil.runs.engine.run`][jaxil.runs.engine.run] drives a teacher as it drives
+every other program: the engine appends the rows and asks for checkpoints; this
+module decides where they go.
 
-- [`open_teacher_dir`][jaxil.teachers.rundir.open_teacher_dir] checks the directory before any compilation:
-  writable, holding no other kind of run, and on `resume` the same
-  settings as the recorded run (one line naming the first that differs).
+- [`open_teacher_dir`][jaxil.teachers.rundir.open_teacher_dir] checks the
+  directory before any compilation: writable, holding no other kind of run, and
+  on `resume` the same settings as the recorded run (one line naming the first
+  that differs).
 - A checkpoint writes the actor, the full runner state, `checkpoint.json`
   with the evaluation of the row the engine has just appended, and
   refreshes `teacher.json`. Every checkpoint keeps its runner state, so a
@@ -57,7 +61,8 @@ def evaluation_fields(evaluation: dict[str, dict]) -> dict[str, Any]:
 
 
 def _nested_evaluation(row: dict) -> dict[str, dict]:
-    """Undo [`evaluation_fields`][jaxil.teachers.rundir.evaluation_fields] for one row (episode counts as ints)."""
+    """Undo [`evaluation_fields`][jaxil.teachers.rundir.evaluation_fields] for
+    one row (episode counts as ints)."""
     out: dict[str, dict] = {}
     for key, v in row.items():
         mode, _, k = key.partition("/")
@@ -105,11 +110,13 @@ class _Checkpoints:
 
 
 class TeacherRunDir(RunDir):
-    """An opened teacher directory (see [`open_teacher_dir`][jaxil.teachers.rundir.open_teacher_dir]).
+    """An opened teacher directory (see
+    [`open_teacher_dir`][jaxil.teachers.rundir.open_teacher_dir]).
 
     Attributes (beyond [`jaxil.runs.rundir.RunDir`][jaxil.runs.rundir.RunDir]'s):
       header: the settings `teacher.json` records (`spec` and
-        `random_baseline` are added by [`begin`][jaxil.teachers.rundir.TeacherRunDir.begin]).
+        `random_baseline` are added by
+        [`begin`][jaxil.teachers.rundir.TeacherRunDir.begin]).
       doc: the `teacher.json` last written.
       last_row: the newest metrics row (a checkpoint records its evaluation).
     """

@@ -1,19 +1,23 @@
-"""The teacher program: PPO in chunks, run by the run engine ([`train_teacher`][jaxil.teachers.train.train_teacher]).
+"""The teacher program: PPO in chunks, run by the run engine
+([`train_teacher`][jaxil.teachers.train.train_teacher]).
 
 `train_teacher(env_id, config, seed, out_dir)` builds a
 [`jaxil.runs.engine.Program`][jaxil.runs.engine.Program] from the compiled
-[`jaxil.algorithms.rl.ppo.make_ppo`][jaxil.algorithms.rl.ppo.make_ppo] chunk and hands it to
-[`jaxil.runs.engine.run`][jaxil.runs.engine.run], which owns the loop: the guard, one metrics row
-per chunk, a few evenly spaced checkpoints, each evaluated with
-[`jaxil.envs.run_episodes`][jaxil.envs.rollout.run_episodes], the progress bar and exact resume. The
-directory keeps the teacher layout of [`jaxil.teachers.io`][jaxil.teachers.io]
+[`jaxil.algorithms.rl.ppo.make_ppo`][jaxil.algorithms.rl.ppo.make_ppo] chunk
+and hands it to [`jaxil.runs.engine.run`][jaxil.runs.engine.run], which owns
+the loop: the guard, one metrics row per chunk, a few evenly spaced
+checkpoints, each evaluated with
+[`jaxil.envs.run_episodes`][jaxil.envs.rollout.run_episodes], the progress bar
+and exact resume. The directory keeps the teacher layout of
+[`jaxil.teachers.io`][jaxil.teachers.io]
 ([`jaxil.teachers.rundir`][jaxil.teachers.rundir] maps it onto the engine).
 
 A run that cannot lie: the output directory is checked writable and free of
 other runs before any compilation; `resume` refuses any setting that differs
 from the recorded run; a loss or parameter turning NaN/inf stops the run with
-[`jaxil.runs.guard.NonFiniteError`][jaxil.runs.guard.NonFiniteError] before that chunk's metrics or checkpoint
-are written, so the directory keeps its last good checkpoint.
+[`jaxil.runs.guard.NonFiniteError`][jaxil.runs.guard.NonFiniteError] before
+that chunk's metrics or checkpoint are written, so the directory keeps its last
+good checkpoint.
 """
 
 from __future__ import annotations
@@ -44,8 +48,9 @@ def evaluate(
     env: MultiAgentEnv, policy: Any, params: Any, key: jax.Array, num_episodes: int = 128
 ) -> dict[str, float]:
     """Mean episodic return (± std), win rate (if the env has one) and length
-    over `num_episodes` complete episodes of [`envs.run_episodes`][jaxil.envs.rollout.run_episodes]
-    (jitted; the compiled program is cached per `(env, policy)` object)."""
+    over `num_episodes` complete episodes of
+    [`envs.run_episodes`][jaxil.envs.rollout.run_episodes] (jitted; the
+    compiled program is cached per `(env, policy)` object)."""
     eps = _jit_run_episodes(env, policy, num_episodes)(params, key)
     return envs.episode_summary(eps, env.spec.has_win)
 
@@ -149,10 +154,11 @@ def _program(
 
 def teacher_program(prog: _Program, config: PPOConfig, seed: int, *, eval_episodes: int,
                     checkpoint_at: list[int], env_id: str, label: str) -> engine.Program:
-    """The [`jaxil.runs.engine.Program`][jaxil.runs.engine.Program] of one teacher: one run, one
-    metrics row per chunk (the training rollouts' statistics, timed), a
-    checkpoint and evaluation after each chunk of `checkpoint_at`. Rows and
-    checkpoints are keyed by env steps; the guard numbers updates."""
+    """The [`jaxil.runs.engine.Program`][jaxil.runs.engine.Program] of one
+    teacher: one run, one metrics row per chunk (the training rollouts'
+    statistics, timed), a checkpoint and evaluation after each chunk of
+    `checkpoint_at`. Rows and checkpoints are keyed by env steps; the guard
+    numbers updates."""
     k_init, k_eval = jax.random.split(jax.random.PRNGKey(seed))
     env_steps_per_chunk = config.updates_per_chunk * config.batch_size
     compiled: dict[str, Any] = {}
@@ -227,24 +233,25 @@ def train_teacher(
     out_dir/checkpoints/<env_steps>/checkpoint.json   its evaluation
     ```
 
-    Checkpoints are evenly spaced over the run (`num_checkpoints`, the last
-    at the end). Each is evaluated with [`envs.run_episodes`][jaxil.envs.rollout.run_episodes] on
-    `eval_episodes` episodes (same reset keys for every checkpoint), with
-    the stochastic policy (the one used to generate data) and
-    deterministically (greedy action / squashed Gaussian mean).
+    Checkpoints are evenly spaced over the run (`num_checkpoints`, the last at
+    the end). Each is evaluated with
+    [`envs.run_episodes`][jaxil.envs.rollout.run_episodes] on `eval_episodes`
+    episodes (same reset keys for every checkpoint), with the stochastic policy
+    (the one used to generate data) and deterministically (greedy action /
+    squashed Gaussian mean).
 
-    `resume=True` continues from the runner state of the newest checkpoint
-    that can be read (and whose metrics rows are all kept); the result is
-    bit-identical to an uninterrupted run. Without it, an `out_dir`
-    that already holds checkpoints is an error; with it, any difference in
-    the env, seed, config, checkpoint schedule or `eval_episodes` is. An
-    `out_dir` holding another kind of run (a `jaxil train` run directory)
-    is refused either way. `stop_after_chunks` (>= 1) stops after that chunk
-    (as a kill would), for tests and time-boxed runs.
-    `compiler_options` go to XLA (`jax.stages.Lowered.compile`), e.g.
-    `{"xla_backend_optimization_level": 0}` halves CPU compile time for smoke
-    runs (and slows the run down). `loggers`: where the metrics rows go
-    besides `metrics.jsonl` ([`jaxil.runs.loggers`][jaxil.runs.loggers]; the run is named
+    `resume=True` continues from the runner state of the newest checkpoint that
+    can be read (and whose metrics rows are all kept); the result is
+    bit-identical to an uninterrupted run. Without it, an `out_dir` that
+    already holds checkpoints is an error; with it, any difference in the env,
+    seed, config, checkpoint schedule or `eval_episodes` is. An `out_dir`
+    holding another kind of run (a `jaxil train` run directory) is refused
+    either way. `stop_after_chunks` (>= 1) stops after that chunk (as a kill
+    would), for tests and time-boxed runs. `compiler_options` go to XLA
+    (`jax.stages.Lowered.compile`), e.g. `{"xla_backend_optimization_level":
+    0}` halves CPU compile time for smoke runs (and slows the run down).
+    `loggers`: where the metrics rows go besides `metrics.jsonl`
+    ([`jaxil.runs.loggers`][jaxil.runs.loggers]; the run is named
     `<env_id>-seed<seed>`).
 
     Returns the `teacher.json` content.

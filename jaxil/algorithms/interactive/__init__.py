@@ -1,1 +1,2 @@
-"""Interactive imitation: DAgger, On-policy Expert Corrections, on-policy rejection sampling."""
+"""Interactive imitation: DAgger, On-policy Expert Corrections, on-policy
+rejection sampling."""

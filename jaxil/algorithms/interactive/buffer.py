@@ -1,10 +1,11 @@
 """A fixed-capacity ring buffer of labelled agent-steps, on device.
 
 Every round's kept steps are appended in order; once `capacity` steps are
-stored, the oldest are overwritten (a ring, not a reservoir: DAgger's
-aggregate is "all rounds" only while it fits, so size the capacity to the
-label budget — [`jaxil.algorithms.interactive.loop.run`][jaxil.algorithms.interactive.loop.run] does). Insertion is one
-scatter with a static shape, so it runs inside the round's compiled program.
+stored, the oldest are overwritten (a ring, not a reservoir: DAgger's aggregate
+is "all rounds" only while it fits, so size the capacity to the label budget —
+[`jaxil.algorithms.interactive.loop.run`][jaxil.algorithms.interactive.loop.run]
+does). Insertion is one scatter with a static shape, so it runs inside the
+round's compiled program.
 """
 
 from __future__ import annotations

@@ -1,11 +1,14 @@
 """Settings of an interactive-imitation run: static shapes and traced regimes.
 
-[`InteractiveConfig`][jaxil.algorithms.interactive.config.InteractiveConfig] fixes what the compiled program's shapes depend
-on (rounds, environments per round, updates, networks). A *regime* is one
-[`RegimeHParams`][jaxil.algorithms.interactive.config.RegimeHParams] — arrays only, so many regimes (methods, budgets,
-ablations) × seeds run as one `vmap` axis of ONE compiled program.
+[`InteractiveConfig`][jaxil.algorithms.interactive.config.InteractiveConfig]
+fixes what the compiled program's shapes depend on (rounds, environments per
+round, updates, networks). A *regime* is one
+[`RegimeHParams`][jaxil.algorithms.interactive.config.RegimeHParams] — arrays
+only, so many regimes (methods, budgets, ablations) × seeds run as one `vmap`
+axis of ONE compiled program.
 
-The methods are presets of the same knobs ([`regime`][jaxil.algorithms.interactive.config.regime]):
+The methods are presets of the same knobs
+([`regime`][jaxil.algorithms.interactive.config.regime]):
 
 | method   | who acts                                   | trained on              | verifier | demos            |
 |----------|--------------------------------------------|-------------------------|----------|------------------|
@@ -90,7 +93,9 @@ class InteractiveConfig:
 @struct.dataclass
 class RegimeHParams:
     """One regime's traced numbers (see the module docstring and
-    [`jaxil.algorithms.interactive.schedule`][jaxil.algorithms.interactive.schedule] / [`jaxil.algorithms.interactive.labels`][jaxil.algorithms.interactive.labels])."""
+    [`jaxil.algorithms.interactive.schedule`][jaxil.algorithms.interactive.schedule]
+    /
+    [`jaxil.algorithms.interactive.labels`][jaxil.algorithms.interactive.labels])."""
 
     beta0: jax.Array  # DAgger expert probability at round 0
     beta_kind: jax.Array  # index into BETA_SCHEDULES
@@ -123,12 +128,14 @@ AUTO = "auto"
 def regime(method: str, budget: int, *, sft_labels: int, has_win: bool,
            switch_hi: Any = AUTO, return_threshold: Any = AUTO, **overrides: Any) -> dict[str, Any]:
     """The knobs of `method` at a total `budget` of expert labels, with
-    `overrides` (names of [`RegimeHParams`][jaxil.algorithms.interactive.config.RegimeHParams]; `beta_kind`,
-    `switch_kind` and `verifier` also by name). Checked by
+    `overrides` (names of
+    [`RegimeHParams`][jaxil.algorithms.interactive.config.RegimeHParams];
+    `beta_kind`, `switch_kind` and `verifier` also by name). Checked by
     [`check_regime`][jaxil.algorithms.interactive.config.check_regime].
 
-    `switch_hi` and `return_threshold` may stay `"auto"`: the driver
-    then sets them from the demonstrations ([`resolve_auto`][jaxil.algorithms.interactive.config.resolve_auto])."""
+    `switch_hi` and `return_threshold` may stay `"auto"`: the driver then sets
+    them from the demonstrations
+    ([`resolve_auto`][jaxil.algorithms.interactive.config.resolve_auto])."""
     if method not in METHODS:
         raise ValueError(f"unknown interactive method {method!r}; choose one of {', '.join(METHODS)}")
     h = dict(beta0=0.0, beta_kind="constant", beta_rate=1.0, switch_kind="none", switch_lo=0,

@@ -9,15 +9,16 @@ episode arrays (`E` episodes, `T` steps, `N` agents):
   student's action differs from the expert's label on the student's own
   states;
 * `mmd2_by_t`: the unbiased squared Maximum Mean Discrepancy (Gretton et
-  al. 2012) between the global states the student visits and those the
-  expert visits, per bin of time steps (`mmd2_unbiased`: the same
-  estimate between two masked sets of samples, for bins of another kind,
-  e.g. the turns of [`jaxil.algorithms.lm.diagnostics`][jaxil.algorithms.lm.diagnostics]).
+  al. 2012) between the global states the student visits and those the expert
+  visits, per bin of time steps (`mmd2_unbiased`: the same estimate between two
+  masked sets of samples, for bins of another kind, e.g. the turns of
+  [`jaxil.algorithms.lm.diagnostics`][jaxil.algorithms.lm.diagnostics]).
 
-A stochastic expert (a sampling teacher, a scripted expert that breaks ties
-at random) disagrees with ITSELF: [`twin_policy`][jaxil.algorithms.interactive.diagnostics.twin_policy] draws a second,
-independent expert action at every step, and `disagreement_by_t` between
-the two is the floor below which no student's disagreement can fall.
+A stochastic expert (a sampling teacher, a scripted expert that breaks ties at
+random) disagrees with ITSELF:
+[`twin_policy`][jaxil.algorithms.interactive.diagnostics.twin_policy] draws a
+second, independent expert action at every step, and `disagreement_by_t`
+between the two is the floor below which no student's disagreement can fall.
 
 Both are masked (padding after an episode's end is ignored), jittable with
 static shapes, and return NaN where there is nothing to measure, so that a
@@ -37,8 +38,9 @@ from jaxil.algorithms.interactive.rollout import action_dtype
 
 
 class Twin(NamedTuple):
-    """The carry of [`twin_policy`][jaxil.algorithms.interactive.diagnostics.twin_policy]: the expert's own carry and the
-    second draw of this step's action."""
+    """The carry of
+    [`twin_policy`][jaxil.algorithms.interactive.diagnostics.twin_policy]: the
+    expert's own carry and the second draw of this step's action."""
 
     inner: Any
     second: jax.Array
@@ -205,9 +207,11 @@ def mmd2_unbiased(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Unbiased squared MMD between the valid rows of two sample sets.
 
-    The estimate of [`mmd2_by_t`][jaxil.algorithms.interactive.diagnostics.mmd2_by_t] for one bin, over samples gathered in
-    any way (padding rows masked out): the same RBF kernel, the same median
-    heuristic over the pooled valid samples when `bandwidth` is `None`.
+    The estimate of
+    [`mmd2_by_t`][jaxil.algorithms.interactive.diagnostics.mmd2_by_t] for one
+    bin, over samples gathered in any way (padding rows masked out): the same
+    RBF kernel, the same median heuristic over the pooled valid samples when
+    `bandwidth` is `None`.
 
     Memory: a square kernel of side `Mx + My`, masked rows included.
 

@@ -1,19 +1,21 @@
 """From one round's episodes to training targets: labels, loss masks, filters.
 
-Pure functions over batch-major episode arrays (`E` episodes, `T` steps,
-`N` agents); [`jaxil.algorithms.interactive.loop`][jaxil.algorithms.interactive.loop] composes them. Notation per
-episode e and step t: `valid[e, t]` (the step happened), `expert_acted[e, t]`
-(the expert chose the executed joint action), `k_e` the OEC switch step.
+Pure functions over batch-major episode arrays (`E` episodes, `T` steps, `N`
+agents);
+[`jaxil.algorithms.interactive.loop`][jaxil.algorithms.interactive.loop]
+composes them. Notation per episode e and step t: `valid[e, t]` (the step
+happened), `expert_acted[e, t]` (the expert chose the executed joint action),
+`k_e` the OEC switch step.
 
 - Targets. DAgger and BC train on the expert's label at every visited state;
   OEC and on-policy rejection sampling train on the executed action (under
   OEC's mask that is the expert's own action).
 - Loss mask. `valid ∧ (expert_acted ∨ ¬mask_prefix) ∧ kept[e]`: with the
   OEC prefix mask on, the student's steps t < k are context only.
-- Expert labels spent (the budget): `N · Σ_t valid ∧ (expert_acted ∨ labels_every_step)`.
-  DAgger labels every visited state; OEC pays only for the expert's steps;
-  rejection sampling pays nothing. Episodes rejected by a filter have still
-  been paid for.
+- Expert labels spent (the budget): `N · Σ_t valid ∧ (expert_acted ∨
+  labels_every_step)`. DAgger labels every visited state; OEC pays only for the
+  expert's steps; rejection sampling pays nothing. Episodes rejected by a
+  filter have still been paid for.
 - Verifier: accept a win (tasks with a win), or `return ≥ threshold`.
 - Repetition filter: reject an episode in which some agent meets the same
   (observation, action) pair `R` or more times (stuck in a loop), counting

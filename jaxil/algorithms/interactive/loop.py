@@ -11,13 +11,15 @@ shared-control rollouts (envs_per_round episodes)        rollout.mixed_episodes
   → K fused student updates on demos ∪ buffer            the BC learner's update
 ```
 
-The student is a BC learner ([`jaxil.algorithms.offline.make_bc`][jaxil.algorithms.offline.bc.make_bc]), first trained
-on the SFT demonstration set; every run of a seed starts from the same SFT
-weights. [`run`][jaxil.algorithms.interactive.loop.run] hands the rounds to the run engine
-([`jaxil.runs.engine`][jaxil.runs.engine]), which evaluates every `eval_every` rounds on
-fixed start states, writes `metrics.jsonl` and an orbax checkpoint, and
-`resume=True` continues a killed run and reproduces the uninterrupted one
-(all randomness is in the state or derived from the round index).
+The student is a BC learner
+([`jaxil.algorithms.offline.make_bc`][jaxil.algorithms.offline.bc.make_bc]),
+first trained on the SFT demonstration set; every run of a seed starts from the
+same SFT weights. [`run`][jaxil.algorithms.interactive.loop.run] hands the
+rounds to the run engine ([`jaxil.runs.engine`][jaxil.runs.engine]), which
+evaluates every `eval_every` rounds on fixed start states, writes
+`metrics.jsonl` and an orbax checkpoint, and `resume=True` continues a killed
+run and reproduces the uninterrupted one (all randomness is in the state or
+derived from the round index).
 """
 
 from __future__ import annotations
@@ -294,14 +296,14 @@ def run(
     (also `results.json` in `out_dir`) and the final `states`.
 
     `regimes`: `(name, knobs)` pairs, knobs from
-    [`jaxil.algorithms.interactive.config.regime`][jaxil.algorithms.interactive.config.regime]. Every run is evaluated on the
-    same `config.eval_episodes` start states (one fixed reset key).
-    The run directory (`out_dir`) has the identity, resume and overwrite
-    rules of [`jaxil.runs.rundir`][jaxil.runs.rundir]; a non-finite loss or parameter stops the
-    run before its round is recorded ([`jaxil.runs.guard`][jaxil.runs.guard]). `loggers`:
-    where the metrics rows go besides `metrics.jsonl`
-    ([`jaxil.runs.loggers`][jaxil.runs.loggers]); `tensorboard`: also write them as
-    TensorBoard scalars there.
+    [`jaxil.algorithms.interactive.config.regime`][jaxil.algorithms.interactive.config.regime].
+    Every run is evaluated on the same `config.eval_episodes` start states (one
+    fixed reset key). The run directory (`out_dir`) has the identity, resume
+    and overwrite rules of [`jaxil.runs.rundir`][jaxil.runs.rundir]; a
+    non-finite loss or parameter stops the run before its round is recorded
+    ([`jaxil.runs.guard`][jaxil.runs.guard]). `loggers`: where the metrics rows
+    go besides `metrics.jsonl` ([`jaxil.runs.loggers`][jaxil.runs.loggers]);
+    `tensorboard`: also write them as TensorBoard scalars there.
     """
     if out_dir:  # refuse a bad --out before the demonstrations and the SFT
 
@@ -408,7 +410,8 @@ def summarize(rows: list[dict], runs: list[Run]) -> dict:
 
 
 def format_table(summary: dict) -> str:
-    """The results table of [`run`][jaxil.algorithms.interactive.loop.run]: one line per regime."""
+    """The results table of [`run`][jaxil.algorithms.interactive.loop.run]: one
+    line per regime."""
     return fmt_table(summary["regimes"], [("regime", "regime", "{}", "<"),
                                           ("seeds", "seeds", "{}"),
                                           ("labels_mean", "labels", "{:.0f}"),
@@ -432,11 +435,13 @@ def shift_diagnostic(env, student: Learner, expert: Any, expert_params: Any,
       start states. The bins split `[0, 1.5 × the expert's mean length)`
       into `num_bins` (later steps are rare and would make the kernel
       matrices large);
-    - `expert_self[t]`: the disagreement of two independent draws of the
-      expert on the same states ([`twin_policy`][jaxil.algorithms.interactive.diagnostics.twin_policy]), on that student's
-      states; and `expert_self_on_expert[t]` (top level) on the expert's
-      own states. A student cannot be expected to disagree less than this
-      floor: a sampling teacher or random tie-breaks make labels noisy.
+    - `expert_self[t]`: the disagreement of two independent draws of the expert
+      on the same states
+      ([`twin_policy`][jaxil.algorithms.interactive.diagnostics.twin_policy]),
+      on that student's states; and `expert_self_on_expert[t]` (top level) on
+      the expert's own states. A student cannot be expected to disagree less
+      than this floor: a sampling teacher or random tie-breaks make labels
+      noisy.
 
     The runs are measured one after another (`lax.map`), so memory does not
     grow with their number.

@@ -1,15 +1,17 @@
 """Rollouts where the student and the expert share the controls.
 
-[`mixed_policy`][jaxil.algorithms.interactive.rollout.mixed_policy] is an [`envs.policies.Policy`][jaxil.envs.policies.Policy] that runs BOTH
-policies at every step — the student on its own carry, the expert on its
-carry (so at the switch the expert inherits the history it keeps, e.g. the
-SMAX heuristic's targets) — and plays the expert's joint action when
+[`mixed_policy`][jaxil.algorithms.interactive.rollout.mixed_policy] is an
+[`envs.policies.Policy`][jaxil.envs.policies.Policy] that runs BOTH policies at
+every step — the student on its own carry, the expert on its carry (so at the
+switch the expert inherits the history it keeps, e.g. the SMAX heuristic's
+targets) — and plays the expert's joint action when
 
     t ≥ k_e  (OEC switch, drawn per episode at reset)   or   u_t < β  (DAgger coin per step).
 
-Its carry records, per step, the expert's label, the student's choice and
-who acted; [`envs.run_episodes`][jaxil.envs.rollout.run_episodes] with `record_carry=True` returns them
-as `Episodes.carry` ([`MixedStep`][jaxil.algorithms.interactive.rollout.MixedStep]).
+Its carry records, per step, the expert's label, the student's choice and who
+acted; [`envs.run_episodes`][jaxil.envs.rollout.run_episodes] with
+`record_carry=True` returns them as `Episodes.carry`
+([`MixedStep`][jaxil.algorithms.interactive.rollout.MixedStep]).
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ class MixedStep(NamedTuple):
 
 
 class SwitchRule(NamedTuple):
-    """Who acts: `kind, lo, hi, p` of [`sample_switch`][jaxil.algorithms.interactive.schedule.sample_switch] and the DAgger
-    expert probability `beta` (all may be traced)."""
+    """Who acts: `kind, lo, hi, p` of
+    [`sample_switch`][jaxil.algorithms.interactive.schedule.sample_switch] and
+    the DAgger expert probability `beta` (all may be traced)."""
 
     kind: Any
     lo: Any
@@ -52,11 +55,12 @@ def mixed_policy(student: Any, expert: Any, rule: SwitchRule, action_shape: tupl
                  legalize: Optional[Callable] = None) -> Policy:
     """The shared-control policy; its params are `(student_params, expert_params)`.
 
-    `legalize(actions, avail)` (the environment's, [`MultiAgentEnv.legalize`][jaxil.envs.core.MultiAgentEnv.legalize])
-    maps both proposals onto the actions the environment would execute, so
-    that a label is always a legal action: a scripted expert may propose a
-    move for a dead SMAX unit, whose only legal action is the no-op, and a
-    label the student's masked policy cannot take has log-probability −inf.
+    `legalize(actions, avail)` (the environment's,
+    [`MultiAgentEnv.legalize`][jaxil.envs.core.MultiAgentEnv.legalize]) maps
+    both proposals onto the actions the environment would execute, so that a
+    label is always a legal action: a scripted expert may propose a move for a
+    dead SMAX unit, whose only legal action is the no-op, and a label the
+    student's masked policy cannot take has log-probability −inf.
     """
     s, x = as_policy(student), as_policy(expert)
     legal = legalize if legalize is not None else (lambda a, avail: a)
@@ -90,7 +94,8 @@ def action_dtype(action_shape: tuple):
 def mixed_episodes(env: MultiAgentEnv, student: Any, expert: Any, student_params: Any,
                    expert_params: Any, rule: SwitchRule, key: jax.Array, num_episodes: int):
     """One shared-control episode per environment: `envs.Episodes` whose
-    `carry` is a [`MixedStep`][jaxil.algorithms.interactive.rollout.MixedStep] (`[E, T, ...]`)."""
+    `carry` is a [`MixedStep`][jaxil.algorithms.interactive.rollout.MixedStep]
+    (`[E, T, ...]`)."""
     spec = env.spec
     shape = (spec.num_agents,) + spec.action.shape
     pol = mixed_policy(student, expert, rule, shape, env.legalize)

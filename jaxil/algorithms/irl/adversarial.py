@@ -1,9 +1,10 @@
 """PPO against a learned reward, and multi-agent GAIL and AIRL, on the teacher trainer.
 
 One trainer: every method here is the PPO program of
-[`jaxil.algorithms.rl.ppo.make_ppo`][jaxil.algorithms.rl.ppo.make_ppo] with a [`jaxil.algorithms.rl.ppo.RewardHook`][jaxil.algorithms.rl.ppo.RewardHook]
-(`make_hook`), so that one compiled program per chunk runs, for every
-seed at once (`vmap`), `updates_per_chunk` iterations of:
+[`jaxil.algorithms.rl.ppo.make_ppo`][jaxil.algorithms.rl.ppo.make_ppo] with a
+[`jaxil.algorithms.rl.ppo.RewardHook`][jaxil.algorithms.rl.ppo.RewardHook]
+(`make_hook`), so that one compiled program per chunk runs, for every seed at
+once (`vmap`), `updates_per_chunk` iterations of:
 
 ```text
 roll out the policy (num_envs × num_steps)
@@ -14,21 +15,23 @@ roll out the policy (num_envs × num_steps)
 
 Methods (`METHODS`):
 
-- `"ppo"`: a fixed reward model (e.g. one of [`jaxil.algorithms.irl.reward_model`][jaxil.algorithms.irl.reward_model])
+- `"ppo"`: a fixed reward model (e.g. one of
+  [`jaxil.algorithms.irl.reward_model`][jaxil.algorithms.irl.reward_model])
   r(s, a) = its logit (AfD's reward); nothing is learned but the policy.
 - `"gail"`: the discriminator is the reward model's network
-  ([`jaxil.algorithms.irl.reward_model.RewardModel`][jaxil.algorithms.irl.reward_model.RewardModel]: local logits ℓ_i(o_i, a_i)
-  mixed by the hypernetwork of the global state into a team logit, or one
-  logit per agent with `mixing="none"`), trained with the logistic loss
-  (demonstrations = 1, policy = 0; optional gradient penalty) by that
-  model's own update. The policy's reward is [`jaxil.losses.adversarial.gail_reward`][jaxil.losses.adversarial.gail_reward]
+  ([`jaxil.algorithms.irl.reward_model.RewardModel`][jaxil.algorithms.irl.reward_model.RewardModel]:
+  local logits ℓ_i(o_i, a_i) mixed by the hypernetwork of the global state into
+  a team logit, or one logit per agent with `mixing="none"`), trained with the
+  logistic loss (demonstrations = 1, policy = 0; optional gradient penalty) by
+  that model's own update. The policy's reward is
+  [`jaxil.losses.adversarial.gail_reward`][jaxil.losses.adversarial.gail_reward]
   of the logit (`reward_form`; default `"softplus"` = −log(1 − D)).
 - `"airl"`: ℓ = f − log π with f = g(s, a) + γ(1 − last)·h(s') − h(s)
-  ([`jaxil.losses.adversarial.airl_logits`][jaxil.losses.adversarial.airl_logits]): g is the reward model's
-  mixed logit, h a potential of the same form on observations (local h_i(o_i)
-  mixed by a hypernetwork of s, or per agent); log π is the joint Σ_i log π_i
-  under the current policy (per agent: each agent's own). The policy's reward
-  is log D − log(1 − D) = f − log π.
+  ([`jaxil.losses.adversarial.airl_logits`][jaxil.losses.adversarial.airl_logits]):
+  g is the reward model's mixed logit, h a potential of the same form on
+  observations (local h_i(o_i) mixed by a hypernetwork of s, or per agent); log
+  π is the joint Σ_i log π_i under the current policy (per agent: each agent's
+  own). The policy's reward is log D − log(1 − D) = f − log π.
 
 Options (the literature's stabilisers): `gp_coef` (gradient penalty on the
 discriminator, DemoDICE's two-sided form), PPO's `ent_coef` (entropy bonus),
@@ -36,13 +39,15 @@ discriminator, DemoDICE's two-sided form), PPO's `ent_coef` (entropy bonus),
 penalty towards π_SFT), and `sft_updates` (the policy starts as π_SFT, BC on
 the demonstrations, and π_SFT is the KL reference).
 
-[`train_adversarial`][jaxil.algorithms.irl.adversarial.train_adversarial] hands the chunks to the run engine
-([`jaxil.runs.engine`][jaxil.runs.engine]), which shows a progress bar, writes
-a run directory ([`jaxil.runs.rundir`][jaxil.runs.rundir]: `run.json`, `metrics.jsonl` with
-one row per evaluation and seed, orbax checkpoints of the whole stacked
-state, `results.json`), stops on a non-finite loss ([`jaxil.runs.guard`][jaxil.runs.guard]) and
-resumes bit-for-bit (`resume=True`). Row 0 (chunk 0) evaluates the initial
-policy: π_SFT, i.e. BC on the same demonstrations.
+[`train_adversarial`][jaxil.algorithms.irl.adversarial.train_adversarial] hands
+the chunks to the run engine ([`jaxil.runs.engine`][jaxil.runs.engine]), which
+shows a progress bar, writes a run directory
+([`jaxil.runs.rundir`][jaxil.runs.rundir]: `run.json`, `metrics.jsonl` with one
+row per evaluation and seed, orbax checkpoints of the whole stacked state,
+`results.json`), stops on a non-finite loss
+([`jaxil.runs.guard`][jaxil.runs.guard]) and resumes bit-for-bit
+(`resume=True`). Row 0 (chunk 0) evaluates the initial policy: π_SFT, i.e. BC
+on the same demonstrations.
 """
 
 from __future__ import annotations
@@ -200,7 +205,8 @@ def demos_from_dataset(dataset: Any, trajectories: Optional[Sequence[int]] = Non
                        size: Optional[int] = None, subsample: int = 1,
                        subsample_seed: int = 0) -> Demos:
     """The steps of `dataset`'s trajectories (all, or the indices
-    `trajectories`) as [`Demos`][jaxil.algorithms.irl.adversarial.Demos], padded to `size` steps (weight 0).
+    `trajectories`) as [`Demos`][jaxil.algorithms.irl.adversarial.Demos],
+    padded to `size` steps (weight 0).
 
     `subsample=k` keeps every k-th step of each trajectory from a random
     start offset in `[0, k)` (drawn per selected trajectory with
@@ -245,8 +251,8 @@ def demos_from_dataset(dataset: Any, trajectories: Optional[Sequence[int]] = Non
 
 
 def stack_demos(demos: Sequence[Demos]) -> Demos:
-    """One [`Demos`][jaxil.algorithms.irl.adversarial.Demos] per run stacked on a leading runs axis (padded to
-    the longest with weight-0 steps)."""
+    """One [`Demos`][jaxil.algorithms.irl.adversarial.Demos] per run stacked on
+    a leading runs axis (padded to the longest with weight-0 steps)."""
     size = max(int(d.weight.shape[0]) for d in demos)
 
     def pad(d: Demos) -> Demos:
@@ -419,11 +425,12 @@ class Adversarial:
 
     # -- π_SFT ---------------------------------------------------------------------
     def pretrain(self, params: Any, demos: Demos, key: jax.Array) -> tuple[Any, jax.Array]:
-        """`sft_updates` BC steps of the PPO actor on the demonstrations
-        (Adam, `sft_lr`; [`jaxil.losses.weighted_bc_loss`][jaxil.losses.bc.weighted_bc_loss]); returns the
-        parameters and the per-step losses. An actor that normalises its
-        observations first takes the demonstrations' statistics, so that
-        BC fits the inputs PPO will go on to see."""
+        """`sft_updates` BC steps of the PPO actor on the demonstrations (Adam,
+        `sft_lr`;
+        [`jaxil.losses.weighted_bc_loss`][jaxil.losses.bc.weighted_bc_loss]);
+        returns the parameters and the per-step losses. An actor that
+        normalises its observations first takes the demonstrations' statistics,
+        so that BC fits the inputs PPO will go on to see."""
         import optax
 
         cfg = self.config
@@ -521,10 +528,13 @@ def train_adversarial(
     """Train `seeds` runs of `config.method` together and return the
     summary (`results.json` in `out_dir`) with the final `states`.
 
-    `demos`: the demonstrations ([`Demos`][jaxil.algorithms.irl.adversarial.Demos]), shared by every run, or
-    stacked per run ([`stack_demos`][jaxil.algorithms.irl.adversarial.stack_demos], leading axis `seeds`): GAIL's and
-    AIRL's positives and π_SFT's training set. `reward_params`: the fixed
-    reward model of method `"ppo"` (one, shared by the runs).
+    `demos`: the demonstrations
+    ([`Demos`][jaxil.algorithms.irl.adversarial.Demos]), shared by every run,
+    or stacked per run
+    ([`stack_demos`][jaxil.algorithms.irl.adversarial.stack_demos], leading
+    axis `seeds`): GAIL's and AIRL's positives and π_SFT's training set.
+    `reward_params`: the fixed reward model of method `"ppo"` (one, shared by
+    the runs).
 
     Evaluations (`config.eval_episodes` episodes on fixed start states)
     run at chunk 0 (the initial policy, π_SFT: BC) and every `eval_every`
@@ -536,7 +546,8 @@ def train_adversarial(
     Raises:
       jaxil.runs.guard.NonFiniteError: a loss or parameter became NaN/inf (the
         directory keeps its last good checkpoint).
-      FileExistsError / ValueError: the run directory's rules ([`jaxil.runs.rundir`][jaxil.runs.rundir]).
+      FileExistsError / ValueError: the run directory's rules
+        ([`jaxil.runs.rundir`][jaxil.runs.rundir]).
     """
 
     if out_dir:

@@ -1,10 +1,12 @@
 """Best-of-N selection by a learned reward, from identical start states.
 
 For M start states, K rollouts of π_SFT start from the SAME state (one reset
-key per start state; the environment's later randomness and the policy's
-draws differ per rollout): [`same_start_episodes`][jaxil.algorithms.irl.best_of_n.same_start_episodes] runs all M × K of them
-in one vmapped program. A reward scores every rollout; best-of-N picks,
-among N of the K rollouts of a start state, the one with the highest score.
+key per start state; the environment's later randomness and the policy's draws
+differ per rollout):
+[`same_start_episodes`][jaxil.algorithms.irl.best_of_n.same_start_episodes]
+runs all M × K of them in one vmapped program. A reward scores every rollout;
+best-of-N picks, among N of the K rollouts of a start state, the one with the
+highest score.
 
 Curves over N come from the one set of K rollouts per start state as the
 EXACT expectation over all N-subsets drawn without replacement (no Monte
@@ -14,14 +16,15 @@ is the pick of a uniformly random N-subset with probability
     P_j(N) = C(K−1−j, N−1) / C(K, N)
 
 (it is in the subset and none of the j better-scored ones is), so
-`E[true return of the pick] = Σ_j P_j(N)·R_j` ([`best_of_n_curve`][jaxil.algorithms.irl.best_of_n.best_of_n_curve]).
-Ties in the score are broken by rollout index (the rollouts are exchangeable,
-so this is a random tie-break). The oracle best-of-N is the same curve with
-the true return as the score. At N = K every rollout is in the subset.
+`E[true return of the pick] = Σ_j P_j(N)·R_j`
+([`best_of_n_curve`][jaxil.algorithms.irl.best_of_n.best_of_n_curve]). Ties in
+the score are broken by rollout index (the rollouts are exchangeable, so this
+is a random tie-break). The oracle best-of-N is the same curve with the true
+return as the score. At N = K every rollout is in the subset.
 
-[`spearman_per_state`][jaxil.algorithms.irl.best_of_n.spearman_per_state] is the learned-vs-true rank correlation within
-each start state (the quantity that decides best-of-N), averaged over the
-states where the true return varies.
+[`spearman_per_state`][jaxil.algorithms.irl.best_of_n.spearman_per_state] is
+the learned-vs-true rank correlation within each start state (the quantity that
+decides best-of-N), averaged over the states where the true return varies.
 """
 
 from __future__ import annotations
@@ -62,9 +65,10 @@ class SameStart:
 
 def same_start_episodes(env: MultiAgentEnv, policy: Any, params: Any, reset_keys: jax.Array,
                         key: jax.Array, num_rollouts: int) -> Any:
-    """`Episodes [M, K, ...]`: `num_rollouts` = K episodes of `policy`
-    from each of the M start states of `reset_keys [M, 2]`. Jit-able (one
-    program: a vmap over start states of [`envs.run_episodes`][jaxil.envs.rollout.run_episodes] over K)."""
+    """`Episodes [M, K, ...]`: `num_rollouts` = K episodes of `policy` from
+    each of the M start states of `reset_keys [M, 2]`. Jit-able (one program: a
+    vmap over start states of
+    [`envs.run_episodes`][jaxil.envs.rollout.run_episodes] over K)."""
 
     def one(reset_key, k):
         return envs.run_episodes(SameStart(env, reset_key), policy, params, k, num_rollouts)

@@ -11,25 +11,29 @@ sources (`SOURCES`, negatives → positives):
 - `"sft-demo"`: rollouts of π_SFT → the demonstrations (the most prone to
   reward hacking).
 
-Network (the MisoDICE discriminator's, [`jaxil.nn.mixed_net.MixedNet`][jaxil.nn.mixed_net.MixedNet]):
-local logits ℓ_i(o_i, a_i) of each agent's observation and one-hot (or box)
-action, mixed by the hypernetwork of the global state into the team reward
+Network (the MisoDICE discriminator's,
+[`jaxil.nn.mixed_net.MixedNet`][jaxil.nn.mixed_net.MixedNet]): local logits
+ℓ_i(o_i, a_i) of each agent's observation and one-hot (or box) action, mixed by
+the hypernetwork of the global state into the team reward
 
     r(s, a) = Σ_i w_i(s)·ℓ_i(o_i, a_i) + b(s),   w_i(s) ≥ 0
 
-(`mixing="hyper"`; `"sum"`: Σ_i ℓ_i; `"none"`: one reward per agent,
-each agent its own discriminator). Loss: the logistic discriminator loss
-([`jaxil.losses.discriminator_loss`][jaxil.losses.discriminator.discriminator_loss], positives labelled 1, negatives 0;
-summed over agents with `"none"`) plus `gp_coef` × DemoDICE's gradient
-penalty ([`jaxil.losses.gradient_penalty`][jaxil.losses.discriminator.gradient_penalty], per agent
-[`jaxil.losses.agent_gradient_penalty`][jaxil.losses.discriminator.agent_gradient_penalty]). At the optimum
-`r = log d_pos(s, a) / d_neg(s, a)`. A trajectory's score is the
+(`mixing="hyper"`; `"sum"`: Σ_i ℓ_i; `"none"`: one reward per agent, each agent
+its own discriminator). Loss: the logistic discriminator loss
+([`jaxil.losses.discriminator_loss`][jaxil.losses.discriminator.discriminator_loss],
+positives labelled 1, negatives 0; summed over agents with `"none"`) plus
+`gp_coef` × DemoDICE's gradient penalty
+([`jaxil.losses.gradient_penalty`][jaxil.losses.discriminator.gradient_penalty],
+per agent
+[`jaxil.losses.agent_gradient_penalty`][jaxil.losses.discriminator.agent_gradient_penalty]).
+At the optimum `r = log d_pos(s, a) / d_neg(s, a)`. A trajectory's score is the
 discounted sum of its step rewards over its valid steps
 ([`jaxil.losses.discounted_score`][jaxil.losses.trajectory.discounted_score]).
 
 The analytic reward `r_c(τ) = log π_SFT(τ) − log π_0(τ)`
-([`analytic_reward`][jaxil.algorithms.irl.reward_model.analytic_reward]) is computed exactly from the two policies' per-step
-log-probabilities ([`jaxil.losses.log_ratio_score`][jaxil.losses.trajectory.log_ratio_score]).
+([`analytic_reward`][jaxil.algorithms.irl.reward_model.analytic_reward]) is
+computed exactly from the two policies' per-step log-probabilities
+([`jaxil.losses.log_ratio_score`][jaxil.losses.trajectory.log_ratio_score]).
 
 API (pure functions over pytrees; seeds vmap):
 
@@ -45,9 +49,11 @@ state, metrics, health = rm.update_n(state, data, k)    # k fused steps, batches
 scores = rm.trajectory_scores(params, episodes, gamma)  # [E] / [E, N]
 ```
 
-`positive`/`negative` are batches with `obs [B, N, O]`, `actions
-[B, N(, d)]` and `global_state [B, S]` (a [`StepBatch`][jaxil.algorithms.irl.reward_model.StepBatch], or the
-[`jaxil.data.sampling.Transitions`][jaxil.data.sampling.Transitions] of a dataset or rollouts).
+`positive`/`negative` are batches with `obs [B, N, O]`, `actions [B, N(, d)]`
+and `global_state [B, S]` (a
+[`StepBatch`][jaxil.algorithms.irl.reward_model.StepBatch], or the
+[`jaxil.data.sampling.Transitions`][jaxil.data.sampling.Transitions] of a
+dataset or rollouts).
 """
 
 from __future__ import annotations
@@ -238,11 +244,12 @@ class RewardModel:
         return self.net(params, self._input(obs, actions), global_state)
 
     def trajectory_scores(self, params: Any, episodes: Any, gamma) -> jax.Array:
-        """Discounted learned return `Σ_t γ^t r(s_t, a_t)` over the valid
-        steps of padded episodes (`obs [E, T(+1), N, O]`, `actions
-        [E, T, ...]`, `global_state [E, T(+1), S]`, `mask [E, T]`, e.g.
-        [`envs.rollout.Episodes`][jaxil.envs.rollout.Episodes] or a [`jaxil.data.Dataset`][jaxil.data.format.Dataset]):
-        `[E]` or `[E, N]`."""
+        """Discounted learned return `Σ_t γ^t r(s_t, a_t)` over the valid steps
+        of padded episodes (`obs [E, T(+1), N, O]`, `actions [E, T, ...]`,
+        `global_state [E, T(+1), S]`, `mask [E, T]`, e.g.
+        [`envs.rollout.Episodes`][jaxil.envs.rollout.Episodes] or a
+        [`jaxil.data.Dataset`][jaxil.data.format.Dataset]): `[E]` or
+        `[E, N]`."""
         t = episodes.actions.shape[1]
         r = self.step_reward(params, episodes.obs[:, :t], episodes.actions,
                              episodes.global_state[:, :t])
@@ -280,8 +287,10 @@ class RewardModel:
 
     def update(self, state: RewardModelState, positive: Any, negative: Any
                ) -> tuple[RewardModelState, dict]:
-        """One clipped-Adam step on [`loss`][jaxil.algorithms.irl.reward_model.RewardModel.loss] (the penalty's key is split
-        off `state.key`). Jit-able; vmap it over seeds."""
+        """One clipped-Adam step on
+        [`loss`][jaxil.algorithms.irl.reward_model.RewardModel.loss] (the
+        penalty's key is split off `state.key`). Jit-able; vmap it over
+        seeds."""
         key, gp_key = jax.random.split(state.key)
         grads, metrics = jax.grad(self.loss, has_aux=True)(
             state.params, positive, negative, gp_key, state.hparams.gp_coef)
@@ -319,8 +328,10 @@ def init_params(key: jax.Array, spec: EnvSpec, config: RewardModelConfig = Rewar
 
 def episode_log_probs(policy: Any, params: Any, episodes: Any) -> jax.Array:
     """`[E, T, N]` per-agent log-probabilities of the episodes' actions under
-    `policy` (an [`envs.policies.Policy`][jaxil.envs.policies.Policy] with `log_prob`; e.g.
-    [`jaxil.nn.policy.PolicyNet.policy`][jaxil.nn.policy.PolicyNet.policy]), on the observations they acted on."""
+    `policy` (an [`envs.policies.Policy`][jaxil.envs.policies.Policy] with
+    `log_prob`; e.g.
+    [`jaxil.nn.policy.PolicyNet.policy`][jaxil.nn.policy.PolicyNet.policy]), on
+    the observations they acted on."""
     if getattr(policy, "log_prob", None) is None:
         raise ValueError("the analytic reward needs policies with log_prob (neural policies, "
                          "jaxil.nn.policy.PolicyNet.policy()); scripted experts have none")
@@ -333,8 +344,9 @@ def episode_log_probs(policy: Any, params: Any, episodes: Any) -> jax.Array:
 def analytic_reward(sft_policy: Any, sft_params: Any, init_policy: Any, init_params_: Any,
                     episodes: Any) -> jax.Array:
     """`r_c(τ) = log π_SFT(τ) − log π_0(τ)` per episode `[E]`: the per-step
-    per-agent action log-probabilities of both policies summed over valid
-    steps and agents ([`jaxil.losses.log_ratio_score`][jaxil.losses.trajectory.log_ratio_score])."""
+    per-agent action log-probabilities of both policies summed over valid steps
+    and agents
+    ([`jaxil.losses.log_ratio_score`][jaxil.losses.trajectory.log_ratio_score])."""
     num = episode_log_probs(sft_policy, sft_params, episodes)
     den = episode_log_probs(init_policy, init_params_, episodes)
     return log_ratio_score(num, den, episodes.mask)

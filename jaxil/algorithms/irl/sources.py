@@ -1,14 +1,18 @@
 """The sample sources of a reward model: π_0, π_SFT and the demonstrations.
 
 - π_SFT is BC on the demonstrations (the `bc_union` learner trained by
-  [`jaxil.algorithms.offline.train.train`][jaxil.algorithms.offline.train.train], seeds vmapped, with its run directory,
-  checkpoints and `--resume`); π_0 is the same network at its
-  initialisation (seed s's initial state, [`jaxil.algorithms.offline.train.init_runs`][jaxil.algorithms.offline.train.init_runs]).
-- [`rollouts`][jaxil.algorithms.irl.sources.rollouts] plays complete episodes of a policy for every seed in one
-  vmapped program ([`envs.run_episodes`][jaxil.envs.rollout.run_episodes]).
-- [`source_data`][jaxil.algorithms.irl.sources.source_data] turns per-seed episodes or the demonstrations into the
-  stacked [`jaxil.algorithms.irl.reward_model.RewardData`][jaxil.algorithms.irl.reward_model.RewardData] of a source pair (each
-  seed's steps padded to one size with zero sampling weight).
+  [`jaxil.algorithms.offline.train.train`][jaxil.algorithms.offline.train.train],
+  seeds vmapped, with its run directory, checkpoints and `--resume`); π_0 is
+  the same network at its initialisation (seed s's initial state,
+  [`jaxil.algorithms.offline.train.init_runs`][jaxil.algorithms.offline.train.init_runs]).
+- [`rollouts`][jaxil.algorithms.irl.sources.rollouts] plays complete episodes
+  of a policy for every seed in one vmapped program
+  ([`envs.run_episodes`][jaxil.envs.rollout.run_episodes]).
+- [`source_data`][jaxil.algorithms.irl.sources.source_data] turns per-seed
+  episodes or the demonstrations into the stacked
+  [`jaxil.algorithms.irl.reward_model.RewardData`][jaxil.algorithms.irl.reward_model.RewardData]
+  of a source pair (each seed's steps padded to one size with zero sampling
+  weight).
 """
 
 from __future__ import annotations
@@ -57,7 +61,8 @@ def fit_sft(dataset: Dataset, *, seeds: int, base_seed: int = 0, hidden: Sequenc
             loggers: Sequence[LoggerFactory] = ()) -> SFT:
     """BC on every trajectory of `dataset` for `seeds` seeds (one program);
     `lr`: Adam's learning rate (None: the BC learner's default); `loggers`:
-    where the metrics rows go besides `metrics.jsonl` ([`jaxil.runs.loggers`][jaxil.runs.loggers])."""
+    where the metrics rows go besides `metrics.jsonl`
+    ([`jaxil.runs.loggers`][jaxil.runs.loggers])."""
 
     spec = dataset.spec
     env = dataset_env(dataset)
@@ -90,9 +95,10 @@ def _episodes_transitions(episodes: Any, spec) -> Any:
 
 
 def source_data(source: str, spec, demos: Dataset, samples: dict[str, Any]) -> RewardData:
-    """Stacked `RewardData [R, ...]` of `source` (e.g. `"init-sft"`):
-    `samples` maps `"init"`/`"sft"` to `Episodes [R, E, ...]`
-    ([`rollouts`][jaxil.algorithms.irl.sources.rollouts]); `"demo"` is `demos`, the same for every seed."""
+    """Stacked `RewardData [R, ...]` of `source` (e.g. `"init-sft"`): `samples`
+    maps `"init"`/`"sft"` to `Episodes [R, E, ...]`
+    ([`rollouts`][jaxil.algorithms.irl.sources.rollouts]); `"demo"` is `demos`,
+    the same for every seed."""
     neg_role, pos_role = source_roles(source)
     r = None
     per_role = {}
@@ -140,15 +146,16 @@ def fit_reward_model(rm, data: RewardData, *, seeds: Sequence[int], base_seed: i
                      loggers: Sequence[LoggerFactory] = ()):
     """Train one reward model per seed on stacked `data [R]` in one program.
 
-    Each chunk is `eval_every` fused updates (`RewardModel.update_n`,
-    vmapped over seeds), then the NaN guard ([`jaxil.runs.guard`][jaxil.runs.guard]; the chunk
-    is dropped and the last good checkpoint kept), one metrics row per seed
-    (the chunk's last update's metrics, plus `evaluate(params [R]) -> {name:
-    [R]}` if given), an orbax checkpoint of the stacked state. With
-    `out_dir` the run directory of [`jaxil.runs.rundir`][jaxil.runs.rundir] (identity = `identity`
-    plus the model config, seeds, `eval_every`; `resume` continues from
-    the newest checkpoint and reproduces the uninterrupted run). `loggers`:
-    where the metrics rows go besides `metrics.jsonl`
+    Each chunk is `eval_every` fused updates (`RewardModel.update_n`, vmapped
+    over seeds), then the NaN guard ([`jaxil.runs.guard`][jaxil.runs.guard];
+    the chunk is dropped and the last good checkpoint kept), one metrics row
+    per seed (the chunk's last update's metrics, plus
+    `evaluate(params [R]) -> {name: [R]}` if given), an orbax checkpoint of the
+    stacked state. With `out_dir` the run directory of
+    [`jaxil.runs.rundir`][jaxil.runs.rundir] (identity = `identity` plus the
+    model config, seeds, `eval_every`; `resume` continues from the newest
+    checkpoint and reproduces the uninterrupted run). `loggers`: where the
+    metrics rows go besides `metrics.jsonl`
     ([`jaxil.runs.loggers`][jaxil.runs.loggers]; runs named `run<i>-seed<s>`).
 
     Returns `(states [R], rows)`.

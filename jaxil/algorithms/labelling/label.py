@@ -65,12 +65,12 @@ def fit_preferences(
     """Train O-MAPL on the answered queries (NaN answers dropped), `seeds`
     runs vmapped in one program, and score every trajectory of `dataset`.
 
-    `config` goes to `OMAPLConfig` (`hidden`, `batch_size`, ...);
-    `hparams` overrides `OMAPLHParams` fields (`beta`, `lr_q` ...).
-    `batch_devices`: split each update's batch of pairs over this many
-    devices (data-parallel, [`jaxil.runs.sharding`][jaxil.runs.sharding]; `batch_size` must
-    divide by it); the fit agrees with one device's to float32 round-off.
-    `loggers`: where the metrics rows go ([`jaxil.runs.loggers`][jaxil.runs.loggers]; runs
+    `config` goes to `OMAPLConfig` (`hidden`, `batch_size`, ...); `hparams`
+    overrides `OMAPLHParams` fields (`beta`, `lr_q` ...). `batch_devices`:
+    split each update's batch of pairs over this many devices (data-parallel,
+    [`jaxil.runs.sharding`][jaxil.runs.sharding]; `batch_size` must divide by
+    it); the fit agrees with one device's to float32 round-off. `loggers`:
+    where the metrics rows go ([`jaxil.runs.loggers`][jaxil.runs.loggers]; runs
     named `run<i>-seed<s>`; the fit writes no run directory).
     """
 

@@ -14,19 +14,25 @@ labels = GroundTruthOracle(flip_rate=0.1)(dataset, pairs)
 
 Three oracles are provided:
 
-* [`GroundTruthOracle`][jaxil.algorithms.labelling.oracles.GroundTruthOracle] — compares the recorded returns, optionally
-  flipping labels at random (a noisy human).
-* [`SMAXSemanticOracle`][jaxil.algorithms.labelling.oracles.SMAXSemanticOracle] — judges SMAX battles from the recorded world
-  states with the criteria of the MisoDICE LLM prompt (ally health kept,
-  enemy health removed, fast wins), never looking at the reward.
-* [`ExternalOracle`][jaxil.algorithms.labelling.oracles.ExternalOracle] — asks a user-supplied `str -> str` callable
-  (e.g. an LLM client) about a text rendering of each query, with retries,
-  an optional time limit per call and an on-disk answer cache so that an
-  interrupted or timed-out labelling job resumes.
+* [`GroundTruthOracle`][jaxil.algorithms.labelling.oracles.GroundTruthOracle] —
+  compares the recorded returns, optionally flipping labels at random (a noisy
+  human).
+* [`SMAXSemanticOracle`][jaxil.algorithms.labelling.oracles.SMAXSemanticOracle]
+  — judges SMAX battles from the recorded world states with the criteria of the
+  MisoDICE LLM prompt (ally health kept, enemy health removed, fast wins),
+  never looking at the reward.
+* [`ExternalOracle`][jaxil.algorithms.labelling.oracles.ExternalOracle] — asks
+  a user-supplied `str -> str` callable (e.g. an LLM client) about a text
+  rendering of each query, with retries, an optional time limit per call and an
+  on-disk answer cache so that an interrupted or timed-out labelling job
+  resumes.
 
-The SMAX world-state parser ([`smax_layout`][jaxil.algorithms.labelling.smax_state.smax_layout],
+The SMAX world-state parser
+([`smax_layout`][jaxil.algorithms.labelling.smax_state.smax_layout],
 [`smax_health`][jaxil.algorithms.labelling.smax_state.smax_health]) lives in
-[`jaxil.algorithms.labelling.smax_state`][jaxil.algorithms.labelling.smax_state], shared with [`jaxil.algorithms.labelling.render`][jaxil.algorithms.labelling.render].
+[`jaxil.algorithms.labelling.smax_state`][jaxil.algorithms.labelling.smax_state],
+shared with
+[`jaxil.algorithms.labelling.render`][jaxil.algorithms.labelling.render].
 """
 
 from __future__ import annotations
@@ -110,14 +116,15 @@ def query_uniforms(pairs: QueryPairs, seed: int) -> np.ndarray:
 class GroundTruthOracle:
     """Labels from the true segment returns, with optional random flips.
 
-    A segment's return is the sum of its recorded rewards over its valid
-    steps ([`true_returns`][jaxil.data.preferences.segment_returns]). The label is 1 if
-    x's return is larger, 0 if y's is, and 0.5 if they are within
-    `tie_tol`. Each hard (0/1) label is then flipped independently with
-    probability `flip_rate`, a model of a noisy annotator; ties are never
-    flipped. The flips are a function of `seed` and each query's indices
-    ([`query_uniforms`][jaxil.algorithms.labelling.oracles.query_uniforms]), so the same query gets the same label on every
-    call, in any query set, in any order.
+    A segment's return is the sum of its recorded rewards over its valid steps
+    ([`true_returns`][jaxil.data.preferences.segment_returns]). The label is 1
+    if x's return is larger, 0 if y's is, and 0.5 if they are within `tie_tol`.
+    Each hard (0/1) label is then flipped independently with probability
+    `flip_rate`, a model of a noisy annotator; ties are never flipped. The
+    flips are a function of `seed` and each query's indices
+    ([`query_uniforms`][jaxil.algorithms.labelling.oracles.query_uniforms]), so
+    the same query gets the same label on every call, in any query set, in any
+    order.
 
     Args:
       flip_rate: probability of flipping a hard label, in [0, 0.5].
@@ -167,12 +174,13 @@ def segment_endpoints(dataset: Dataset, traj: np.ndarray, start: np.ndarray,
 class SMAXSemanticOracle:
     """Judges SMAX segments from their world states, not from the reward.
 
-    The criteria are those of the MisoDICE LLM prompt: keep the allies'
-    health, remove the enemies' health, and win in fewer steps. With `h`
-    the unit health fractions ([`smax_health`][jaxil.algorithms.labelling.smax_state.smax_health]) of the state before the
-    segment (`0`) and after its last valid step (`1`), `A` allies,
-    `E` enemies, `n` valid steps and `T` = `spec.max_steps`, a
-    segment scores:
+    The criteria are those of the MisoDICE LLM prompt: keep the allies' health,
+    remove the enemies' health, and win in fewer steps. With `h` the unit
+    health fractions
+    ([`smax_health`][jaxil.algorithms.labelling.smax_state.smax_health]) of the
+    state before the segment (`0`) and after its last valid step (`1`), `A`
+    allies, `E` enemies, `n` valid steps and `T` = `spec.max_steps`, a segment
+    scores:
 
     ```text
     damage    = Σ_enemies (h0 − h1) / E          enemy health removed, in [0, 1]
@@ -334,9 +342,10 @@ def check_cache_writable(path: Union[str, os.PathLike]) -> Path:
 class LabellerTimeout(TimeoutError):
     """The external labeller gave no reply to one query within the time limit.
 
-    Raised by [`ExternalOracle`][jaxil.algorithms.labelling.oracles.ExternalOracle] after the answers obtained before the
-    silent query were appended to its cache, so a new oracle with the same
-    cache starts from them.
+    Raised by
+    [`ExternalOracle`][jaxil.algorithms.labelling.oracles.ExternalOracle] after
+    the answers obtained before the silent query were appended to its cache, so
+    a new oracle with the same cache starts from them.
 
     Attributes:
       query: the silent query's position in the query set, from 1.
@@ -366,38 +375,39 @@ class ExternalOracle:
     """Preferences from an external judge, e.g. a language model.
 
     Each query is rendered to text by `render(dataset, pairs, i)`
-    ([`render_pair`][jaxil.algorithms.labelling.render.render_pair]; trajectory #1 is
-    side x, #2 side y), passed to `fn` and the reply parsed by
-    [`parse_choice`][jaxil.algorithms.labelling.oracles.parse_choice]: #1 → 1.0, #2 → 0.0. jaxil never calls a network
-    itself; `fn` is the hook for whatever client the user has.
+    ([`render_pair`][jaxil.algorithms.labelling.render.render_pair];
+    trajectory #1 is side x, #2 side y), passed to `fn` and the reply parsed by
+    [`parse_choice`][jaxil.algorithms.labelling.oracles.parse_choice]: #1 →
+    1.0, #2 → 0.0. jaxil never calls a network itself; `fn` is the hook for
+    whatever client the user has.
 
     An unparseable reply or an exception raised by `fn` is retried up to
-    `max_retries` times; a query still unanswered gets NaN. Queries are
-    worked through in batches of `batch_size` (`fn` is still called once
-    per query). The cache is checked writable before the first query
-    ([`check_cache_writable`][jaxil.algorithms.labelling.oracles.check_cache_writable]); after each batch the new answers are
-    appended to the JSONL `cache_path` and flushed to disk, so a killed
-    labelling job loses at most one batch, and a new oracle with the same
-    cache answers the already-answered queries from the cache without
-    calling `fn`. Each
-    cache line is `{"key", "label", "answer"}` with the key from
-    [`QueryPairs.keys`][jaxil.data.preferences.QueryPairs.keys] (the dataset id, both trajectories and starts,
-    the segment length); a corrupt line (e.g. a truncated last line) is
-    skipped with a warning. Unanswered queries are not cached, so they are
-    asked again next time.
+    `max_retries` times; a query still unanswered gets NaN. Queries are worked
+    through in batches of `batch_size` (`fn` is still called once per query).
+    The cache is checked writable before the first query
+    ([`check_cache_writable`][jaxil.algorithms.labelling.oracles.check_cache_writable]);
+    after each batch the new answers are appended to the JSONL `cache_path` and
+    flushed to disk, so a killed labelling job loses at most one batch, and a
+    new oracle with the same cache answers the already-answered queries from
+    the cache without calling `fn`. Each cache line is
+    `{"key", "label", "answer"}` with the key from
+    [`QueryPairs.keys`][jaxil.data.preferences.QueryPairs.keys] (the dataset
+    id, both trajectories and starts, the segment length); a corrupt line (e.g.
+    a truncated last line) is skipped with a warning. Unanswered queries are
+    not cached, so they are asked again next time.
 
-    With a `timeout`, each call of `fn` runs on a daemon worker thread
-    and is given that many seconds; a call still running then stops the
-    oracle with [`LabellerTimeout`][jaxil.algorithms.labelling.oracles.LabellerTimeout] (after the answers obtained so far
-    are cached) instead of waiting forever. The silent call is not retried:
-    a labeller that hung once (a dead connection, a stuck service) usually
-    hangs again, and the cache makes a later run cheap. Python cannot stop
-    a running thread, so the abandoned call keeps running in the background
-    (its reply, if any, is discarded) until it returns or the process
-    exits; being a daemon thread it does not keep the process alive. While
-    the oracle waits, Ctrl-C (KeyboardInterrupt) stops it at once, with the
-    answers so far cached. `fn` must therefore tolerate being called from
-    a thread other than the main one.
+    With a `timeout`, each call of `fn` runs on a daemon worker thread and is
+    given that many seconds; a call still running then stops the oracle with
+    [`LabellerTimeout`][jaxil.algorithms.labelling.oracles.LabellerTimeout]
+    (after the answers obtained so far are cached) instead of waiting forever.
+    The silent call is not retried: a labeller that hung once (a dead
+    connection, a stuck service) usually hangs again, and the cache makes a
+    later run cheap. Python cannot stop a running thread, so the abandoned call
+    keeps running in the background (its reply, if any, is discarded) until it
+    returns or the process exits; being a daemon thread it does not keep the
+    process alive. While the oracle waits, Ctrl-C (KeyboardInterrupt) stops it
+    at once, with the answers so far cached. `fn` must therefore tolerate being
+    called from a thread other than the main one.
 
     After a call, `report` holds: `queries`; `asked` (calls of
     `fn` this run, retries included); `cached` (queries answered from

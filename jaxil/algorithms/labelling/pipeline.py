@@ -39,7 +39,8 @@ def make_oracle(name: str, *, flip_rate: float = 0.0, seed: int = 0,
                 external: Optional[Callable[[str], str]] = None,
                 cache: Optional[str] = None, timeout: Optional[float] = None,
                 progress: bool = True):
-    """Build an oracle by name (see [`jaxil.algorithms.labelling.oracles`][jaxil.algorithms.labelling.oracles]);
+    """Build an oracle by name (see
+    [`jaxil.algorithms.labelling.oracles`][jaxil.algorithms.labelling.oracles]);
     `timeout` is the external oracle's limit per call, in seconds, and
     `progress` its progress bar."""
 
@@ -88,10 +89,11 @@ def phase1(dataset: Dataset, oracle, *, queries: int = 1000, segment_len: Option
            updates: int = 1000, seed: int = 0, progress: bool = True, hparams=None,
            **config) -> LabelOutcome:
     """Ask `oracle` about `queries` distinct random pairs
-    ([`distinct_query_pairs`][jaxil.data.preferences.distinct_query_pairs]: every pair once if the dataset has fewer),
-    fit O-MAPL (`seeds` vmapped), label the top trajectories by learned
-    return. `outcome.oracle` records the pairs asked (`queries`), the
-    budget (`requested`) and the pairs answered (`answered`)."""
+    ([`distinct_query_pairs`][jaxil.data.preferences.distinct_query_pairs]:
+    every pair once if the dataset has fewer), fit O-MAPL (`seeds` vmapped),
+    label the top trajectories by learned return. `outcome.oracle` records the
+    pairs asked (`queries`), the budget (`requested`) and the pairs answered
+    (`answered`)."""
     pairs = distinct_query_pairs(dataset, queries, segment_len, seed=seed)
     prefs = np.asarray(oracle(dataset, pairs), np.float32)
     answered = int(np.isfinite(prefs).sum())

@@ -1,10 +1,11 @@
 """Text renderings of preference queries, for a language-model judge.
 
-[`render_pair`][jaxil.algorithms.labelling.render.render_pair] turns query `i` of a [`QueryPairs`][jaxil.data.preferences.QueryPairs]
-into a short prompt: what the task is and how to answer ("#1" or "#2"),
-then a per-phase summary of each of the two trajectory segments (team reward
-so far; for SMAX also allies and enemies alive and their total health) and
-how the segment ends. Trajectory #1 is side x of the query, #2 side y.
+[`render_pair`][jaxil.algorithms.labelling.render.render_pair] turns query `i`
+of a [`QueryPairs`][jaxil.data.preferences.QueryPairs] into a short prompt:
+what the task is and how to answer ("#1" or "#2"), then a per-phase summary of
+each of the two trajectory segments (team reward so far; for SMAX also allies
+and enemies alive and their total health) and how the segment ends.
+Trajectory #1 is side x of the query, #2 side y.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """The SMAX world state, parsed on the host: layout, unit health, teams.
 
 One parser for every reader of SMAX datasets: the semantic oracle
-([`jaxil.algorithms.labelling.oracles`][jaxil.algorithms.labelling.oracles]) and the prompt renderer
-([`jaxil.algorithms.labelling.render`][jaxil.algorithms.labelling.render]) both import it from here.
+([`jaxil.algorithms.labelling.oracles`][jaxil.algorithms.labelling.oracles])
+and the prompt renderer
+([`jaxil.algorithms.labelling.render`][jaxil.algorithms.labelling.render]) both
+import it from here.
 """
 
 from __future__ import annotations

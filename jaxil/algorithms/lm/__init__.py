@@ -1,18 +1,23 @@
 """Learning language-model-style policies on token environments.
 
-- [`jaxil.algorithms.lm.sft`][jaxil.algorithms.lm.sft]: supervised fine-tuning (behaviour cloning)
-  of a [`jaxil.nn.transformer.TransformerPolicy`][jaxil.nn.transformer.TransformerPolicy] on whole token
-  episodes, teacher-forced: the episode dataset ([`TokenEpisodes`][jaxil.algorithms.lm.sft.TokenEpisodes]),
-  demonstrations from a policy ([`collect_demos`][jaxil.algorithms.lm.sft.collect_demos]), the run engine's
-  program ([`sft_program`][jaxil.algorithms.lm.sft.sft_program]) and [`train_sft`][jaxil.algorithms.lm.sft.train_sft].
-- [`jaxil.algorithms.lm.diagnostics`][jaxil.algorithms.lm.diagnostics]: per-turn covariate shift of a
-  student ([`covariate_shift`][jaxil.algorithms.lm.diagnostics.covariate_shift]): next-token disagreement with the
-  expert on its own histories against the expert's, and the MMD² of its
-  hidden states, each with its floor.
-- [`jaxil.algorithms.lm.reward`][jaxil.algorithms.lm.reward]: sequence reward models over token
-  episodes ([`SequenceRewardModel`][jaxil.algorithms.lm.reward.SequenceRewardModel], a discriminator between two
-  sources of episodes) and the analytic Init–SFT reward
-  ([`analytic_reward`][jaxil.algorithms.lm.reward.analytic_reward]).
+- [`jaxil.algorithms.lm.sft`][jaxil.algorithms.lm.sft]: supervised fine-tuning
+  (behaviour cloning) of a
+  [`jaxil.nn.transformer.TransformerPolicy`][jaxil.nn.transformer.TransformerPolicy]
+  on whole token episodes, teacher-forced: the episode dataset
+  ([`TokenEpisodes`][jaxil.algorithms.lm.sft.TokenEpisodes]), demonstrations
+  from a policy ([`collect_demos`][jaxil.algorithms.lm.sft.collect_demos]), the
+  run engine's program ([`sft_program`][jaxil.algorithms.lm.sft.sft_program])
+  and [`train_sft`][jaxil.algorithms.lm.sft.train_sft].
+- [`jaxil.algorithms.lm.diagnostics`][jaxil.algorithms.lm.diagnostics]:
+  per-turn covariate shift of a student
+  ([`covariate_shift`][jaxil.algorithms.lm.diagnostics.covariate_shift]):
+  next-token disagreement with the expert on its own histories against the
+  expert's, and the MMD² of its hidden states, each with its floor.
+- [`jaxil.algorithms.lm.reward`][jaxil.algorithms.lm.reward]: sequence reward
+  models over token episodes
+  ([`SequenceRewardModel`][jaxil.algorithms.lm.reward.SequenceRewardModel], a
+  discriminator between two sources of episodes) and the analytic Init–SFT
+  reward ([`analytic_reward`][jaxil.algorithms.lm.reward.analytic_reward]).
 """
 
 from jaxil.algorithms.lm.diagnostics import (

@@ -3,18 +3,21 @@ KL penalty towards π_SFT (the RL step of alignment from demonstrations).
 
 The policy starts at π_SFT's parameters. Each update draws M prompts (task
 instances) and rolls the policy out K times from each
-([`jaxil.algorithms.lm.best_of_n.same_start_token_episodes`][jaxil.algorithms.lm.best_of_n.same_start_token_episodes]). A token
-reward function gives per-token rewards `r_ti` and their read mask `ρ_ti`
-(a learned model: [`jaxil.algorithms.lm.reward.token_rewards_of`][jaxil.algorithms.lm.reward.token_rewards_of]; the
-analytic r_c: [`jaxil.algorithms.lm.reward.analytic_token_rewards`][jaxil.algorithms.lm.reward.analytic_token_rewards]).
-Each agent token the policy chose (mask `m`) pays the one-sample KL
-penalty of [`jaxil.losses.kl_penalized_reward`][jaxil.losses.adversarial.kl_penalized_reward],
+([`jaxil.algorithms.lm.best_of_n.same_start_token_episodes`][jaxil.algorithms.lm.best_of_n.same_start_token_episodes]).
+A token reward function gives per-token rewards `r_ti` and their read mask
+`ρ_ti` (a learned model:
+[`jaxil.algorithms.lm.reward.token_rewards_of`][jaxil.algorithms.lm.reward.token_rewards_of];
+the analytic r_c:
+[`jaxil.algorithms.lm.reward.analytic_token_rewards`][jaxil.algorithms.lm.reward.analytic_token_rewards]).
+Each agent token the policy chose (mask `m`) pays the one-sample KL penalty of
+[`jaxil.losses.kl_penalized_reward`][jaxil.losses.adversarial.kl_penalized_reward],
 
     r̃_ti = ρ_ti · r_ti − β · m_ti · (log π_θ(a_ti|h_ti) − log π_SFT(a_ti|h_ti)),
 
-whose expectation under π_θ is `Σ_t KL(π_θ(·|h_t) ‖ π_SFT(·|h_t))` summed
-over the episode's tokens. The episode's return `R = Σ_{t,i} r̃_ti` enters a
-REINFORCE update with a leave-one-out baseline over the prompt's K rollouts
+whose expectation under π_θ is `Σ_t KL(π_θ(·|h_t) ‖
+π_SFT(·|h_t))` summed over the episode's tokens. The episode's return
+`R = Σ_{t,i} r̃_ti` enters a REINFORCE update with a leave-one-out baseline
+over the prompt's K rollouts
 ([`jaxil.losses.leave_one_out_advantages`][jaxil.losses.sequence.leave_one_out_advantages],
 [`jaxil.losses.reinforce_loss`][jaxil.losses.sequence.reinforce_loss]).
 
@@ -29,15 +32,15 @@ learned rewards for language models. Every update is on fresh on-policy
 episodes, one gradient step each, so no importance ratio or clipping is
 needed.
 
-Runs are stacked `[R]` over (seed, KL coefficient) pairs, each with its
-own π_SFT and reward parameters, in one compiled program run by
-[`jaxil.runs.engine.run`][jaxil.runs.engine.run] (run directories, resume, the guard). The
-evaluation rolls every policy out on the same fixed instances and reports
-the true score and success (`eval_return`, `eval_win_rate`), the learned
-reward of those episodes (`eval_reward`) and their KL to π_SFT
+Runs are stacked `[R]` over (seed, KL coefficient) pairs, each with its own
+π_SFT and reward parameters, in one compiled program run by
+[`jaxil.runs.engine.run`][jaxil.runs.engine.run] (run directories, resume, the
+guard). The evaluation rolls every policy out on the same fixed instances and
+reports the true score and success (`eval_return`, `eval_win_rate`), the
+learned reward of those episodes (`eval_reward`) and their KL to π_SFT
 (`eval_kl`, the per-episode sum of the token log-ratios on the policy's own
-samples). Reward hacking shows as `eval_reward` rising while
-`eval_return` falls.
+samples). Reward hacking shows as `eval_reward` rising while `eval_return`
+falls.
 """
 
 from __future__ import annotations
@@ -130,7 +133,8 @@ AlignState = SFTState
 def make_policy(env: envs.MultiAgentEnv, config: AlignConfig,
                 model: Optional[TaskModel] = None) -> TransformerPolicy:
     """The transformer RL trains (π_SFT's architecture): `config.size`, or a
-    pretrained `model`'s decoder (a [`TaskModel`][jaxil.nn.task_vocab.TaskModel] of `env`)."""
+    pretrained `model`'s decoder (a
+    [`TaskModel`][jaxil.nn.task_vocab.TaskModel] of `env`)."""
     if model is not None:
         check_model(env, dataclasses.replace(SFTConfig(), agent_ids=config.agent_ids), model)
         return TransformerPolicy(model.config)
@@ -144,9 +148,11 @@ def shaped_returns(rewards: jax.Array, reads: jax.Array, log_p: jax.Array,
 
         S = Σ ρ·r,   KL = Σ m·(log π − log π_SFT),   R = S − β·KL
 
-    (per token [`jaxil.losses.kl_penalized_reward`][jaxil.losses.adversarial.kl_penalized_reward], summed). All
-    inputs `[E, T, N]` but `kl_coef` (β, a scalar); the log-probabilities
-    are the sampled tokens' (masked-out entries may be non-finite)."""
+    (per token
+    [`jaxil.losses.kl_penalized_reward`][jaxil.losses.adversarial.kl_penalized_reward],
+    summed). All inputs `[E, T, N]` but `kl_coef` (β, a scalar); the
+    log-probabilities are the sampled tokens' (masked-out entries may be
+    non-finite)."""
     reads, mask = reads.astype(bool), mask.astype(bool)
     lp = jnp.where(mask, log_p, 0.0)
     lp_ref = jnp.where(mask, log_p_ref, 0.0)
@@ -160,7 +166,8 @@ def align_program(env: envs.MultiAgentEnv, token_reward: TokenReward, reward_par
                   sft_params: Any, kl_coefs: Sequence[float], seeds: Sequence[int],
                   config: AlignConfig = AlignConfig(), eval_seed: int = 10_000,
                   model: Optional[TaskModel] = None) -> engine.Program:
-    """The [`jaxil.runs.engine.Program`][jaxil.runs.engine.Program] of RL against `token_reward`.
+    """The [`jaxil.runs.engine.Program`][jaxil.runs.engine.Program] of RL
+    against `token_reward`.
 
     Run r trains from `sft_params[r]` against `token_reward(
     reward_params[r], ·)` with KL coefficient `kl_coefs[r]` and seed
@@ -270,9 +277,10 @@ def align_program(env: envs.MultiAgentEnv, token_reward: TokenReward, reward_par
 
 
 def format_table(summary: dict) -> str:
-    """The results table of [`train_align`][jaxil.algorithms.lm.align.train_align]: one line per KL
-    coefficient at the last evaluation (true score and success mean ± std
-    over seeds, the learned reward and the KL to π_SFT)."""
+    """The results table of
+    [`train_align`][jaxil.algorithms.lm.align.train_align]: one line per KL
+    coefficient at the last evaluation (true score and success mean ± std over
+    seeds, the learned reward and the KL to π_SFT)."""
     return fmt_table(summary["points"], [("kl_coef", "KL coef", "{:.3f}", "<"),
                                          ("seeds", "seeds", "{}"),
                                          mean_std("return", "true score"),
@@ -302,17 +310,20 @@ def train_align(env: envs.MultiAgentEnv, token_reward: TokenReward, reward_param
                 overwrite: bool = False, eval_seed: int = 10_000,
                 progress: bool = False, stop_after_chunks: Optional[int] = None,
                 model: Optional[TaskModel] = None) -> engine.RunResult:
-    """RL against a learned reward ([`align_program`][jaxil.algorithms.lm.align.align_program] run by
-    [`jaxil.runs.engine.run`][jaxil.runs.engine.run]): one run per (seed, KL coefficient).
+    """RL against a learned reward
+    ([`align_program`][jaxil.algorithms.lm.align.align_program] run by
+    [`jaxil.runs.engine.run`][jaxil.runs.engine.run]): one run per (seed, KL
+    coefficient).
 
-    `out_dir` is the run directory (`run.json`, `metrics.jsonl`,
-    checkpoints after every evaluation, `results.json`); `resume`
-    continues a stopped run from its newest checkpoint and reproduces the
-    uninterrupted run exactly (`stop_after_chunks` stops early, as a kill
-    would). `reward_name` names the reward in the
-    identity (e.g. `"init-sft"`); `model`: a pretrained π_SFT's
-    architecture ([`align_program`][jaxil.algorithms.lm.align.align_program]). Returns the engine's
-    [`jaxil.runs.engine.RunResult`][jaxil.runs.engine.RunResult] (`rows`, `state.params` `[R]`).
+    `out_dir` is the run directory (`run.json`, `metrics.jsonl`, checkpoints
+    after every evaluation, `results.json`); `resume` continues a stopped run
+    from its newest checkpoint and reproduces the uninterrupted run exactly
+    (`stop_after_chunks` stops early, as a kill would). `reward_name` names the
+    reward in the identity (e.g. `"init-sft"`); `model`: a pretrained π_SFT's
+    architecture ([`align_program`][jaxil.algorithms.lm.align.align_program]).
+    Returns the engine's
+    [`jaxil.runs.engine.RunResult`][jaxil.runs.engine.RunResult] (`rows`,
+    `state.params` `[R]`).
 
     Raises:
       ValueError: parameters not stacked per run, a bad setting, or a

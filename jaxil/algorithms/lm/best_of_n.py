@@ -3,18 +3,21 @@ prompt, picked by a sequence reward.
 
 A *prompt* is a task instance: the start state of one reset key (the hidden
 program, the arithmetic problem, the two halves of the exchange task).
-[`same_start_token_episodes`][jaxil.algorithms.lm.best_of_n.same_start_token_episodes] rolls a transformer policy out K times
-from each of M prompts in one vmapped program
-([`jaxil.algorithms.irl.best_of_n.same_start_episodes`][jaxil.algorithms.irl.best_of_n.same_start_episodes]: the start
-state is identical, the policy's draws differ), as [`TokenEpisodes`][jaxil.algorithms.lm.sft.TokenEpisodes]
-ordered prompt-major (episode `m·K + k` is rollout k of prompt m).
+[`same_start_token_episodes`][jaxil.algorithms.lm.best_of_n.same_start_token_episodes]
+rolls a transformer policy out K times from each of M prompts in one vmapped
+program
+([`jaxil.algorithms.irl.best_of_n.same_start_episodes`][jaxil.algorithms.irl.best_of_n.same_start_episodes]:
+the start state is identical, the policy's draws differ), as
+[`TokenEpisodes`][jaxil.algorithms.lm.sft.TokenEpisodes] ordered prompt-major
+(episode `m·K + k` is rollout k of prompt m).
 
-[`token_best_of_n`][jaxil.algorithms.lm.best_of_n.token_best_of_n] scores them with each reward (a learned
-[`jaxil.algorithms.lm.reward.SequenceRewardModel`][jaxil.algorithms.lm.reward.SequenceRewardModel], the analytic r_c,
-anything mapping episodes to `[E]` scores) and reports, for the true
-graded score (the episode return) and for success (the verifier), the
-exact expected best-of-N curves over N-subsets, the oracle's, the policy's
-own mean and each reward's Spearman ρ
+[`token_best_of_n`][jaxil.algorithms.lm.best_of_n.token_best_of_n] scores them
+with each reward (a learned
+[`jaxil.algorithms.lm.reward.SequenceRewardModel`][jaxil.algorithms.lm.reward.SequenceRewardModel],
+the analytic r_c, anything mapping episodes to `[E]` scores) and reports, for
+the true graded score (the episode return) and for success (the verifier), the
+exact expected best-of-N curves over N-subsets, the oracle's, the policy's own
+mean and each reward's Spearman ρ
 ([`jaxil.algorithms.irl.best_of_n.report`][jaxil.algorithms.irl.best_of_n.report]).
 """
 
@@ -48,18 +51,18 @@ def token_best_of_n(episodes: TokenEpisodes, num_prompts: int,
                     rewards: dict[str, Callable[[TokenEpisodes], jax.Array]],
                     ns: Sequence[int] | None = None) -> dict:
     """Best-of-N of the prompt-major `episodes` (`num_prompts` × K, from
-    [`same_start_token_episodes`][jaxil.algorithms.lm.best_of_n.same_start_token_episodes]) under each reward in `rewards`
-    (name → `episodes -> [E]` scores).
+    [`same_start_token_episodes`][jaxil.algorithms.lm.best_of_n.same_start_token_episodes])
+    under each reward in `rewards` (name → `episodes -> [E]` scores).
 
     Returns `{"score": report, "success": report, "length_spearman",
     "num_prompts", "rollouts"}` with
-    [`jaxil.algorithms.irl.best_of_n.report`][jaxil.algorithms.irl.best_of_n.report] against the episode return
-    (`score`) and against success (`success`): curves over `ns`
-    (default 1, 2, 4, … K), the oracle's, the policy's mean and each reward's
-    Spearman ρ; `length_spearman` is each reward's within-prompt ρ with the
-    episode's length in steps (a reward summed over tokens favours long
-    episodes; on tasks where failing episodes run to the turn limit that
-    ranks failures first).
+    [`jaxil.algorithms.irl.best_of_n.report`][jaxil.algorithms.irl.best_of_n.report]
+    against the episode return (`score`) and against success (`success`):
+    curves over `ns` (default 1, 2, 4, … K), the oracle's, the policy's mean
+    and each reward's Spearman ρ; `length_spearman` is each reward's
+    within-prompt ρ with the episode's length in steps (a reward summed over
+    tokens favours long episodes; on tasks where failing episodes run to the
+    turn limit that ranks failures first).
     """
     e = episodes.num_episodes
     if num_prompts < 1 or e % num_prompts:

@@ -5,18 +5,20 @@ Pure functions over ONE episode (`T` steps, `N` agents); `vmap` them
 over episodes. Notation: `valid [T]` (the step happened), `avail [T, N,
 V]`, `expert_acted [T]` (the expert's tokens were played at the step).
 
-- [`token_loss_mask`][jaxil.algorithms.lm.corrections.token_loss_mask] — the tokens a round trains on:
-  `choice ∧ (expert_acted ∨ ¬mask_prefix) ∧ kept`, with `choice` the
-  agent tokens that had more than one legal option (forced tokens carry no
-  gradient). With OEC's prefix mask the student's tokens before the switch
-  are context only.
-- [`expert_tokens`][jaxil.algorithms.lm.corrections.expert_tokens] — what an episode cost in expert tokens: the
-  speaking agent tokens ([`jaxil.algorithms.lm.turns.speaking`][jaxil.algorithms.lm.turns.speaking]) the
-  expert produced, or, when every visited state is labelled (DAgger),
-  every speaking token.
-- [`max_turn_repeats`][jaxil.algorithms.lm.corrections.max_turn_repeats] / [`passes_repetition`][jaxil.algorithms.lm.corrections.passes_repetition] — the anti-loop
-  filter: an agent that repeats one and the same TURN (the same tokens,
-  answered the same by the environment) `R` times is stuck.
+- [`token_loss_mask`][jaxil.algorithms.lm.corrections.token_loss_mask] — the
+  tokens a round trains on: `choice ∧ (expert_acted ∨ ¬mask_prefix) ∧
+  kept`, with `choice` the agent tokens that had more than one legal option
+  (forced tokens carry no gradient). With OEC's prefix mask the student's
+  tokens before the switch are context only.
+- [`expert_tokens`][jaxil.algorithms.lm.corrections.expert_tokens] — what an
+  episode cost in expert tokens: the speaking agent tokens
+  ([`jaxil.algorithms.lm.turns.speaking`][jaxil.algorithms.lm.turns.speaking])
+  the expert produced, or, when every visited state is labelled (DAgger), every
+  speaking token.
+- [`max_turn_repeats`][jaxil.algorithms.lm.corrections.max_turn_repeats] /
+  [`passes_repetition`][jaxil.algorithms.lm.corrections.passes_repetition] —
+  the anti-loop filter: an agent that repeats one and the same TURN (the same
+  tokens, answered the same by the environment) `R` times is stuck.
 """
 
 from __future__ import annotations
@@ -130,7 +132,8 @@ def max_turn_repeats(after: jax.Array, actions: jax.Array, avail: jax.Array,
 def passes_repetition(after, actions, avail, valid, limit, width: int = 8, *, eot: int,
                       wait: int) -> jax.Array:
     """bool scalar: no agent plays one turn `limit` or more times
-    ([`max_turn_repeats`][jaxil.algorithms.lm.corrections.max_turn_repeats]); `limit ≤ 0` turns the filter off."""
+    ([`max_turn_repeats`][jaxil.algorithms.lm.corrections.max_turn_repeats]);
+    `limit ≤ 0` turns the filter off."""
     limit = jnp.asarray(limit, jnp.int32)
     return (limit <= 0) | (max_turn_repeats(after, actions, avail, valid, width, eot=eot,
                                             wait=wait) < limit)

@@ -1,38 +1,47 @@
 """Covariate shift of a transformer student on a token task, per turn.
 
-A student cloned from expert episodes is trained on the expert's contexts
-and deployed on its own; once it errs it conditions on histories the
-expert never produced, and errs more (Ross et al. 2011). On a token task
-the natural clock of that drift is the TURN (a tool call and its answer,
-[`jaxil.algorithms.lm.turns`][jaxil.algorithms.lm.turns]), not the step: turns have different
-lengths in different episodes. Per turn bin `b` (turns `0, 1, …, B−2`
-and a last bin for every turn `≥ B−1`), over the tokens an agent says
+A student cloned from expert episodes is trained on the expert's contexts and
+deployed on its own; once it errs it conditions on histories the expert never
+produced, and errs more (Ross et al. 2011). On a token task the natural clock
+of that drift is the TURN (a tool call and its answer,
+[`jaxil.algorithms.lm.turns`][jaxil.algorithms.lm.turns]), not the step: turns
+have different lengths in different episodes. Per turn bin `b` (turns
+`0, 1, …, B−2` and a last bin for every turn `≥ B−1`), over the tokens an agent
+says
 ([`jaxil.algorithms.lm.turns.speaking`][jaxil.algorithms.lm.turns.speaking]):
 
 * next-token disagreement on the student's OWN episodes: how often the
   student's most likely legal token (`D.categorical_mode` of
-  [`TransformerPolicy.chunk_logits`][jaxil.nn.transformer.TransformerPolicy.chunk_logits]) differs from the expert's label
-  at that state (the DAgger query, recorded by the shared-control rollout
-  of [`jaxil.algorithms.interactive.rollout`][jaxil.algorithms.interactive.rollout]);
+  [`TransformerPolicy.chunk_logits`][jaxil.nn.transformer.TransformerPolicy.chunk_logits])
+  differs from the expert's label at that state (the DAgger query, recorded by
+  the shared-control rollout of
+  [`jaxil.algorithms.interactive.rollout`][jaxil.algorithms.interactive.rollout]);
 * its floor: the same on the EXPERT's episodes, the student teacher-forced
   on the expert's histories against the expert's own tokens — the error SFT
   measures. The gap between the two is the error that covariate shift adds;
-* the hidden-state distance: the unbiased MMD² (RBF kernel, median
-  heuristic: [`jaxil.algorithms.interactive.diagnostics.mmd2_unbiased`][jaxil.algorithms.interactive.diagnostics.mmd2_unbiased])
+* the hidden-state distance: the unbiased MMD² (RBF kernel, median heuristic:
+  [`jaxil.algorithms.interactive.diagnostics.mmd2_unbiased`][jaxil.algorithms.interactive.diagnostics.mmd2_unbiased])
   between the student's final hidden states
-  ([`TransformerPolicy.chunk_features`][jaxil.nn.transformer.TransformerPolicy.chunk_features]) on its own histories and on the
-  expert's, and its floor, the MMD² between two disjoint halves of the
-  expert's episodes: the value a student that visits the expert's
-  distribution would get from this many samples.
+  ([`TransformerPolicy.chunk_features`][jaxil.nn.transformer.TransformerPolicy.chunk_features])
+  on its own histories and on the expert's, and its floor, the MMD² between two
+  disjoint halves of the expert's episodes: the value a student that visits the
+  expert's distribution would get from this many samples.
 
-The functions over arrays ([`disagreement_by_turn`][jaxil.algorithms.lm.diagnostics.disagreement_by_turn],
-[`mmd2_by_turn`][jaxil.algorithms.lm.diagnostics.mmd2_by_turn]) and over episodes ([`student_disagreement_by_turn`][jaxil.algorithms.lm.diagnostics.student_disagreement_by_turn],
-[`feature_mmd2_by_turn`][jaxil.algorithms.lm.diagnostics.feature_mmd2_by_turn]) are pure and jittable with static shapes;
-they return NaN where a bin has nothing to measure, so that a plot shows a
-gap instead of a fake 0. [`shift_episodes`][jaxil.algorithms.lm.diagnostics.shift_episodes] draws the two sets of
-episodes, [`shift_table`][jaxil.algorithms.lm.diagnostics.shift_table] measures them and [`covariate_shift`][jaxil.algorithms.lm.diagnostics.covariate_shift]
-does both, returning columns for a results table
-([`covariate_shift_rows`][jaxil.algorithms.lm.diagnostics.covariate_shift_rows] turns them into JSON rows).
+The functions over arrays
+([`disagreement_by_turn`][jaxil.algorithms.lm.diagnostics.disagreement_by_turn],
+[`mmd2_by_turn`][jaxil.algorithms.lm.diagnostics.mmd2_by_turn]) and over
+episodes
+([`student_disagreement_by_turn`][jaxil.algorithms.lm.diagnostics.student_disagreement_by_turn],
+[`feature_mmd2_by_turn`][jaxil.algorithms.lm.diagnostics.feature_mmd2_by_turn])
+are pure and jittable with static shapes; they return NaN where a bin has
+nothing to measure, so that a plot shows a gap instead of a fake 0.
+[`shift_episodes`][jaxil.algorithms.lm.diagnostics.shift_episodes] draws the
+two sets of episodes,
+[`shift_table`][jaxil.algorithms.lm.diagnostics.shift_table] measures them and
+[`covariate_shift`][jaxil.algorithms.lm.diagnostics.covariate_shift] does both,
+returning columns for a results table
+([`covariate_shift_rows`][jaxil.algorithms.lm.diagnostics.covariate_shift_rows]
+turns them into JSON rows).
 """
 
 from __future__ import annotations
@@ -98,7 +107,8 @@ def disagreement_by_turn(
       predicted: `[E, T, N]` int tokens predicted (the student's).
       target: `[E, T, N]` int tokens they are compared to (the expert's).
       turn: `[E, T]` int the turn of each step
-        ([`jaxil.algorithms.lm.turns.turn_index`][jaxil.algorithms.lm.turns.turn_index]), `>= 0`.
+        ([`jaxil.algorithms.lm.turns.turn_index`][jaxil.algorithms.lm.turns.turn_index]),
+        `>= 0`.
       mask: `[E, T, N]` the tokens to count (bool or 0/1; e.g. the
         speaking tokens of the valid steps).
       num_bins: `B` (static), turns `0 … B−2` and a last bin `≥ B−1`.
@@ -146,9 +156,10 @@ def mmd2_by_turn(
     """Unbiased squared MMD between two sets of token features, per turn bin.
 
     Bin `b` of each side holds the masked tokens whose step has
-    `min(turn, B − 1) = b`; per bin, [`mmd2_unbiased`][jaxil.algorithms.interactive.diagnostics.mmd2_unbiased] of the two
-    (Gretton et al. 2012, eq. 3; RBF kernel `exp(−‖a − b‖² / 2σ²)`, σ =
-    `bandwidth` or the median heuristic over the bin's pooled samples,
+    `min(turn, B − 1) = b`; per bin,
+    [`mmd2_unbiased`][jaxil.algorithms.interactive.diagnostics.mmd2_unbiased]
+    of the two (Gretton et al. 2012, eq. 3; RBF kernel `exp(−‖a − b‖² / 2σ²)`,
+    σ = `bandwidth` or the median heuristic over the bin's pooled samples,
     recomputed per bin, as `mmd2_by_t` does). Tokens of one episode are
     correlated: a diagnostic, not a test statistic.
 
@@ -218,9 +229,10 @@ def student_disagreement_by_turn(
     num_bins: int,
     targets: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
-    """[`disagreement_by_turn`][jaxil.algorithms.lm.diagnostics.disagreement_by_turn] of the student's most likely legal token,
-    teacher-forced on `episodes`, against `targets`, over the speaking
-    tokens, binned by the turns of `episodes.actions`.
+    """[`disagreement_by_turn`][jaxil.algorithms.lm.diagnostics.disagreement_by_turn]
+    of the student's most likely legal token, teacher-forced on `episodes`,
+    against `targets`, over the speaking tokens, binned by the turns of
+    `episodes.actions`.
 
     On the student's own episodes `targets` are the expert's labels; with
     `targets=None` they are the episodes' own tokens (on the expert's
@@ -234,7 +246,8 @@ def student_disagreement_by_turn(
       targets: `[E, T, N]` int tokens to compare with, or `None`.
 
     Returns:
-      `(rate [B], count [B])` as [`disagreement_by_turn`][jaxil.algorithms.lm.diagnostics.disagreement_by_turn].
+      `(rate [B], count [B])` as
+      [`disagreement_by_turn`][jaxil.algorithms.lm.diagnostics.disagreement_by_turn].
     """
     logits = jax.vmap(student.chunk_logits, in_axes=(None, 0))(params, episodes.obs)
     predicted = D.categorical_mode(logits, episodes.avail)
@@ -253,10 +266,11 @@ def feature_mmd2_by_turn(
     max_samples: int | None = None,
     key: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """[`mmd2_by_turn`][jaxil.algorithms.lm.diagnostics.mmd2_by_turn] between the student's final hidden states
-    ([`TransformerPolicy.chunk_features`][jaxil.nn.transformer.TransformerPolicy.chunk_features], teacher-forced) on the
-    speaking tokens of episodes `x` and of episodes `y`, each binned by
-    its own turns."""
+    """[`mmd2_by_turn`][jaxil.algorithms.lm.diagnostics.mmd2_by_turn] between
+    the student's final hidden states
+    ([`TransformerPolicy.chunk_features`][jaxil.nn.transformer.TransformerPolicy.chunk_features],
+    teacher-forced) on the speaking tokens of episodes `x` and of episodes `y`,
+    each binned by its own turns."""
     feats = jax.vmap(student.chunk_features, in_axes=(None, 0))
     x_turn, x_said = _turns_and_speaking(x)
     y_turn, y_said = _turns_and_speaking(y)
@@ -265,7 +279,8 @@ def feature_mmd2_by_turn(
 
 
 class ShiftEpisodes(NamedTuple):
-    """The episodes of [`covariate_shift`][jaxil.algorithms.lm.diagnostics.covariate_shift].
+    """The episodes of
+    [`covariate_shift`][jaxil.algorithms.lm.diagnostics.covariate_shift].
 
     Attributes:
       student: the student's own episodes (it acts alone).
@@ -301,13 +316,13 @@ def shift_episodes(env: envs.MultiAgentEnv, student: TransformerPolicy, params: 
     expert's label at each of its states, and `num_episodes` of the expert;
     both drawn from `key` (`jax.random.split(key)`: student, expert).
 
-    The student samples its tokens (`deterministic`: the most likely legal
-    one) in the shared-control rollout of
-    [`jaxil.algorithms.interactive.rollout.mixed_policy`][jaxil.algorithms.interactive.rollout.mixed_policy] with the
-    expert never acting, which records the expert's label at each step (and
-    nothing else of its carry: the student's part is its KV cache). One
-    compiled program, cached for the same `env`, `student` and
-    `expert_policy` objects; `compiler_options` go to XLA.
+    The student samples its tokens (`deterministic`: the most likely legal one)
+    in the shared-control rollout of
+    [`jaxil.algorithms.interactive.rollout.mixed_policy`][jaxil.algorithms.interactive.rollout.mixed_policy]
+    with the expert never acting, which records the expert's label at each step
+    (and nothing else of its carry: the student's part is its KV cache). One
+    compiled program, cached for the same `env`, `student` and `expert_policy`
+    objects; `compiler_options` go to XLA.
     """
     if num_episodes < 1:
         raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
@@ -338,8 +353,11 @@ def shift_table(student: TransformerPolicy, params: Any, episodes: ShiftEpisodes
                 key: jax.Array, max_turn_bins: int, *,
                 bandwidth: float | None = None, max_samples: int | None = 1024,
                 compiler_options: dict | None = None) -> dict[str, Any]:
-    """The table of [`covariate_shift`][jaxil.algorithms.lm.diagnostics.covariate_shift] from episodes already drawn
-    ([`shift_episodes`][jaxil.algorithms.lm.diagnostics.shift_episodes]); `key` draws the MMD subsamples only."""
+    """The table of
+    [`covariate_shift`][jaxil.algorithms.lm.diagnostics.covariate_shift] from
+    episodes already drawn
+    ([`shift_episodes`][jaxil.algorithms.lm.diagnostics.shift_episodes]); `key`
+    draws the MMD subsamples only."""
     b = _check_num_bins(max_turn_bins)
     e = episodes.expert.num_episodes
     if e < 4 or episodes.student.num_episodes < e // 2:
@@ -371,19 +389,22 @@ def covariate_shift(env: envs.MultiAgentEnv, student: TransformerPolicy, params:
     """The per-turn covariate-shift diagnostic of a transformer student
     (see the module docstring). Deterministic given `key`.
 
-    Draws `E = num_episodes` episodes of the student acting alone
-    (labelled by the expert) and `E` of the expert
-    ([`shift_episodes`][jaxil.algorithms.lm.diagnostics.shift_episodes]), then measures them ([`shift_table`][jaxil.algorithms.lm.diagnostics.shift_table]). The
+    Draws `E = num_episodes` episodes of the student acting alone (labelled by
+    the expert) and `E` of the expert
+    ([`shift_episodes`][jaxil.algorithms.lm.diagnostics.shift_episodes]), then
+    measures them
+    ([`shift_table`][jaxil.algorithms.lm.diagnostics.shift_table]). The
     disagreement uses all of them. The MMD² uses halves of `h = E // 2`
-    episodes so that the value and its floor have the same sample sizes and
-    one reference: the student's first `h` episodes against the expert's
-    last `h` (value), the expert's first `h` against the same last `h`
-    (floor). Tokens of one episode are correlated, so the floor is positive
-    with few episodes; compare the value with it, not with 0.
+    episodes so that the value and its floor have the same sample sizes and one
+    reference: the student's first `h` episodes against the expert's last `h`
+    (value), the expert's first `h` against the same last `h` (floor). Tokens
+    of one episode are correlated, so the floor is positive with few episodes;
+    compare the value with it, not with 0.
 
     Args:
       env: a token environment.
-      student: the transformer ([`jaxil.algorithms.lm.make_student`][jaxil.algorithms.lm.sft.make_student]).
+      student: the transformer
+        ([`jaxil.algorithms.lm.make_student`][jaxil.algorithms.lm.sft.make_student]).
       params: its parameters.
       expert_policy: the expert (e.g. `scripted_expert(env)[0]`).
       key: PRNG key.
@@ -398,15 +419,15 @@ def covariate_shift(env: envs.MultiAgentEnv, student: TransformerPolicy, params:
       compiler_options: XLA options of the two compiled programs.
 
     Returns:
-      A dict of columns over the `B` bins — `turn_bin` (int), `turn`
-      (labels `"0" … "≥B−1"`), `disagreement_student`,
-      `disagreement_floor`, `mmd2_student`, `mmd2_floor` (float64,
-      NaN where empty), `count_student`, `count_floor` (speaking tokens
-      in the disagreement), `mmd_samples_student`,
-      `mmd_samples_expert` (the reference half), `mmd_samples_floor`
-      (int64) — and scalars `num_episodes`, `student_win_rate`,
-      `expert_win_rate`. [`covariate_shift_rows`][jaxil.algorithms.lm.diagnostics.covariate_shift_rows] makes JSON rows of
-      it.
+      A dict of columns over the `B` bins — `turn_bin` (int), `turn` (labels
+      `"0" … "≥B−1"`), `disagreement_student`, `disagreement_floor`,
+      `mmd2_student`, `mmd2_floor` (float64, NaN where empty), `count_student`,
+      `count_floor` (speaking tokens in the disagreement),
+      `mmd_samples_student`, `mmd_samples_expert` (the reference half),
+      `mmd_samples_floor` (int64) — and scalars `num_episodes`,
+      `student_win_rate`, `expert_win_rate`.
+      [`covariate_shift_rows`][jaxil.algorithms.lm.diagnostics.covariate_shift_rows]
+      makes JSON rows of it.
     """
     _check_num_bins(max_turn_bins)
     if num_episodes < 4:
@@ -421,7 +442,8 @@ def covariate_shift(env: envs.MultiAgentEnv, student: TransformerPolicy, params:
 
 
 def covariate_shift_rows(table: dict[str, Any]) -> list[dict[str, Any]]:
-    """One JSON-ready dict per turn bin of a [`covariate_shift`][jaxil.algorithms.lm.diagnostics.covariate_shift] table:
+    """One JSON-ready dict per turn bin of a
+    [`covariate_shift`][jaxil.algorithms.lm.diagnostics.covariate_shift] table:
     the per-bin columns as Python numbers (NaN as `None`) and the scalars
     repeated in every row."""
     b = len(table["turn_bin"])

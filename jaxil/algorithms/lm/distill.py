@@ -24,10 +24,11 @@ and padding are masked).
 - [`opd_loss`][jaxil.algorithms.lm.distill.opd_loss] — the loss of a batch
   of episodes from the student's and the expert's parameters.
 - [`expert_log_probs`][jaxil.algorithms.lm.distill.expert_log_probs] /
-  [`opd_loss_from_scores`][jaxil.algorithms.lm.distill.opd_loss_from_scores]
-  — the same loss in two steps: the expert scores a batch once, and the
-  student takes several updates against those fixed scores (the interactive
-  program's `opd` round, [`jaxil.algorithms.lm.interactive`][jaxil.algorithms.lm.interactive]).
+  [`opd_loss_from_scores`][jaxil.algorithms.lm.distill.opd_loss_from_scores] —
+  the same loss in two steps: the expert scores a batch once, and the student
+  takes several updates against those fixed scores (the interactive program's
+  `opd` round,
+  [`jaxil.algorithms.lm.interactive`][jaxil.algorithms.lm.interactive]).
 - [`expert_tokens_scored`][jaxil.algorithms.lm.distill.expert_tokens_scored]
   — what a batch costs the budget: the expert tokens scored, counted as
   DAgger counts labelling every visited state (every speaking agent token),
@@ -84,7 +85,8 @@ def expert_log_probs(expert: TransformerPolicy, expert_params: Any,
     distribution it would have acted from there; finite on illegal tokens).
 
     Args:
-      expert: the expert LM ([`check_expert_lm`][jaxil.algorithms.lm.distill.check_expert_lm]).
+      expert: the expert LM
+        ([`check_expert_lm`][jaxil.algorithms.lm.distill.check_expert_lm]).
       expert_params: its parameters.
       batch: `[E]` token episodes.
     """
@@ -96,10 +98,11 @@ def opd_loss_from_scores(student: TransformerPolicy, params: Any, expert_scores:
                          batch: TokenEpisodes, beta: float = 1.0,
                          forced_tokens: bool = False) -> jax.Array:
     """The OPD loss of a batch of episodes against the expert's
-    log-probabilities on it ([`expert_log_probs`][jaxil.algorithms.lm.distill.expert_log_probs]
-    of the same `batch`), so that one scoring of the expert serves several
-    student updates; [`opd_loss`][jaxil.algorithms.lm.distill.opd_loss]
-    scores and calls it.
+    log-probabilities on it
+    ([`expert_log_probs`][jaxil.algorithms.lm.distill.expert_log_probs] of the
+    same `batch`), so that one scoring of the expert serves several student
+    updates; [`opd_loss`][jaxil.algorithms.lm.distill.opd_loss] scores and
+    calls it.
 
     Args:
       student: the transformer being trained.
@@ -126,14 +129,15 @@ def opd_loss(student: TransformerPolicy, params: Any, expert: TransformerPolicy,
 
     Both networks score every episode teacher-forced with
     [`TransformerPolicy.chunk_logits`][jaxil.nn.transformer.TransformerPolicy.chunk_logits]
-    on the same observations, so the expert's distribution at step `t` is
-    the one it would have acted from at `t`; the expert's side is a fixed
-    target (no gradient reaches `expert_params`).
+    on the same observations, so the expert's distribution at step `t` is the
+    one it would have acted from at `t`; the expert's side is a fixed target
+    (no gradient reaches `expert_params`).
 
     Args:
       student: the transformer being trained.
       params: its parameters (differentiated).
-      expert: the expert LM ([`check_expert_lm`][jaxil.algorithms.lm.distill.check_expert_lm]).
+      expert: the expert LM
+        ([`check_expert_lm`][jaxil.algorithms.lm.distill.check_expert_lm]).
       expert_params: its parameters.
       batch: `[E]` token episodes (the student's own, for on-policy distillation).
       beta: GKD's β in `[0, 1]` (1: reverse KL, 0: forward KL), a Python float.
@@ -149,8 +153,8 @@ def opd_loss(student: TransformerPolicy, params: Any, expert: TransformerPolicy,
 
 def expert_tokens_scored(batch: TokenEpisodes) -> jax.Array:
     """`[E]` int32: the expert tokens each episode costs under OPD, every
-    speaking agent token of its valid steps (the expert's distribution is
-    read at each; the count DAgger pays for labelling every visited state,
+    speaking agent token of its valid steps (the expert's distribution is read
+    at each; the count DAgger pays for labelling every visited state,
     [`jaxil.algorithms.lm.corrections.expert_tokens`][jaxil.algorithms.lm.corrections.expert_tokens])."""
     never = jnp.zeros(batch.mask.shape, bool)
     return jax.vmap(lambda v, a, x: expert_tokens(v, a, x, True, wait=batch.wait))(

@@ -10,12 +10,12 @@ those with a choice (more than one legal token):
 - **differs**: the share where the privileged expert's token differs from
   the transcript-only expert's (the expert that acts on the context alone,
   [`envs.token_transcript`][jaxil.envs.token_transcript]);
-- **undetermined**: the share whose context (the agent's token history up
-  to that step) is also the context of a selected state of another episode
+- **undetermined**: the share whose context (the agent's token history up to
+  that step) is also the context of a selected state of another episode
   (another instance) where the privileged expert's token is different: the
-  label is then provably not a function of the context. It is a lower bound on the share of
-  undetermined labels (it only sees contexts that recur in the sample);
-  `shared` says how many states could show it at all.
+  label is then provably not a function of the context. It is a lower bound on
+  the share of undetermined labels (it only sees contexts that recur in the
+  sample); `shared` says how many states could show it at all.
 
 A transcript-only expert's rates against itself are 0 by construction.
 [expert_labels][jaxil.algorithms.lm.imitation_gap.expert_labels] replays an
@@ -39,7 +39,8 @@ from jaxil.envs.policies import as_policy
 
 @dataclasses.dataclass(frozen=True)
 class ImitationGap:
-    """The two rates of [imitation_gap][jaxil.algorithms.lm.imitation_gap.imitation_gap].
+    """The two rates of
+    [imitation_gap][jaxil.algorithms.lm.imitation_gap.imitation_gap].
 
     Attributes:
       states: selected agent-steps with more than one legal token.

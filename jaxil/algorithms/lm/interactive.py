@@ -15,20 +15,22 @@ takeover rollouts (episodes_per_round per run)          takeover.takeover_episod
 ```
 
 Every run of a seed starts from the same SFT student (`sft_tokens` expert
-tokens of demonstrations, `sft_updates` updates). The regimes are the
-knobs of [`jaxil.algorithms.interactive.config.regime`][jaxil.algorithms.interactive.config.regime] — budgets in
-EXPERT TOKENS (the speaking agent tokens an expert produced or labelled,
-demonstrations included), OEC's switch in TURNS — built by
-[`token_regime`][jaxil.algorithms.lm.interactive.token_regime], which adds the entropy-gated switch (`gated`).
+tokens of demonstrations, `sft_updates` updates). The regimes are the knobs of
+[`jaxil.algorithms.interactive.config.regime`][jaxil.algorithms.interactive.config.regime]
+— budgets in EXPERT TOKENS (the speaking agent tokens an expert produced or
+labelled, demonstrations included), OEC's switch in TURNS — built by
+[`token_regime`][jaxil.algorithms.lm.interactive.token_regime], which adds the
+entropy-gated switch (`gated`).
 
 The buffer holds whole episodes, not transitions: a token's distribution
 depends on its whole context. With OEC's prefix mask a kept episode's
 student tokens are context only; DAgger's targets are the expert's labels
 at every token the student visited.
 
-On-policy distillation (`opd`, [`jaxil.algorithms.lm.distill`][jaxil.algorithms.lm.distill])
-needs an expert LM (a [`TransformerPolicy`][jaxil.nn.transformer.TransformerPolicy];
-a scripted expert is refused in one line) and has its own round,
+On-policy distillation (`opd`,
+[`jaxil.algorithms.lm.distill`][jaxil.algorithms.lm.distill]) needs an expert
+LM (a [`TransformerPolicy`][jaxil.nn.transformer.TransformerPolicy]; a scripted
+expert is refused in one line) and has its own round,
 [`make_opd_round`][jaxil.algorithms.lm.interactive.make_opd_round]:
 
 ```text
@@ -53,10 +55,11 @@ scores at no further cost. The demonstrations serve the shared SFT start
 only (`demo_labels` is the SFT start's). β is compiled into the round, so
 the `opd` regimes of a run share one β and run without the other methods.
 
-[`run`][jaxil.algorithms.lm.interactive.run] hands the rounds to the run engine ([`jaxil.runs.engine`][jaxil.runs.engine]):
-evaluation on fixed instances every `eval_every` rounds (greedy success
-rate and return), `metrics.jsonl`, orbax checkpoints, resume that
-reproduces the uninterrupted run, and the non-finite guard.
+[`run`][jaxil.algorithms.lm.interactive.run] hands the rounds to the run engine
+([`jaxil.runs.engine`][jaxil.runs.engine]): evaluation on fixed instances every
+`eval_every` rounds (greedy success rate and return), `metrics.jsonl`, orbax
+checkpoints, resume that reproduces the uninterrupted run, and the non-finite
+guard.
 """
 
 from __future__ import annotations
@@ -142,9 +145,11 @@ class TokenInteractiveConfig:
     Attributes:
       size: the student transformer's size (`jaxil.nn.transformer.SIZES`).
       agent_ids: the student's learned agent-id embedding.
-      learning_rate: Adam's step size of the shared SFT start; the rounds of
-        a regime use its own `lr` ([`token_regime`][jaxil.algorithms.lm.interactive.token_regime]'s `lr=`, default
-        1e-3, the tiny student's; a pretrained student wants about 1e-4).
+      learning_rate: Adam's step size of the shared SFT start; the rounds of a
+        regime use its own `lr`
+        ([`token_regime`][jaxil.algorithms.lm.interactive.token_regime]'s
+        `lr=`, default 1e-3, the tiny student's; a pretrained student wants
+        about 1e-4).
       max_grad_norm: global-norm gradient clipping.
       batch_episodes: episodes per minibatch.
       rounds: interactive rounds after the SFT start.
@@ -196,8 +201,8 @@ class TokenInteractiveConfig:
 
 
 def token_regime(method: str, budget: int, *, sft_tokens: int, **overrides: Any) -> dict:
-    """The knobs of `method` (one of `INTERACTIVE_METHODS`) at a total
-    `budget` of expert tokens, with `overrides` (names of
+    """The knobs of `method` (one of `INTERACTIVE_METHODS`) at a total `budget`
+    of expert tokens, with `overrides` (names of
     [`jaxil.algorithms.interactive.config.RegimeHParams`][jaxil.algorithms.interactive.config.RegimeHParams]).
 
     Token defaults: the repetition filter rejects a turn repeated
@@ -528,29 +533,28 @@ def run(env: MultiAgentEnv, expert: Any, expert_params: Any,
         start_cache: Optional[str | Path] = None) -> engine.RunResult:
     """Run every regime × `seeds` seeds together (see the module docstring).
 
-    `expert`: an acting expert (a [`jaxil.envs.policies.Policy`][jaxil.envs.policies.Policy],
-    e.g. the task's scripted one) or an expert LM (a
+    `expert`: an acting expert (a
+    [`jaxil.envs.policies.Policy`][jaxil.envs.policies.Policy], e.g. the task's
+    scripted one) or an expert LM (a
     [`TransformerPolicy`][jaxil.nn.transformer.TransformerPolicy], acting
-    greedily; `opd` reads its distribution).
-    `regimes`: `(name, knobs)` pairs from [`token_regime`][jaxil.algorithms.lm.interactive.token_regime]
-    (`opd` regimes alone, with one β). Returns
-    the engine's [`jaxil.runs.engine.RunResult`][jaxil.runs.engine.RunResult]: `rows` (one per
-    evaluation and run: `round`, `regime`, `seed`, `expert_tokens`,
-    `expert_turns`, `expert_episodes`, `eval_win_rate`,
-    `eval_return` and the round's metrics), `summary` (per regime, mean
-    ± std over seeds at the last evaluation; also `results.json`) and
-    `state` (the students' parameters `state.params`, stacked `[R]`).
-    `stop_after_rounds` stops early, as a kill would (`resume` continues).
-    `model`: a pretrained student (a [`TaskModel`][jaxil.nn.task_vocab.TaskModel]
-    of this environment, e.g. [`chat_model`][jaxil.nn.task_vocab.chat_model]
-    for a chat-form task): every run starts from its parameters and
-    `config.size` / `agent_ids` are not used.
-    `start_cache`: a directory that keeps the SFT start of each seed, so
-    that programs which split one sweep's regimes (to bound memory) train
-    it once: a start is read back only when the students before SFT, the
-    demonstrations and the whole configuration are the same
-    (`sft_start_key`); otherwise it is trained and written beside the
-    others.
+    greedily; `opd` reads its distribution). `regimes`: `(name, knobs)` pairs
+    from [`token_regime`][jaxil.algorithms.lm.interactive.token_regime] (`opd`
+    regimes alone, with one β). Returns the engine's
+    [`jaxil.runs.engine.RunResult`][jaxil.runs.engine.RunResult]: `rows` (one
+    per evaluation and run: `round`, `regime`, `seed`, `expert_tokens`,
+    `expert_turns`, `expert_episodes`, `eval_win_rate`, `eval_return` and the
+    round's metrics), `summary` (per regime, mean ± std over seeds at the last
+    evaluation; also `results.json`) and `state` (the students' parameters
+    `state.params`, stacked `[R]`). `stop_after_rounds` stops early, as a kill
+    would (`resume` continues). `model`: a pretrained student (a
+    [`TaskModel`][jaxil.nn.task_vocab.TaskModel] of this environment, e.g.
+    [`chat_model`][jaxil.nn.task_vocab.chat_model] for a chat-form task): every
+    run starts from its parameters and `config.size` / `agent_ids` are not
+    used. `start_cache`: a directory that keeps the SFT start of each seed, so
+    that programs which split one sweep's regimes (to bound memory) train it
+    once: a start is read back only when the students before SFT, the
+    demonstrations and the whole configuration are the same (`sft_start_key`);
+    otherwise it is trained and written beside the others.
 
     Raises:
       ValueError: not a token environment, a bad setting or regime, `opd`

@@ -8,13 +8,15 @@ sources are those of `jaxil.algorithms.irl.reward_model.SOURCES`
 π_SFT; AfD's proposal), `"init-demo"` and `"sft-demo"`
 ([`source_episodes`][jaxil.algorithms.lm.reward.source_episodes]).
 
-**The network** is a [`jaxil.nn.transformer.TransformerPolicy`][jaxil.nn.transformer.TransformerPolicy] (its
-own architecture, or π_SFT's parameters as the starting point, as AfD
+**The network** is a
+[`jaxil.nn.transformer.TransformerPolicy`][jaxil.nn.transformer.TransformerPolicy]
+(its own architecture, or π_SFT's parameters as the starting point, as AfD
 initialises its reward model from the SFT model). Teacher-forced over an
 episode it gives, at every step, the head's outputs `ℓ_θ(h_t) [V]` on the
-agent's context `h_t` before its token ([`TransformerPolicy.chunk_logits`][jaxil.nn.transformer.TransformerPolicy.chunk_logits]);
-the reward of the token `a_t` the agent emitted is the output at that
-token, one scalar per (context, token):
+agent's context `h_t` before its token
+([`TransformerPolicy.chunk_logits`][jaxil.nn.transformer.TransformerPolicy.chunk_logits]);
+the reward of the token `a_t` the agent emitted is the output at that token,
+one scalar per (context, token):
 
     r_θ(h_t, a_t) = ℓ_θ(h_t)[a_t]
 
@@ -26,8 +28,8 @@ context). The episode's score sums the reads over a read mask `ρ [T, N]`
     S_θ(τ) = Σ_t Σ_i ρ_ti · r_θ(h_ti, a_ti)
 
 - `read="token"`: every token an agent emits on its turn
-  ([`jaxil.algorithms.lm.turns.speaking`][jaxil.algorithms.lm.turns.speaking], forced tokens included: their
-  read still depends on the context);
+  ([`jaxil.algorithms.lm.turns.speaking`][jaxil.algorithms.lm.turns.speaking],
+  forced tokens included: their read still depends on the context);
 - `read="turn"`: once per turn, at its `<eot>`, where the context holds
   the whole turn (a reward per turn, summed);
 - `read="last"`: once per episode, at the last token an agent emits,
@@ -36,27 +38,32 @@ context). The episode's score sums the reads over a read mask `ρ [T, N]`
   tokens or turns grows with the episode's length, which RL against it can
   exploit).
 
-**The loss** ([`sequence_reward_loss`][jaxil.algorithms.lm.reward.sequence_reward_loss]) is the logistic discriminator
-loss on episode scores ([`jaxil.losses.discriminator_loss`][jaxil.losses.discriminator.discriminator_loss], positives
-labelled 1, negatives 0),
+**The loss**
+([`sequence_reward_loss`][jaxil.algorithms.lm.reward.sequence_reward_loss]) is
+the logistic discriminator loss on episode scores
+([`jaxil.losses.discriminator_loss`][jaxil.losses.discriminator.discriminator_loss],
+positives labelled 1, negatives 0),
 
     L(θ) = E_{τ∼P}[softplus(−S_θ(τ))] + E_{τ∼Q}[softplus(S_θ(τ))],
 
 whose optimum is `S_θ(τ) = log P(τ)/Q(τ)`.
 
-**The analytic reward** of the Init–SFT pair ([`analytic_reward`][jaxil.algorithms.lm.reward.analytic_reward]) needs
-no training: with deterministic transitions (tool answers are functions of
-the history) the optimum above is the log-likelihood ratio of the agents'
-tokens,
+**The analytic reward** of the Init–SFT pair
+([`analytic_reward`][jaxil.algorithms.lm.reward.analytic_reward]) needs no
+training: with deterministic transitions (tool answers are functions of the
+history) the optimum above is the log-likelihood ratio of the agents' tokens,
 
     r_c(τ) = log π_SFT(τ) − log π_0(τ)
            = Σ_t Σ_i m_ti [log π_SFT(a_ti | h_ti) − log π_0(a_ti | h_ti)],
 
 over the agent-token loss mask `m` of SFT
-([`jaxil.losses.sequence.agent_token_mask`][jaxil.losses.sequence.agent_token_mask] with the legal masks:
-tokens the grammar forces have `log π = 0` under every policy), from
-[`TransformerPolicy.episode_scores`][jaxil.nn.transformer.TransformerPolicy.episode_scores], per token
-([`analytic_token_rewards`][jaxil.algorithms.lm.reward.analytic_token_rewards], the form RL consumes) or summed
+([`jaxil.losses.sequence.agent_token_mask`][jaxil.losses.sequence.agent_token_mask]
+with the legal masks: tokens the grammar forces have `log π = 0` under every
+policy), from
+[`TransformerPolicy.episode_scores`][jaxil.nn.transformer.TransformerPolicy.episode_scores],
+per token
+([`analytic_token_rewards`][jaxil.algorithms.lm.reward.analytic_token_rewards],
+the form RL consumes) or summed
 ([`analytic_reward`][jaxil.algorithms.lm.reward.analytic_reward]).
 
 API (pure functions over pytrees; vmap seeds over the state):
@@ -118,13 +125,15 @@ class SequenceRewardConfig:
         start from π_SFT's parameters, use π_SFT's size and `agent_ids`.
       agent_ids: add the learned agent-id embedding.
       read: `"token"` (a reward on every token an agent emits on its turn),
-        `"turn"` (one at each turn's `<eot>`) or `"last"` (one at the
-        episode's last emitted token); see [`read_mask`][jaxil.algorithms.lm.reward.read_mask].
+        `"turn"` (one at each turn's `<eot>`) or `"last"` (one at the episode's
+        last emitted token); see
+        [`read_mask`][jaxil.algorithms.lm.reward.read_mask].
       learning_rate: Adam's step size.
       max_grad_norm: global-norm gradient clipping.
       batch_episodes: episodes per source in each update (drawn with
         replacement).
-      num_updates: updates in a whole run ([`train_reward_model`][jaxil.algorithms.lm.reward.train_reward_model]).
+      num_updates: updates in a whole run
+        ([`train_reward_model`][jaxil.algorithms.lm.reward.train_reward_model]).
       eval_every: updates per chunk; an evaluation and a checkpoint follow
         each (must divide `num_updates`).
     """
@@ -169,8 +178,9 @@ class SequenceRewardState:
 
 @struct.dataclass
 class RewardEpisodes:
-    """The two sources of a reward model, on device: `positive` (labelled
-    1) and `negative` (labelled 0) [`TokenEpisodes`][jaxil.algorithms.lm.sft.TokenEpisodes], of any sizes."""
+    """The two sources of a reward model, on device: `positive` (labelled 1)
+    and `negative` (labelled 0)
+    [`TokenEpisodes`][jaxil.algorithms.lm.sft.TokenEpisodes], of any sizes."""
 
     positive: TokenEpisodes
     negative: TokenEpisodes
@@ -186,10 +196,11 @@ class RewardEpisodes:
 
 
 def source_episodes(source: str, episodes: dict[str, TokenEpisodes]) -> RewardEpisodes:
-    """The [`RewardEpisodes`][jaxil.algorithms.lm.reward.RewardEpisodes] of `source` (`"init-sft"`,
-    `"init-demo"` or `"sft-demo"`) from `episodes`, which maps the
-    roles `"init"` (π_0's episodes), `"sft"` (π_SFT's) and `"demo"`
-    (the demonstrations) to episodes; only the source's two roles are needed."""
+    """The [`RewardEpisodes`][jaxil.algorithms.lm.reward.RewardEpisodes] of
+    `source` (`"init-sft"`, `"init-demo"` or `"sft-demo"`) from `episodes`,
+    which maps the roles `"init"` (π_0's episodes), `"sft"` (π_SFT's) and
+    `"demo"` (the demonstrations) to episodes; only the source's two roles are
+    needed."""
     neg, pos = source_roles(source)
     missing = [r for r in (neg, pos) if r not in episodes]
     if missing:
@@ -200,9 +211,12 @@ def source_episodes(source: str, episodes: dict[str, TokenEpisodes]) -> RewardEp
 def policy_episodes(env: envs.MultiAgentEnv, policy: Any, params: Any, key: jax.Array,
                     num_episodes: int) -> TokenEpisodes:
     """`[S, E]` sampled episodes of each of the S stacked parameter sets
-    `params` of `policy` (a [`TransformerPolicy`][jaxil.nn.transformer.TransformerPolicy]), all on the
+    `params` of `policy` (a
+    [`TransformerPolicy`][jaxil.nn.transformer.TransformerPolicy]), all on the
     instances and draws of `key`; one compiled program. The `"init"` and
-    `"sft"` roles of [`source_episodes`][jaxil.algorithms.lm.reward.source_episodes] for S seeds."""
+    `"sft"` roles of
+    [`source_episodes`][jaxil.algorithms.lm.reward.source_episodes] for S
+    seeds."""
     _check_token_env(env, "reward-model sources are token episodes")
     act = policy.policy()
     return jax.jit(jax.vmap(lambda p: from_episodes(
@@ -211,12 +225,14 @@ def policy_episodes(env: envs.MultiAgentEnv, policy: Any, params: Any, key: jax.
 
 def stacked_sources(sources: Sequence[str], roles: dict[str, TokenEpisodes]
                     ) -> tuple[RewardEpisodes, list[str]]:
-    """`(data [len(sources)·S], labels)`: the [`RewardEpisodes`][jaxil.algorithms.lm.reward.RewardEpisodes] of
-    every source in `sources` for each of S seeds, source-major (entry
-    `j` is source `j // S` of seed `j % S`), from `roles` that map
-    `"init"`, `"sft"` and `"demo"` to episodes stacked `[S, E]`
-    (only the roles the sources need); the input of
-    [`train_reward_model`][jaxil.algorithms.lm.reward.train_reward_model] for every (source, seed) at once."""
+    """`(data [len(sources)·S], labels)`: the
+    [`RewardEpisodes`][jaxil.algorithms.lm.reward.RewardEpisodes] of every
+    source in `sources` for each of S seeds, source-major (entry `j` is source
+    `j // S` of seed `j % S`), from `roles` that map `"init"`, `"sft"` and
+    `"demo"` to episodes stacked `[S, E]` (only the roles the sources need);
+    the input of
+    [`train_reward_model`][jaxil.algorithms.lm.reward.train_reward_model] for
+    every (source, seed) at once."""
     if not sources:
         raise ValueError("stacked_sources needs at least one source")
     per = [source_episodes(s, roles) for s in sources]
@@ -277,13 +293,15 @@ def sequence_reward_loss(positive_rewards: jax.Array, positive_mask: jax.Array,
         S(τ) = Σ_{t,i} ρ_ti · r_ti
         L = mean_{τ∈P} softplus(−S(τ)) + mean_{τ∈Q} softplus(S(τ))
 
-    ([`jaxil.losses.discriminator_loss`][jaxil.losses.discriminator.discriminator_loss] on the scores; at the optimum
-    `S = log P(τ)/Q(τ)`; Sun & van der Schaar, arXiv 2405.15624).
+    ([`jaxil.losses.discriminator_loss`][jaxil.losses.discriminator.discriminator_loss]
+    on the scores; at the optimum `S = log P(τ)/Q(τ)`; Sun & van der Schaar,
+    arXiv 2405.15624).
 
     Args:
       positive_rewards: `[B, T, N]` per-token rewards of the positive
         episodes (anything, even non-finite, where the mask is off).
-      positive_mask: `[B, T, N]` the reads ([`read_mask`][jaxil.algorithms.lm.reward.read_mask]).
+      positive_mask: `[B, T, N]` the reads
+        ([`read_mask`][jaxil.algorithms.lm.reward.read_mask]).
       negative_rewards: `[B2, T, N]` of the negative episodes.
       negative_mask: `[B2, T, N]`.
 
@@ -352,7 +370,9 @@ class SequenceRewardModel:
         return jnp.take_along_axis(logits, actions[..., None].astype(jnp.int32), -1)[..., 0]
 
     def read_masks(self, episodes: TokenEpisodes) -> jax.Array:
-        """`[E, T, N]` the reads ([`read_mask`][jaxil.algorithms.lm.reward.read_mask] with `config.read`)."""
+        """`[E, T, N]` the reads
+        ([`read_mask`][jaxil.algorithms.lm.reward.read_mask] with
+        `config.read`)."""
         reads = functools.partial(read_mask, eot=episodes.eot, wait=episodes.wait)
         return jax.vmap(reads, in_axes=(0, 0, 0, None))(
             episodes.avail, episodes.actions, episodes.mask, self.config.read)
@@ -366,9 +386,10 @@ class SequenceRewardModel:
     # -- training ------------------------------------------------------------------------
     def loss(self, params: Any, positive: TokenEpisodes, negative: TokenEpisodes
              ) -> tuple[jax.Array, dict]:
-        """[`sequence_reward_loss`][jaxil.algorithms.lm.reward.sequence_reward_loss] of a positive and a negative batch, and
-        its metrics (`accuracy`: positives scored > 0 and negatives < 0;
-        the mean scores). Pure; differentiable in `params`."""
+        """[`sequence_reward_loss`][jaxil.algorithms.lm.reward.sequence_reward_loss]
+        of a positive and a negative batch, and its metrics (`accuracy`:
+        positives scored > 0 and negatives < 0; the mean scores). Pure;
+        differentiable in `params`."""
         rewards = jax.vmap(self.token_rewards, in_axes=(None, 0, 0))
         r_p = rewards(params, positive.obs, positive.actions)
         r_n = rewards(params, negative.obs, negative.actions)
@@ -380,7 +401,9 @@ class SequenceRewardModel:
 
     def update(self, state: SequenceRewardState, positive: TokenEpisodes,
                negative: TokenEpisodes) -> tuple[SequenceRewardState, dict]:
-        """One clipped-Adam step on [`loss`][jaxil.algorithms.lm.reward.SequenceRewardModel.loss]. Jit-able; vmap it over seeds."""
+        """One clipped-Adam step on
+        [`loss`][jaxil.algorithms.lm.reward.SequenceRewardModel.loss].
+        Jit-able; vmap it over seeds."""
         grads, metrics = jax.grad(self.loss, has_aux=True)(state.params, positive, negative)
         updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
         return state.replace(params=optax.apply_updates(state.params, updates),
@@ -400,16 +423,18 @@ class SequenceRewardModel:
     def update_n(self, state: SequenceRewardState, data: RewardEpisodes, k: int
                  ) -> tuple[SequenceRewardState, dict, Health]:
         """`k` updates fused in one `lax.scan` with on-device batches
-        ([`jaxil.runs.updates.fused_updates`][jaxil.runs.updates.fused_updates]): `(state, the last
-        update's metrics, jaxil.runs.guard.Health)`."""
+        ([`jaxil.runs.updates.fused_updates`][jaxil.runs.updates.fused_updates]):
+        `(state, the last update's metrics, jaxil.runs.guard.Health)`."""
         return fused_updates(lambda s, key: self.update(s, *self.sample(key, data)), state, k)
 
 
 def token_rewards_of(model: "SequenceRewardModel"):
-    """The per-token reward function `(params, episodes) -> (r [E, T, N],
-    ρ [E, T, N])` of a learned reward model: `r_θ(h_t, a_t)` and its read
-    mask, whose masked sum is [`SequenceRewardModel.scores`][jaxil.algorithms.lm.reward.SequenceRewardModel.scores] (the form
-    RL against a learned reward consumes, [`jaxil.algorithms.lm.align`][jaxil.algorithms.lm.align])."""
+    """The per-token reward function `(params, episodes) -> (r [E, T, N], ρ [E,
+    T, N])` of a learned reward model: `r_θ(h_t, a_t)` and its read mask, whose
+    masked sum is
+    [`SequenceRewardModel.scores`][jaxil.algorithms.lm.reward.SequenceRewardModel.scores]
+    (the form RL against a learned reward consumes,
+    [`jaxil.algorithms.lm.align`][jaxil.algorithms.lm.align])."""
 
     def fn(params: Any, episodes: TokenEpisodes) -> tuple[jax.Array, jax.Array]:
         r = jax.vmap(model.token_rewards, in_axes=(None, 0, 0))(params, episodes.obs,
@@ -421,9 +446,11 @@ def token_rewards_of(model: "SequenceRewardModel"):
 
 def analytic_token_rewards(policy: TransformerPolicy, params: dict, episodes: TokenEpisodes
                            ) -> tuple[jax.Array, jax.Array]:
-    """The per-token form of [`analytic_reward`][jaxil.algorithms.lm.reward.analytic_reward]: `(log π_SFT(a_ti|h_ti)
-    − log π_0(a_ti|h_ti) [E, T, N], the agent-token mask m [E, T, N])` with
-    `params = {"sft": π_SFT's, "init": π_0's}`; the masked sum is r_c."""
+    """The per-token form of
+    [`analytic_reward`][jaxil.algorithms.lm.reward.analytic_reward]:
+    `(log π_SFT(a_ti|h_ti) − log π_0(a_ti|h_ti) [E, T, N], the agent-token mask
+    m [E, T, N])` with `params = {"sft": π_SFT's, "init":
+    π_0's}`; the masked sum is r_c."""
     score = jax.vmap(policy.episode_scores, in_axes=(None, 0, 0, 0))
     num, _ = score(params["sft"], episodes.obs, episodes.avail, episodes.actions)
     den, _ = score(params["init"], episodes.obs, episodes.avail, episodes.actions)
@@ -436,14 +463,17 @@ def analytic_reward(policy: TransformerPolicy, params_sft: Any, params_0: Any,
     """`r_c(τ) = log π_SFT(τ) − log π_0(τ)` per episode `[E]`.
 
     The teacher-forced token log-probabilities of both parameter sets
-    ([`TransformerPolicy.episode_scores`][jaxil.nn.transformer.TransformerPolicy.episode_scores]), differenced and summed over
-    the agent tokens of SFT's loss mask (valid steps with a choice:
-    [`jaxil.losses.sequence.agent_token_mask`][jaxil.losses.sequence.agent_token_mask]) by
+    ([`TransformerPolicy.episode_scores`][jaxil.nn.transformer.TransformerPolicy.episode_scores]),
+    differenced and summed over the agent tokens of SFT's loss mask (valid
+    steps with a choice:
+    [`jaxil.losses.sequence.agent_token_mask`][jaxil.losses.sequence.agent_token_mask])
+    by
     [`analytic_token_rewards`][jaxil.algorithms.lm.reward.analytic_token_rewards].
 
     Args:
-      policy: the transformer both parameter sets belong to (π_SFT's
-        student, e.g. [`jaxil.algorithms.lm.sft.make_student`][jaxil.algorithms.lm.sft.make_student]).
+      policy: the transformer both parameter sets belong to (π_SFT's student,
+        e.g.
+        [`jaxil.algorithms.lm.sft.make_student`][jaxil.algorithms.lm.sft.make_student]).
       params_sft: π_SFT's parameters.
       params_0: π_0's (the same network at its initialisation).
       episodes: the episodes to score.
@@ -466,7 +496,8 @@ def reward_program(env: envs.MultiAgentEnv, data: RewardEpisodes, config: Sequen
                    init_params: Optional[Any] = None,
                    heldout: Optional[RewardEpisodes] = None,
                    model: Optional[TaskModel] = None) -> engine.Program:
-    """The [`jaxil.runs.engine.Program`][jaxil.runs.engine.Program] of R reward models at once.
+    """The [`jaxil.runs.engine.Program`][jaxil.runs.engine.Program] of R reward
+    models at once.
 
     Run r trains on `data` entry r (every leaf stacked `[R, ...]`, e.g.
     one source of one seed's episodes), from `init_params[r]` (stacked
@@ -561,12 +592,14 @@ def train_reward_model(env: envs.MultiAgentEnv, data: RewardEpisodes,
                        overwrite: bool = False, progress: bool = False,
                        stop_after_chunks: Optional[int] = None,
                        model: Optional[TaskModel] = None) -> engine.RunResult:
-    """Train R sequence reward models ([`reward_program`][jaxil.algorithms.lm.reward.reward_program] run by
+    """Train R sequence reward models
+    ([`reward_program`][jaxil.algorithms.lm.reward.reward_program] run by
     [`jaxil.runs.engine.run`][jaxil.runs.engine.run]); `out_dir`, `resume` and
-    `overwrite` as in [`jaxil.algorithms.lm.sft.train_sft`][jaxil.algorithms.lm.sft.train_sft] (a resumed
-    run reproduces the uninterrupted one exactly; `stop_after_chunks`
-    stops early, as a kill would). `state.params` of the result are the
-    reward models' parameters, stacked `[R]`; `model`: a pretrained base
+    `overwrite` as in
+    [`jaxil.algorithms.lm.sft.train_sft`][jaxil.algorithms.lm.sft.train_sft] (a
+    resumed run reproduces the uninterrupted one exactly; `stop_after_chunks`
+    stops early, as a kill would). `state.params` of the result are the reward
+    models' parameters, stacked `[R]`; `model`: a pretrained base
     ([`reward_program`][jaxil.algorithms.lm.reward.reward_program])."""
     program = reward_program(env, data, config, seeds, labels, init_params, heldout, model)
     rd = None

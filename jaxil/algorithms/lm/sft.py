@@ -1,32 +1,38 @@
 """Supervised fine-tuning (SFT) of a transformer policy on token episodes.
 
-Behaviour cloning on a token environment: the demonstrations are whole
-episodes (every agent's tokens of every step, with the legal-token masks
-they were chosen under), and the student, a
-[`jaxil.nn.transformer.TransformerPolicy`][jaxil.nn.transformer.TransformerPolicy], is trained teacher-forced
-to maximise their likelihood,
+Behaviour cloning on a token environment: the demonstrations are whole episodes
+(every agent's tokens of every step, with the legal-token masks they were
+chosen under), and the student, a
+[`jaxil.nn.transformer.TransformerPolicy`][jaxil.nn.transformer.TransformerPolicy],
+is trained teacher-forced to maximise their likelihood,
 
     L(θ) = − Σ_{e,t,i} m_eti · log π_θ(a_eti | tokens of e up to t, agent i)
            / Σ_{e,t,i} m_eti,
 
-with `log π` from [`TransformerPolicy.episode_scores`][jaxil.nn.transformer.TransformerPolicy.episode_scores] (one pass per
-agent and episode) and the mask `m` over the valid agent tokens
-([`jaxil.losses.sequence.agent_token_mask`][jaxil.losses.sequence.agent_token_mask]; tokens the grammar forces
-are left out) — [`jaxil.losses.sequence.masked_sequence_nll`][jaxil.losses.sequence.masked_sequence_nll].
+with `log π` from
+[`TransformerPolicy.episode_scores`][jaxil.nn.transformer.TransformerPolicy.episode_scores]
+(one pass per agent and episode) and the mask `m` over the valid agent tokens
+([`jaxil.losses.sequence.agent_token_mask`][jaxil.losses.sequence.agent_token_mask];
+tokens the grammar forces are left out) —
+[`jaxil.losses.sequence.masked_sequence_nll`][jaxil.losses.sequence.masked_sequence_nll].
 
-- [`TokenEpisodes`][jaxil.algorithms.lm.sft.TokenEpisodes] — the dataset: EPISODES, not transitions (a
-  token's distribution depends on the whole context before it). Only the
-  token columns `obs[..., :K]` are kept: the privileged expert columns
-  never reach a student.
-- [`collect_demos`][jaxil.algorithms.lm.sft.collect_demos] — episodes of a policy (the scripted expert,
-  [`envs.experts.scripted_expert`][jaxil.envs.experts.scripted_expert]) via [`envs.run_episodes`][jaxil.envs.rollout.run_episodes].
-- [`sft_program`][jaxil.algorithms.lm.sft.sft_program] — the [`jaxil.runs.engine.Program`][jaxil.runs.engine.Program]: R seeds
-  vmapped in one compiled chunk of fused Adam updates on minibatches of
-  episodes; the evaluation is the students' own rollouts (success rate and
-  return) on a fixed set of evaluation keys, and optionally the held-out
-  demonstrations' token NLL and accuracy.
-- [`train_sft`][jaxil.algorithms.lm.sft.train_sft] — that program run by [`jaxil.runs.engine.run`][jaxil.runs.engine.run]
-  (run directory, resume, checkpoints and the non-finite guard).
+- [`TokenEpisodes`][jaxil.algorithms.lm.sft.TokenEpisodes] — the dataset:
+  EPISODES, not transitions (a token's distribution depends on the whole
+  context before it). Only the token columns `obs[..., :K]` are kept: the
+  privileged expert columns never reach a student.
+- [`collect_demos`][jaxil.algorithms.lm.sft.collect_demos] — episodes of a
+  policy (the scripted expert,
+  [`envs.experts.scripted_expert`][jaxil.envs.experts.scripted_expert]) via
+  [`envs.run_episodes`][jaxil.envs.rollout.run_episodes].
+- [`sft_program`][jaxil.algorithms.lm.sft.sft_program] — the
+  [`jaxil.runs.engine.Program`][jaxil.runs.engine.Program]: R seeds vmapped in
+  one compiled chunk of fused Adam updates on minibatches of episodes; the
+  evaluation is the students' own rollouts (success rate and return) on a fixed
+  set of evaluation keys, and optionally the held-out demonstrations' token NLL
+  and accuracy.
+- [`train_sft`][jaxil.algorithms.lm.sft.train_sft] — that program run by
+  [`jaxil.runs.engine.run`][jaxil.runs.engine.run] (run directory, resume,
+  checkpoints and the non-finite guard).
 
 The student is a from-scratch transformer of `SIZES[config.size]`, or a
 pretrained model in the task's vocabulary (`model=`, a
@@ -123,8 +129,9 @@ class TokenEpisodes:
 
 
 def from_episodes(env: envs.MultiAgentEnv, episodes: envs.Episodes) -> TokenEpisodes:
-    """The [`TokenEpisodes`][jaxil.algorithms.lm.sft.TokenEpisodes] of [`envs.run_episodes`][jaxil.envs.rollout.run_episodes]' output on a
-    token environment (the acted-on steps, token columns only)."""
+    """The [`TokenEpisodes`][jaxil.algorithms.lm.sft.TokenEpisodes] of
+    [`envs.run_episodes`][jaxil.envs.rollout.run_episodes]' output on a token
+    environment (the acted-on steps, token columns only)."""
     specials = _check_token_env(env)
     T, K = env.spec.max_steps, env.token_width
     return TokenEpisodes(
@@ -140,8 +147,10 @@ def from_episodes(env: envs.MultiAgentEnv, episodes: envs.Episodes) -> TokenEpis
 def collect_demos(env: envs.MultiAgentEnv, policy: Any, params: Any, key: jax.Array,
                   num_episodes: int) -> TokenEpisodes:
     """`num_episodes` episodes of `policy` (e.g. the scripted expert of
-    [`envs.experts.scripted_expert`][jaxil.envs.experts.scripted_expert], `params=None`) on `env`, as
-    [`TokenEpisodes`][jaxil.algorithms.lm.sft.TokenEpisodes]; instances are drawn from `key`."""
+    [`envs.experts.scripted_expert`][jaxil.envs.experts.scripted_expert],
+    `params=None`) on `env`, as
+    [`TokenEpisodes`][jaxil.algorithms.lm.sft.TokenEpisodes]; instances are
+    drawn from `key`."""
     if num_episodes < 1:
         raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
     _check_token_env(env)
@@ -325,7 +334,8 @@ def _token_mask(batch: TokenEpisodes, forced_tokens: bool) -> jax.Array:
 def sft_loss(student: TransformerPolicy, params: Any, batch: TokenEpisodes,
              forced_tokens: bool = False) -> jax.Array:
     """The SFT loss of a minibatch of episodes: the masked token NLL of
-    [`TransformerPolicy.episode_scores`][jaxil.nn.transformer.TransformerPolicy.episode_scores] (see the module docstring)."""
+    [`TransformerPolicy.episode_scores`][jaxil.nn.transformer.TransformerPolicy.episode_scores]
+    (see the module docstring)."""
     log_p, _ = jax.vmap(student.episode_scores, in_axes=(None, 0, 0, 0))(
         params, batch.obs, batch.avail, batch.actions)
     return masked_sequence_nll(log_p, _token_mask(batch, forced_tokens))
@@ -353,16 +363,18 @@ def _optimizer(config: SFTConfig) -> optax.GradientTransformation:
 def sft_program(env: envs.MultiAgentEnv, demos: TokenEpisodes, config: SFTConfig,
                 seeds: Sequence[int], heldout: Optional[TokenEpisodes] = None,
                 eval_seed: int = 10_000, model: Optional[TaskModel] = None) -> engine.Program:
-    """The SFT [`jaxil.runs.engine.Program`][jaxil.runs.engine.Program]: one run per seed, stacked.
+    """The SFT [`jaxil.runs.engine.Program`][jaxil.runs.engine.Program]: one
+    run per seed, stacked.
 
-    A chunk is `config.eval_every` fused updates of every run (one
-    compiled `vmap`); each update draws `batch_episodes` demonstration
-    episodes and takes one Adam step on [`sft_loss`][jaxil.algorithms.lm.sft.sft_loss]. The evaluation
-    (also before the first chunk, at update 0) rolls out each student for
-    `eval_episodes` episodes from the same keys every time (drawn from
-    `eval_seed`): `eval_win_rate` and `eval_return`; with `heldout`
+    A chunk is `config.eval_every` fused updates of every run (one compiled
+    `vmap`); each update draws `batch_episodes` demonstration episodes and
+    takes one Adam step on [`sft_loss`][jaxil.algorithms.lm.sft.sft_loss]. The
+    evaluation (also before the first chunk, at update 0) rolls out each
+    student for `eval_episodes` episodes from the same keys every time (drawn
+    from `eval_seed`): `eval_win_rate` and `eval_return`; with `heldout`
     demonstrations also `eval_nll` and `eval_accuracy`
-    ([`score_demos`][jaxil.algorithms.lm.sft.score_demos]). Rows carry the last update's `loss`.
+    ([`score_demos`][jaxil.algorithms.lm.sft.score_demos]). Rows carry the last
+    update's `loss`.
 
     With a pretrained `model` every run starts from its parameters (full
     fine-tuning) or from fresh adapters of `config.lora_rank` on them
@@ -475,21 +487,23 @@ def train_sft(env: envs.MultiAgentEnv, demos: TokenEpisodes, config: SFTConfig =
               out_dir: Optional[str | Path] = None, resume: bool = False,
               overwrite: bool = False, eval_seed: int = 10_000,
               progress: bool = False, model: Optional[TaskModel] = None) -> engine.RunResult:
-    """Fine-tune one transformer per seed on `demos` ([`sft_program`][jaxil.algorithms.lm.sft.sft_program]
-    run by [`jaxil.runs.engine.run`][jaxil.runs.engine.run]).
+    """Fine-tune one transformer per seed on `demos`
+    ([`sft_program`][jaxil.algorithms.lm.sft.sft_program] run by
+    [`jaxil.runs.engine.run`][jaxil.runs.engine.run]).
 
-    `out_dir`: the run directory (`run.json`, `metrics.jsonl`,
-    checkpoints after every evaluation, `results.json`); `resume`
-    continues a stopped run there from its newest checkpoint, reproducing
-    the uninterrupted run exactly. Returns the engine's
-    [`jaxil.runs.engine.RunResult`][jaxil.runs.engine.RunResult]: `rows` (one per evaluation and
-    seed: `update`, `seed`, `loss`, `eval_win_rate`,
-    `eval_return`, with `heldout` also `eval_nll`, `eval_accuracy`)
-    and `state.params`, the students' parameters stacked `[R]`
-    (act with `make_student(env, config).policy()`). With a pretrained
-    `model` ([`jaxil.nn.task_vocab.task_decoder`][jaxil.nn.task_vocab.task_decoder]) the runs
-    fine-tune it, and under LoRA `state.params` are the adapters
-    ([`decoder_params`][jaxil.algorithms.lm.sft.decoder_params] gives the decoder's parameters).
+    `out_dir`: the run directory (`run.json`, `metrics.jsonl`, checkpoints
+    after every evaluation, `results.json`); `resume` continues a stopped run
+    there from its newest checkpoint, reproducing the uninterrupted run
+    exactly. Returns the engine's
+    [`jaxil.runs.engine.RunResult`][jaxil.runs.engine.RunResult]: `rows` (one
+    per evaluation and seed: `update`, `seed`, `loss`, `eval_win_rate`,
+    `eval_return`, with `heldout` also `eval_nll`, `eval_accuracy`) and
+    `state.params`, the students' parameters stacked `[R]` (act with
+    `make_student(env, config).policy()`). With a pretrained `model`
+    ([`jaxil.nn.task_vocab.task_decoder`][jaxil.nn.task_vocab.task_decoder])
+    the runs fine-tune it, and under LoRA `state.params` are the adapters
+    ([`decoder_params`][jaxil.algorithms.lm.sft.decoder_params] gives the
+    decoder's parameters).
 
     Raises:
       ValueError: demonstrations of another environment or configuration, a

@@ -1,28 +1,32 @@
 """Token rollouts in which an expert takes over from a transformer student.
 
-[`takeover_policy`][jaxil.algorithms.lm.takeover.takeover_policy] is an [`envs.policies.Policy`][jaxil.envs.policies.Policy] over a token
-environment that runs BOTH the student (a
-[`jaxil.nn.transformer.TransformerPolicy`][jaxil.nn.transformer.TransformerPolicy], its KV cache as carry)
-and the expert (e.g. the task's scripted expert, which reads the privileged
-columns and so continues from any state: it inherits the token history) at
-every step, and plays the expert's tokens when
+[`takeover_policy`][jaxil.algorithms.lm.takeover.takeover_policy] is an
+[`envs.policies.Policy`][jaxil.envs.policies.Policy] over a token environment
+that runs BOTH the student (a
+[`jaxil.nn.transformer.TransformerPolicy`][jaxil.nn.transformer.TransformerPolicy],
+its KV cache as carry) and the expert (e.g. the task's scripted expert, which
+reads the privileged columns and so continues from any state: it inherits the
+token history) at every step, and plays the expert's tokens when
 
     turn ≥ k_e                      (OEC: the switch turn, drawn per episode at reset)
- or coin_turn < β                   (DAgger: one coin per turn, so a turn is one agent's)
- or H_student > τ  once             (entropy gate: sticky from the first token whose
+ or coin_turn < β (DAgger: one coin per turn, so a turn is one agent's) or
+ H_student > τ once (entropy gate: sticky from the first token whose
                                      entropy exceeds the threshold τ, when τ ≥ 0)
 
 `turn` counts the turns ended so far (any agent's `<eot>`,
-[`jaxil.algorithms.lm.turns.turn_index`][jaxil.algorithms.lm.turns.turn_index]), so the OEC switch and the
-DAgger coins fall at turn boundaries; the gate may fire inside a turn (the
-expert then completes the student's partial command). `k_e` comes from
-[`jaxil.algorithms.interactive.schedule.sample_switch`][jaxil.algorithms.interactive.schedule.sample_switch] in units of
-TURNS.
+[`jaxil.algorithms.lm.turns.turn_index`][jaxil.algorithms.lm.turns.turn_index]),
+so the OEC switch and the DAgger coins fall at turn boundaries; the gate may
+fire inside a turn (the expert then completes the student's partial command).
+`k_e` comes from
+[`jaxil.algorithms.interactive.schedule.sample_switch`][jaxil.algorithms.interactive.schedule.sample_switch]
+in units of TURNS.
 
-The student's tokens are sampled from its masked categorical (exploration
-on its own histories); its entropy is that of the speaking agents' legal
-tokens. [`takeover_episodes`][jaxil.algorithms.lm.takeover.takeover_episodes] records per step only the small
-[`TakeoverStep`][jaxil.algorithms.lm.takeover.TakeoverStep] (never the KV caches).
+The student's tokens are sampled from its masked categorical (exploration on
+its own histories); its entropy is that of the speaking agents' legal tokens.
+[`takeover_episodes`][jaxil.algorithms.lm.takeover.takeover_episodes] records
+per step only the small
+[`TakeoverStep`][jaxil.algorithms.lm.takeover.TakeoverStep] (never the KV
+caches).
 """
 
 from __future__ import annotations
@@ -42,9 +46,10 @@ from jaxil.nn.transformer import TransformerPolicy
 
 
 class TakeoverRule(NamedTuple):
-    """Who acts (all fields may be traced): the switch `kind, lo, hi, p`
-    of [`sample_switch`][jaxil.algorithms.interactive.schedule.sample_switch] (in turns), the DAgger expert probability per
-    turn `beta`, and the entropy gate `gate` (nats; `< 0`: off)."""
+    """Who acts (all fields may be traced): the switch `kind, lo, hi, p` of
+    [`sample_switch`][jaxil.algorithms.interactive.schedule.sample_switch] (in
+    turns), the DAgger expert probability per turn `beta`, and the entropy gate
+    `gate` (nats; `< 0`: off)."""
 
     kind: Any
     lo: Any
@@ -79,7 +84,8 @@ def takeover_policy(student: TransformerPolicy, expert: Any, rule: TakeoverRule,
                     specials: TokenSpecials) -> Policy:
     """The shared-control policy; its params are `(student_params,
     expert_params)`. Per-step records are in the carry's `record`
-    ([`recorded`][jaxil.algorithms.lm.takeover.recorded]). `specials`: the environment's `<eot>` / `<wait>`
+    ([`recorded`][jaxil.algorithms.lm.takeover.recorded]). `specials`: the
+    environment's `<eot>` / `<wait>`
     ([token_specials][jaxil.envs.tokens.token_specials])."""
     eot, wait = specials
     x = as_policy(expert)
@@ -116,15 +122,19 @@ def takeover_policy(student: TransformerPolicy, expert: Any, rule: TakeoverRule,
 
 
 def recorded(carry: _Carry) -> TakeoverStep:
-    """The part of a [`takeover_policy`][jaxil.algorithms.lm.takeover.takeover_policy] carry a rollout keeps."""
+    """The part of a
+    [`takeover_policy`][jaxil.algorithms.lm.takeover.takeover_policy] carry a
+    rollout keeps."""
     return carry.record
 
 
 def takeover_episodes(env: MultiAgentEnv, student: TransformerPolicy, expert: Any,
                       student_params: Any, expert_params: Any, rule: TakeoverRule,
                       key: jax.Array, num_episodes: int) -> Episodes:
-    """One shared-control episode per environment: [`envs.Episodes`][jaxil.envs.rollout.Episodes]
-    whose `carry` is a [`TakeoverStep`][jaxil.algorithms.lm.takeover.TakeoverStep] (`[E, T, ...]`)."""
+    """One shared-control episode per environment:
+    [`envs.Episodes`][jaxil.envs.rollout.Episodes] whose `carry` is a
+    [`TakeoverStep`][jaxil.algorithms.lm.takeover.TakeoverStep]
+    (`[E, T, ...]`)."""
     return run_episodes(env, takeover_policy(student, expert, rule, token_specials(env)),
                         (student_params, expert_params), key, num_episodes,
                         record_carry=recorded)

@@ -5,15 +5,16 @@ A token environment ([`envs.tokens`][jaxil.envs.tokens]) ends an agent's turn wi
 `<eot>`; the environment answers after it. Over one episode's recorded
 tokens `actions [T, N]`:
 
-- [`turn_index`][jaxil.algorithms.lm.turns.turn_index] — `[T]` the episode's turn at each step: the number
-  of `<eot>` tokens any agent emitted BEFORE the step (turns of all
-  agents counted together, as the environments' `max_turns` does). Step
-  `t` opens a turn when `t = 0` or a token at `t − 1` was `<eot>`.
-- [`agent_turn_index`][jaxil.algorithms.lm.turns.agent_turn_index] — `[T, N]` the same count per agent (its own
-  `<eot>` tokens before the step).
-- [`speaking`][jaxil.algorithms.lm.turns.speaking] — `[T, N]` the tokens an agent chose on its turn:
-  valid steps whose legal mask is not `<wait>` alone (an agent off turn
-  in `tokens:exchange` may only wait; that token costs no one anything).
+- [`turn_index`][jaxil.algorithms.lm.turns.turn_index] — `[T]` the episode's
+  turn at each step: the number of `<eot>` tokens any agent emitted BEFORE the
+  step (turns of all agents counted together, as the environments' `max_turns`
+  does). Step `t` opens a turn when `t = 0` or a token at `t − 1` was `<eot>`.
+- [`agent_turn_index`][jaxil.algorithms.lm.turns.agent_turn_index] — `[T, N]`
+  the same count per agent (its own `<eot>` tokens before the step).
+- [`speaking`][jaxil.algorithms.lm.turns.speaking] — `[T, N]` the tokens an
+  agent chose on its turn: valid steps whose legal mask is not `<wait>` alone
+  (an agent off turn in `tokens:exchange` may only wait; that token costs no
+  one anything).
 
 Pure functions of arrays; `vmap` them over episodes. The special tokens
 are the environment's (`env.eot_token`, `env.wait_token`, checked by

@@ -28,8 +28,8 @@ from jaxil.algorithms.offline.omapl import OMAPLConfig, OMAPLHParams, Preference
 _BC_BETA = {"bc_union": 0.0, "bc_expert": 1.0, "bc_mix": 0.5}
 _DICE_MIXING = {"indd": "none", "misodice_vdn": "sum", "misodice": "hyper"}
 LEARNERS = tuple(_BC_BETA) + tuple(_DICE_MIXING)
-"""The names [`make_learner`][jaxil.algorithms.offline.make_learner] builds from labelled
-transitions: `bc_union`, `bc_expert`, `bc_mix`, `indd`,
+"""The names [`make_learner`][jaxil.algorithms.offline.make_learner] builds
+from labelled transitions: `bc_union`, `bc_expert`, `bc_mix`, `indd`,
 `misodice_vdn`, `misodice`."""
 #: Learners that train on preference queries instead of labelled transitions.
 PREFERENCE_LEARNERS = ("omapl",)

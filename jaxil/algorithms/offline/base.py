@@ -1,7 +1,7 @@
 """What every learner shares: its state, its data, optimisers and `update_n`.
 
-A learner is a [`Learner`][jaxil.algorithms.offline.base.Learner] bundle of pure functions (PureJaxRL/JAX-CORL
-shape):
+A learner is a [`Learner`][jaxil.algorithms.offline.base.Learner] bundle of
+pure functions (PureJaxRL/JAX-CORL shape):
 
 ```python
 state = learner.init(key, hparams)          # LearnerState pytree
@@ -72,8 +72,9 @@ class LearnerState:
 
 
 class Learner(NamedTuple):
-    """A learner: pure functions over a [`LearnerState`][jaxil.algorithms.offline.base.LearnerState],
-    built by [`make_learner`][jaxil.algorithms.offline.make_learner].
+    """A learner: pure functions over a
+    [`LearnerState`][jaxil.algorithms.offline.base.LearnerState], built by
+    [`make_learner`][jaxil.algorithms.offline.make_learner].
 
     Nothing here holds state; jit or vmap the functions as you need, or hand
     the learner to [`train`][jaxil.algorithms.offline.train.train], which
@@ -162,20 +163,21 @@ def adam(max_grad_norm: float) -> optax.GradientTransformation:
 
 
 def init_opt(tx: optax.GradientTransformation, params: Any, lr: jax.Array) -> Any:
-    """`tx.init(params)` for [`adam`][jaxil.algorithms.offline.base.adam], with its learning rate set to `lr`."""
+    """`tx.init(params)` for [`adam`][jaxil.algorithms.offline.base.adam], with
+    its learning rate set to `lr`."""
     return with_learning_rate(tx.init(params), lr)
 
 
 def learning_rate(opt_state: Any) -> jax.Array:
-    """The learning rate an [`adam`][jaxil.algorithms.offline.base.adam] state steps with (a traced array,
-    per run under `vmap`)."""
+    """The learning rate an [`adam`][jaxil.algorithms.offline.base.adam] state
+    steps with (a traced array, per run under `vmap`)."""
     return opt_state[1].hyperparams["learning_rate"]
 
 
 def with_learning_rate(opt_state: Any, lr: jax.Array) -> Any:
-    """An [`adam`][jaxil.algorithms.offline.base.adam] state that steps with learning rate `lr` from now on
-    (the moments are kept); the one place that knows where optax's
-    `inject_hyperparams` keeps it."""
+    """An [`adam`][jaxil.algorithms.offline.base.adam] state that steps with
+    learning rate `lr` from now on (the moments are kept); the one place that
+    knows where optax's `inject_hyperparams` keeps it."""
     clip, adam_state = opt_state
     hyper = dict(adam_state.hyperparams, learning_rate=jnp.asarray(lr, jnp.float32))
     return (clip, adam_state._replace(hyperparams=hyper))
@@ -207,9 +209,11 @@ def expert_and_union(key: jax.Array, data: LearnerData, batch_size: int,
 
 
 def _updates(learner: Learner, data: LearnerData, place_batch: Optional[Callable] = None):
-    """One update of `learner` on a batch it samples from `data`, in the
-    form [`jaxil.runs.updates.scan_updates`][jaxil.runs.updates.scan_updates] fuses. `place_batch` (e.g.
-    [`jaxil.runs.sharding.constrain_batch`][jaxil.runs.sharding.constrain_batch]) lays out each batch first."""
+    """One update of `learner` on a batch it samples from `data`, in the form
+    [`jaxil.runs.updates.scan_updates`][jaxil.runs.updates.scan_updates] fuses.
+    `place_batch` (e.g.
+    [`jaxil.runs.sharding.constrain_batch`][jaxil.runs.sharding.constrain_batch])
+    lays out each batch first."""
 
     def one(state: LearnerState, key: jax.Array):
         batch = learner.sample(key, data)
@@ -255,17 +259,19 @@ def unalias(tree: Any) -> Any:
 
 
 def jit_update_n(learner: Learner, k: int = 1, *, donate: bool = True) -> Callable:
-    """`step(state, data) -> (state, metrics)`: [`update_n`][jaxil.algorithms.offline.base.update_n] with K
-    updates per call, compiled once, for a loop of your own.
+    """`step(state, data) -> (state, metrics)`:
+    [`update_n`][jaxil.algorithms.offline.base.update_n] with K updates per
+    call, compiled once, for a loop of your own.
 
-    `donate` (default): the input state's buffers are donated, so XLA
-    writes the new state in place instead of allocating a second one per
-    call; the state passed in is deleted (use the returned one). The state
-    is passed through [`unalias`][jaxil.algorithms.offline.base.unalias] first, so a freshly initialised state
-    can be donated. On the CPU backend, also call [`jaxil.runs.hostmem.retain`][jaxil.runs.hostmem.retain]
-    before the first computation: every call otherwise maps and zeroes its
-    temporary buffer anew, the larger part of what one update per call
-    costs over fused updates (`benchmarks/single_update.py`).
+    `donate` (default): the input state's buffers are donated, so XLA writes
+    the new state in place instead of allocating a second one per call; the
+    state passed in is deleted (use the returned one). The state is passed
+    through [`unalias`][jaxil.algorithms.offline.base.unalias] first, so a
+    freshly initialised state can be donated. On the CPU backend, also call
+    [`jaxil.runs.hostmem.retain`][jaxil.runs.hostmem.retain] before the first
+    computation: every call otherwise maps and zeroes its temporary buffer
+    anew, the larger part of what one update per call costs over fused updates
+    (`benchmarks/single_update.py`).
     """
     if k < 1:
         raise ValueError(f"k (updates per call) must be >= 1, got {k}")
@@ -282,7 +288,8 @@ def jit_update_n(learner: Learner, k: int = 1, *, donate: bool = True) -> Callab
 
 def update_n_checked(learner: Learner, state: LearnerState, data: LearnerData, k: int,
                      place_batch: Optional[Callable] = None):
-    """[`update_n`][jaxil.algorithms.offline.base.update_n] plus the chunk's [`jaxil.runs.guard.Health`][jaxil.runs.guard.Health] (the first
-    update with a non-finite metric, and whether the parameters stay finite):
+    """[`update_n`][jaxil.algorithms.offline.base.update_n] plus the chunk's
+    [`jaxil.runs.guard.Health`][jaxil.runs.guard.Health] (the first update with
+    a non-finite metric, and whether the parameters stay finite):
     `(state, last metrics, health)`. `place_batch`: see `_updates`."""
     return fused_updates(_updates(learner, data, place_batch), state, k)

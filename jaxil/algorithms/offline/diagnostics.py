@@ -1,10 +1,11 @@
 """What a DICE learner's weights do on transitions whose truth is known.
 
-A DICE learner (INDD, MisoDICE-VDN, MisoDICE) trains its policy by BC
-weighted with ω = exp(e/(1+α)) normalised over the batch. Whether it beats
-BC(D_U) depends on where those weights go. On fixed batches of union
-transitions with known expert flags, [`dice_diagnostics`][jaxil.algorithms.offline.diagnostics.dice_diagnostics] reports per
-run:
+A DICE learner (INDD, MisoDICE-VDN, MisoDICE) trains its policy by BC weighted
+with ω = exp(e/(1+α)) normalised over the batch. Whether it beats BC(D_U)
+depends on where those weights go. On fixed batches of union transitions with
+known expert flags,
+[`dice_diagnostics`][jaxil.algorithms.offline.diagnostics.dice_diagnostics]
+reports per run:
 
 - `weight_max`: the median over batches of the largest weight;
 - `ess`: the effective sample size (Σω)²/(B·Σω²), 1 for uniform weights
@@ -14,8 +15,9 @@ run:
 - `disc_auc`: the discriminator's AUC for expert vs other transitions, and
   `logit_gap`, the gap of its mean logits.
 
-The weights are the learner's own (`weigh` of a [`Learner`][jaxil.algorithms.offline.base.Learner]),
-so they cannot drift from what its update uses.
+The weights are the learner's own (`weigh` of a
+[`Learner`][jaxil.algorithms.offline.base.Learner]), so they cannot drift from
+what its update uses.
 """
 
 from __future__ import annotations
@@ -84,9 +86,10 @@ def _weigh_runs(learner: Learner):
 
 def dice_diagnostics(learner: Learner, params: Any, hparams: Any, batches: Any,
                      truth: np.ndarray) -> dict[str, np.ndarray]:
-    """Per run (the leading axis of `params`/`hparams`): the weight
-    statistics, `disc_auc` and `logit_gap` (see the module) on
-    `batches` with expert flags `truth` ([`diagnostic_batches`][jaxil.algorithms.offline.diagnostics.diagnostic_batches]).
+    """Per run (the leading axis of `params`/`hparams`): the weight statistics,
+    `disc_auc` and `logit_gap` (see the module) on `batches` with expert flags
+    `truth`
+    ([`diagnostic_batches`][jaxil.algorithms.offline.diagnostics.diagnostic_batches]).
     Returns `{name: [R]}`."""
     logit, w = jax.device_get(_weigh_runs(learner)(params, hparams, batches))
     truth = np.asarray(truth, bool)

@@ -32,21 +32,23 @@ imitation-dice `demodice.py` and `lfd_mujoco.py`):
   uniformly over trajectories, as DemoDICE does; `"transition"` reads the
   s0 of the sampled union transitions (which weights each trajectory's s0
   by its length).
-- `reward="bounded"`: DemoDICE's reward, the logit of a clipped
-  discriminator `log(σ(ℓ)+ε) − log(σ(−ℓ)(1−ε)+ε²)` ∈ [−6.9, 13.8]
-  ([`jaxil.losses.bounded_reward`][jaxil.losses.discriminator.bounded_reward]); default `"logit"` (R = ℓ).
-- `nu_grad_penalty=True`: DemoDICE's ν penalty, `nu_gp_coef` (1e-4)
-  × mean ‖∇ν‖² on union states and expert–union interpolates of states and
-  next states ([`jaxil.losses.nu_gradient_penalty`][jaxil.losses.dice.nu_gradient_penalty]); off by default.
-- `policy_sampling="stratified"` (not in DemoDICE or the paper): the
-  policy step's batch is the first B//2 of the D_E batch and then the first
-  B − B//2 of the D_U batch, and its weights are the self-normalised
-  importance weights ρ·exp(e/(1+α)) with ρ = d_U/q for the mixture
-  q = ½·D_E + ½·D_U ([`jaxil.data.sampling.stratified_log_ratio`][jaxil.data.sampling.stratified_log_ratio]). It
-  estimates the same weighted-BC objective as the default `"union"` batch
-  (D_U only), with far more expert samples per update when the experts are
-  a small part of D_U and carry most of the weight. ν and the
-  discriminator are unchanged.
+- `reward="bounded"`: DemoDICE's reward, the logit of a clipped discriminator
+  `log(σ(ℓ)+ε) − log(σ(−ℓ)(1−ε)+ε²)` ∈ [−6.9, 13.8]
+  ([`jaxil.losses.bounded_reward`][jaxil.losses.discriminator.bounded_reward]);
+  default `"logit"` (R = ℓ).
+- `nu_grad_penalty=True`: DemoDICE's ν penalty, `nu_gp_coef` (1e-4) × mean
+  ‖∇ν‖² on union states and expert–union interpolates of states and next states
+  ([`jaxil.losses.nu_gradient_penalty`][jaxil.losses.dice.nu_gradient_penalty]);
+  off by default.
+- `policy_sampling="stratified"` (not in DemoDICE or the paper): the policy
+  step's batch is the first B//2 of the D_E batch and then the first B − B//2
+  of the D_U batch, and its weights are the self-normalised importance weights
+  ρ·exp(e/(1+α)) with ρ = d_U/q for the mixture q = ½·D_E + ½·D_U
+  ([`jaxil.data.sampling.stratified_log_ratio`][jaxil.data.sampling.stratified_log_ratio]).
+  It estimates the same weighted-BC objective as the default `"union"` batch
+  (D_U only), with far more expert samples per update when the experts are a
+  small part of D_U and carry most of the weight. ν and the discriminator are
+  unchanged.
 The default against weight collapse is instead the slow ν learning rate
 (`lr_critic` 3e-5, see `default_hparams`), kept on evidence
 (experiments/misodice_stabilisers, SMAX 3m, heuristic expert, 3 seeds, 8000
@@ -192,7 +194,8 @@ class DiceHParams:
 
 
 def _Mixed(spec: EnvSpec, config: DiceConfig) -> MixedNet:
-    """The discriminator / value network of `config` ([`jaxil.nn.mixed_net.MixedNet`][jaxil.nn.mixed_net.MixedNet])."""
+    """The discriminator / value network of `config`
+    ([`jaxil.nn.mixed_net.MixedNet`][jaxil.nn.mixed_net.MixedNet])."""
     return MixedNet(spec.num_agents, config.mixing, config.hidden, config.mixer_hidden,
                     config.shared)
 
@@ -243,7 +246,8 @@ def make_dice(spec: EnvSpec, config: DiceConfig = DiceConfig(), alpha: float = 0
     half = config.batch_size // 2  # D_E samples of a stratified policy batch
 
     def sample(key, data: LearnerData):
-        """A [`DiceBatch`][jaxil.algorithms.offline.dice.DiceBatch] from `data` (labels required)."""
+        """A [`DiceBatch`][jaxil.algorithms.offline.dice.DiceBatch] from `data`
+        (labels required)."""
         k, kg = jax.random.split(key)
         log_ratio = None
         if config.policy_sampling == "stratified":

@@ -12,9 +12,10 @@ b(s)) mixes both Q and V, and the implicit team reward is
 1. preference (Q and mixer): BCE(Σ_t r^x_t − Σ_t r^y_t, label) + c·E[r²];
 2. value (V): Gumbel regression of V_i towards the target Q̄_i through the
    target mixer weights, z_i = clip(w̄_i(Q̄_i − V_i)/β), the clip inside the
-   exponential only as in the authors' code (`value_clip_mode="authors"`:
-   a V past the clip range is still pulled back; `"flat"` clips the linear
-   term too, zero gradient there; [`jaxil.losses.gumbel_value_loss`][jaxil.losses.value.gumbel_value_loss]);
+   exponential only as in the authors' code (`value_clip_mode="authors"`: a V
+   past the clip range is still pulled back; `"flat"` clips the linear term
+   too, zero gradient there;
+   [`jaxil.losses.gumbel_value_loss`][jaxil.losses.value.gumbel_value_loss]);
 3. actor: weighted BC with weights exp(z_i) per agent;
 4. soft target update with rate τ.
 

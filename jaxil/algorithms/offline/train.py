@@ -1,14 +1,17 @@
 """Training runs: many seeds and a hyper-parameter grid in ONE compiled program.
 
-The offline learners' program ([`offline_program`][jaxil.algorithms.offline.train.offline_program]) vmaps a learner over
-R = (grid points × seeds) runs. Each compiled call performs `eval_every`
-fused updates for every run (`update_n` inside `vmap`), then one vmapped
-evaluation in the real environment. [`train`][jaxil.algorithms.offline.train.train] hands it to the run engine
-([`jaxil.runs.engine`][jaxil.runs.engine]), which owns what happens between chunks: progress
-bar, JSONL metrics, an orbax checkpoint of all runs, `resume=True` (exact:
-every random key is carried in the state or derived from the chunk index;
-settings that differ from the recorded run are refused), and the guard (a
-non-finite loss or parameter stops the run before its chunk is written).
+The offline learners' program
+([`offline_program`][jaxil.algorithms.offline.train.offline_program]) vmaps a
+learner over R = (grid points × seeds) runs. Each compiled call performs
+`eval_every` fused updates for every run (`update_n` inside `vmap`), then one
+vmapped evaluation in the real environment.
+[`train`][jaxil.algorithms.offline.train.train] hands it to the run engine
+([`jaxil.runs.engine`][jaxil.runs.engine]), which owns what happens between
+chunks: progress bar, JSONL metrics, an orbax checkpoint of all runs,
+`resume=True` (exact: every random key is carried in the state or derived from
+the chunk index; settings that differ from the recorded run are refused), and
+the guard (a non-finite loss or parameter stops the run before its chunk is
+written).
 
 CLI: `jaxil train`, `jaxil sweep`, `jaxil eval`.
 """
@@ -87,7 +90,8 @@ def expand_grid(grid: dict[str, Sequence[float]], seeds: int) -> list[RunSpec]:
 
 def run_hparams(learner: Learner, runs: list[RunSpec]) -> list[Any]:
     """Each run's hyper-parameters (defaults with its grid overrides),
-    range-checked ([`jaxil.algorithms.offline.base.check_hparams`][jaxil.algorithms.offline.base.check_hparams])."""
+    range-checked
+    ([`jaxil.algorithms.offline.base.check_hparams`][jaxil.algorithms.offline.base.check_hparams])."""
     if not runs:
         raise ValueError("a training run needs at least one run (--seeds >= 1)")
     default = learner.default_hparams()
@@ -193,22 +197,24 @@ def train(
     """Train R runs together; returns the summary written to `results.json`
     (and the final stacked `states`).
 
-    The offline program ([`offline_program`][jaxil.algorithms.offline.train.offline_program]) run by the engine
-    ([`jaxil.runs.engine.run`][jaxil.runs.engine.run]). `data_identity` (JSON-able: e.g. the
-    dataset's content id and the labels' digest) joins the run's identity, so
-    `resume` refuses other data; `run_info` is recorded in `run.json`
-    without being compared. `loggers`: where the metrics rows go besides
-    `metrics.jsonl` ([`jaxil.runs.loggers`][jaxil.runs.loggers], e.g.
-    `[loggers.wandb("project", run_dir=out_dir)]`); `tensorboard`: also
-    write the metrics as TensorBoard scalars there. `devices`: split the
-    runs over this many devices (default: all, at most one per run;
-    [`jaxil.runs.sharding`][jaxil.runs.sharding]).
-    One device is the unsharded program; checkpoints and metrics do not
-    depend on the count. `batch_devices`: split each run's batch over this
-    many devices as well (data-parallel; the batch size must divide by it),
-    on a mesh of `devices × batch_devices`. `precision`: the matmul
-    precision of every update and evaluation (`default`, `fp32`,
-    `tf32`, `bf16`; [`jaxil.runs.precision`][jaxil.runs.precision]).
+    The offline program
+    ([`offline_program`][jaxil.algorithms.offline.train.offline_program]) run
+    by the engine ([`jaxil.runs.engine.run`][jaxil.runs.engine.run]).
+    `data_identity` (JSON-able: e.g. the dataset's content id and the labels'
+    digest) joins the run's identity, so `resume` refuses other data;
+    `run_info` is recorded in `run.json` without being compared. `loggers`:
+    where the metrics rows go besides `metrics.jsonl`
+    ([`jaxil.runs.loggers`][jaxil.runs.loggers], e.g.
+    `[loggers.wandb("project", run_dir=out_dir)]`); `tensorboard`: also write
+    the metrics as TensorBoard scalars there. `devices`: split the runs over
+    this many devices (default: all, at most one per run;
+    [`jaxil.runs.sharding`][jaxil.runs.sharding]). One device is the unsharded
+    program; checkpoints and metrics do not depend on the count.
+    `batch_devices`: split each run's batch over this many devices as well
+    (data-parallel; the batch size must divide by it), on a mesh of
+    `devices × batch_devices`. `precision`: the matmul precision of every
+    update and evaluation (`default`, `fp32`, `tf32`, `bf16`;
+    [`jaxil.runs.precision`][jaxil.runs.precision]).
     """
     run_hparams(learner, runs)  # refuse bad settings before the run directory is touched
     precision_ctx = matmul_precision(precision)
@@ -272,11 +278,12 @@ def offline_program(learner: Learner, env: envs.MultiAgentEnv, data: LearnerData
                     eval_episodes: int = 32, base_seed: int = 0,
                     deterministic_eval: bool = False,
                     layout: Optional[RunsLayout] = None) -> engine.Program:
-    """The offline learners' [`jaxil.runs.engine.Program`][jaxil.runs.engine.Program]: R runs
-    (grid points × seeds) stacked; a chunk is `eval_every` fused updates of
-    every run, then one vmapped evaluation in the environment (the evaluation
-    key folds in the chunk index). `layout` splits the runs (and batches)
-    over devices."""
+    """The offline learners'
+    [`jaxil.runs.engine.Program`][jaxil.runs.engine.Program]: R runs (grid
+    points × seeds) stacked; a chunk is `eval_every` fused updates of every
+    run, then one vmapped evaluation in the environment (the evaluation key
+    folds in the chunk index). `layout` splits the runs (and batches) over
+    devices."""
     lay = layout
     if lay:
         data = lay.replicate(data)
@@ -328,7 +335,8 @@ def _grid_label(grid: dict) -> str:
 
 
 def format_table(summary: dict) -> str:
-    """The results table of [`train`][jaxil.algorithms.offline.train.train]: one line per grid point."""
+    """The results table of [`train`][jaxil.algorithms.offline.train.train]:
+    one line per grid point."""
     groups = [dict(p, learner=summary["learner"]) for p in summary["points"]]
     return fmt_table(groups, [("learner", "learner", "{}", "<"), ("grid", "grid", "{}", "<"),
                               ("seeds", "seeds", "{}"), mean_std("return", "return"),

@@ -1,4 +1,5 @@
-"""The hyper-parameters of an IPPO/MAPPO teacher run ([`PPOConfig`][jaxil.algorithms.rl.config.PPOConfig])."""
+"""The hyper-parameters of an IPPO/MAPPO teacher run
+([`PPOConfig`][jaxil.algorithms.rl.config.PPOConfig])."""
 
 from __future__ import annotations
 

@@ -3,10 +3,11 @@
 Teachers are the demonstrators of jaxil: we train them with PPO, keep their
 actor parameters at several points of training and roll them out to build
 mixed-quality datasets. This module is the training program; the config is in
-[`jaxil.algorithms.rl.config`][jaxil.algorithms.rl.config], the clipped losses and GAE in
-[`jaxil.losses`][jaxil.losses], the driver (chunks, checkpoints, evaluation, resume) in
-[`jaxil.teachers.train`][jaxil.teachers.train] and the run directory (loading, shipped teachers)
-in [`jaxil.teachers.io`][jaxil.teachers.io].
+[`jaxil.algorithms.rl.config`][jaxil.algorithms.rl.config], the clipped losses
+and GAE in [`jaxil.losses`][jaxil.losses], the driver (chunks, checkpoints,
+evaluation, resume) in [`jaxil.teachers.train`][jaxil.teachers.train] and the
+run directory (loading, shipped teachers) in
+[`jaxil.teachers.io`][jaxil.teachers.io].
 
 `make_train(env, config) -> train(key)` runs the whole training
 (environment steps in `lax.scan`, GAE, epochs × minibatches in `lax.scan`)
@@ -19,34 +20,36 @@ runner, metrics = jax.jit(jax.vmap(train))(jax.random.split(key, 4))
 
 `make_ppo(env, config)` exposes the pieces: `init(key) -> RunnerState` and
 `update_chunk(runner) -> (runner, metrics)`, which runs
-`config.updates_per_chunk` PPO updates; `update_chunk_checked` also returns
-the chunk's [`jaxil.runs.guard.Health`][jaxil.runs.guard.Health] (the driver stops a diverging run with it).
+`config.updates_per_chunk` PPO updates; `update_chunk_checked` also returns the
+chunk's [`jaxil.runs.guard.Health`][jaxil.runs.guard.Health] (the driver stops
+a diverging run with it).
 
 A learned reward. `make_ppo(env, config, reward_hook=RewardHook(...))` trains
 against a reward function instead of the environment's (PPO against a learned
-reward, GAIL, AIRL: [`jaxil.algorithms.irl.adversarial`][jaxil.algorithms.irl.adversarial]). The hook's state lives in
-`RunnerState.reward` (`init(key, reward_state)`), so it is vmapped over
-seeds and checkpointed with the run. Every update: roll out, optionally update
-the reward (`hook.update`, e.g. discriminator steps on this rollout), score
-the rollout (`hook.reward`), optionally subtract the KL penalty towards a
-reference policy (`hook.kl_coef`, `hook.ref_log_prob`), then the usual
-GAE and PPO epochs. The true episodic return is still what `return_mean`
-reports; `env_reward` and `learned_reward` give the per-step means of
-both rewards (the reward-hacking curve is learned up while true falls).
+reward, GAIL, AIRL:
+[`jaxil.algorithms.irl.adversarial`][jaxil.algorithms.irl.adversarial]). The
+hook's state lives in `RunnerState.reward` (`init(key, reward_state)`), so it
+is vmapped over seeds and checkpointed with the run. Every update: roll out,
+optionally update the reward (`hook.update`, e.g. discriminator steps on this
+rollout), score the rollout (`hook.reward`), optionally subtract the KL penalty
+towards a reference policy (`hook.kl_coef`, `hook.ref_log_prob`), then the
+usual GAE and PPO epochs. The true episodic return is still what `return_mean`
+reports; `env_reward` and `learned_reward` give the per-step means of both
+rewards (the reward-hacking curve is learned up while true falls).
 
-Model. The actor is a [`jaxil.nn.policy.PolicyNet`][jaxil.nn.policy.PolicyNet] shared by all agents
-(one-hot agent id appended, orthogonal initialisation, a masked categorical
-or a tanh-Gaussian with a state-independent log-std). The critic is a
-[`jaxil.nn.nets.LocalMLP`][jaxil.nn.nets.LocalMLP] with one output: IPPO evaluates `V(o_i, i)` on
-the agent's own observation, MAPPO `V(s, i)` on the global state. Both are
-trained on the team reward.
+Model. The actor is a [`jaxil.nn.policy.PolicyNet`][jaxil.nn.policy.PolicyNet]
+shared by all agents (one-hot agent id appended, orthogonal initialisation, a
+masked categorical or a tanh-Gaussian with a state-independent log-std). The
+critic is a [`jaxil.nn.nets.LocalMLP`][jaxil.nn.nets.LocalMLP] with one output:
+IPPO evaluates `V(o_i, i)` on the agent's own observation, MAPPO `V(s, i)` on
+the global state. Both are trained on the team reward.
 
-Observation normalisation (`PPOConfig.normalize_obs`, the MuJoCo robots):
-the actor and the critic standardise their inputs by running per-feature
-statistics ([`jaxil.nn.running_stats`][jaxil.nn.running_stats]) held in their parameters. Each
-update's rollout is folded in after its epochs, so the epochs score actions
-under the statistics they were sampled with; no gradient reaches them, so
-Adam leaves them as they are.
+Observation normalisation (`PPOConfig.normalize_obs`, the MuJoCo robots): the
+actor and the critic standardise their inputs by running per-feature statistics
+([`jaxil.nn.running_stats`][jaxil.nn.running_stats]) held in their parameters.
+Each update's rollout is folded in after its epochs, so the epochs score
+actions under the statistics they were sampled with; no gradient reaches them,
+so Adam leaves them as they are.
 
 Conventions worth knowing:
 
@@ -81,8 +84,9 @@ from jaxil.algorithms.rl.config import PPOConfig
 
 
 def make_actor(spec: EnvSpec, config: PPOConfig) -> PolicyNet:
-    """The teacher's actor for `spec`: a shared-parameter [`PolicyNet`][jaxil.nn.policy.PolicyNet]
-    with the PPO initialisation and a state-independent log-std."""
+    """The teacher's actor for `spec`: a shared-parameter
+    [`PolicyNet`][jaxil.nn.policy.PolicyNet] with the PPO initialisation and a
+    state-independent log-std."""
     return PolicyNet(spec, config.hidden_sizes, shared=True, activation=config.activation,
                      init="orthogonal", log_std="param", log_std_init=config.log_std_init,
                      obs_norm=config.normalize_obs)
@@ -98,8 +102,9 @@ def make_critic(spec: EnvSpec, config: PPOConfig) -> LocalMLP:
 
 @functools.lru_cache(maxsize=64)
 def make_policy(spec: EnvSpec, config: PPOConfig, deterministic: bool = False) -> Policy:
-    """A teacher's [`envs.policies.Policy`][jaxil.envs.policies.Policy] for ONE environment, usable
-    with [`envs.rollout`][jaxil.envs.rollout] / [`envs.run_episodes`][jaxil.envs.rollout.run_episodes] and everything else
+    """A teacher's [`envs.policies.Policy`][jaxil.envs.policies.Policy] for ONE
+    environment, usable with [`envs.rollout`][jaxil.envs.rollout] /
+    [`envs.run_episodes`][jaxil.envs.rollout.run_episodes] and everything else
     that takes a policy: `act(actor_params, obs [N, O], avail [N, A], key,
     carry)`, `log_prob` and `entropy`.
 
@@ -144,7 +149,8 @@ class RewardBatch(NamedTuple):
 
 
 class RewardHook(NamedTuple):
-    """A learned reward for [`make_ppo`][jaxil.algorithms.rl.ppo.make_ppo] (see the module docstring).
+    """A learned reward for [`make_ppo`][jaxil.algorithms.rl.ppo.make_ppo] (see
+    the module docstring).
 
     Attributes:
       reward: `(reward_state, actor_params, batch: RewardBatch) -> [T, E]`
@@ -205,22 +211,22 @@ def make_ppo(env: MultiAgentEnv, config: PPOConfig,
     PPO updates).
 
     Both are pure and jittable, and vmappable over a leading seed axis.
-    `metrics` are scalars summarising the chunk: `episodes` (finished in
-    the training rollouts), `return_mean`, `win_rate` (NaN when no episode
-    finished), `actor_loss`, `value_loss`, `entropy`, `approx_kl`,
-    `clip_frac`, `lr`, `env_steps` (total so far).
-    `update_chunk_checked(runner) -> (runner, metrics, health)` is the same
-    chunk plus [`jaxil.runs.guard.health`][jaxil.runs.guard.health] of the per-update losses
-    (`GUARDED`, `[updates_per_chunk]` each) and of the actor and
-    critic parameters after the chunk.
+    `metrics` are scalars summarising the chunk: `episodes` (finished in the
+    training rollouts), `return_mean`, `win_rate` (NaN when no episode
+    finished), `actor_loss`, `value_loss`, `entropy`, `approx_kl`, `clip_frac`,
+    `lr`, `env_steps` (total so far). `update_chunk_checked(runner) -> (runner,
+    metrics, health)` is the same chunk plus
+    [`jaxil.runs.guard.health`][jaxil.runs.guard.health] of the per-update
+    losses (`GUARDED`, `[updates_per_chunk]` each) and of the actor and critic
+    parameters after the chunk.
 
-    With `reward_hook` ([`RewardHook`][jaxil.algorithms.rl.ppo.RewardHook]) PPO optimises its reward
-    instead of the environment's; `init(key, reward_state)` stores the
-    hook's state in the runner, and the metrics gain `env_reward` and
-    `learned_reward` (per-step means over the chunk's rollouts), `kl`
-    (per-step Σ_i log π_θ − log π_ref, with a KL penalty) and the means of the
-    hook's update metrics; the guard also watches those named in
-    `hook.guarded` and the reward state.
+    With `reward_hook` ([`RewardHook`][jaxil.algorithms.rl.ppo.RewardHook]) PPO
+    optimises its reward instead of the environment's;
+    `init(key, reward_state)` stores the hook's state in the runner, and the
+    metrics gain `env_reward` and `learned_reward` (per-step means over the
+    chunk's rollouts), `kl` (per-step Σ_i log π_θ − log π_ref, with a KL
+    penalty) and the means of the hook's update metrics; the guard also watches
+    those named in `hook.guarded` and the reward state.
     """
     if not isinstance(config, PPOConfig):
         raise TypeError(f"config must be a PPOConfig, got {type(config).__name__}")
@@ -462,11 +468,12 @@ def _opt_count(opt_state) -> jax.Array:
 
 def make_train(env: MultiAgentEnv, config: PPOConfig,
                reward_hook: Optional[RewardHook] = None) -> Callable:
-    """`train(key[, reward_state]) -> (RunnerState, metrics)`: the whole run
-    as one pure function (`config.num_chunks` chunks of
-    `updates_per_chunk` updates). `metrics` leaves have a leading
+    """`train(key[, reward_state]) -> (RunnerState,
+    metrics)`: the whole run as one pure function (`config.num_chunks` chunks
+    of `updates_per_chunk` updates). `metrics` leaves have a leading
     `[num_chunks]` axis (a learning curve). `jax.jit(jax.vmap(train))(keys)`
-    trains one seed per key. `reward_hook`: see [`make_ppo`][jaxil.algorithms.rl.ppo.make_ppo].
+    trains one seed per key. `reward_hook`: see
+    [`make_ppo`][jaxil.algorithms.rl.ppo.make_ppo].
     """
     ppo = make_ppo(env, config, reward_hook)
 
