@@ -195,7 +195,8 @@ def dataset_demos(name: str, env_id: str):
     `demonstrations` from its measured tiers, and the environment it was
     recorded in (with its keywords)."""
     from jaxil.collect.comparison import tier_returns
-    from jaxil.collect.recipes import dataset_env, load_dataset
+    from jaxil.collect.recipes import load_dataset
+    from jaxil.data.environment import dataset_env
 
     ds = load_dataset(name)
     if ds.spec.env_id != env_id:

@@ -49,7 +49,8 @@ from jaxil.algorithms.offline import LearnerData, make_learner
 from jaxil.data.preferences import dataset_id
 from jaxil.runs.plot import curves
 from jaxil.algorithms.offline.train import expand_grid, train
-from jaxil.collect.recipes import dataset_env, load_dataset
+from jaxil.collect.recipes import load_dataset
+from jaxil.data.environment import dataset_env
 from jaxil.data.labels import expert_labels, labels_digest
 
 HERE = Path(__file__).parent

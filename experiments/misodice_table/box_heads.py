@@ -32,7 +32,8 @@ from jaxil.cli.args import positive_int
 from jaxil.algorithms.offline import LearnerData, make_learner
 from jaxil.algorithms.offline.train import expand_grid, train
 from jaxil.collect.comparison import tier_returns
-from jaxil.collect.recipes import dataset_env, load_dataset
+from jaxil.collect.recipes import load_dataset
+from jaxil.data.environment import dataset_env
 from jaxil.data.labels import expert_labels
 
 RECIPE = "mpe-simple_spread_continuous/misodice-200e-1000p"

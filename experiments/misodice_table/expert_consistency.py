@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxil.envs.mpe import spread_expert
-from jaxil.collect.recipes import dataset_env, load_dataset
+from jaxil.collect.recipes import load_dataset
+from jaxil.data.environment import dataset_env
 
 
 def main(argv=None) -> None:

@@ -30,7 +30,8 @@ from jaxil.runs.result_cache import ResultCache
 from jaxil.collect.comparison import ALGOS, LABELS, VARIANTS, tier_returns
 from jaxil.collect.recipes import env_short
 from jaxil.algorithms.offline.train import expand_grid, train
-from jaxil.collect.recipes import dataset_env, load_dataset
+from jaxil.collect.recipes import load_dataset
+from jaxil.data.environment import dataset_env
 from jaxil.data.labels import expert_labels
 from jaxil.data.standardize import observation_stats, standardize
 

@@ -36,7 +36,8 @@ from jaxil.algorithms.labelling.oracles import GroundTruthOracle
 from jaxil.algorithms.labelling.pipeline import phase1
 from jaxil.runs.result_cache import ResultCache
 from jaxil.algorithms.offline.train import expand_grid, train
-from jaxil.collect.recipes import dataset_env, load_dataset
+from jaxil.collect.recipes import load_dataset
+from jaxil.data.environment import dataset_env
 
 DEFAULT_ENVS = ("smax-3m", "mpe-simple_spread_continuous")
 FLIPS = (0.0, 0.05, 0.1, 0.2, 0.3)

@@ -41,7 +41,8 @@ MIXING = ("hyper", "sum", "none")
 
 
 def _load(args):
-    from jaxil.collect.recipes import dataset_env, load_dataset
+    from jaxil.collect.recipes import load_dataset
+    from jaxil.data.environment import dataset_env
 
     ds = load_dataset(args.dataset, args.data_seed)
     return ds, dataset_env(ds)

@@ -225,7 +225,8 @@ def _pipeline_cmd(args) -> int:
 
 
 def _pipeline(args) -> int:
-    from jaxil.collect.recipes import dataset_env, env_short
+    from jaxil.collect.recipes import env_short
+    from jaxil.data.environment import dataset_env
     from jaxil.algorithms.offline import LearnerData, make_learner
     from jaxil.runs.rundir import check_writable
     from jaxil.algorithms.offline.train import expand_grid, train

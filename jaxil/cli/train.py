@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from jaxil.algorithms.offline import SWEEPABLE
 
-from jaxil.collect.recipes import dataset_env, load_dataset
+from jaxil.collect.recipes import load_dataset
+from jaxil.data.environment import dataset_env
 from jaxil.data.labels import expert_labels, labels_digest
 
 from jaxil.algorithms.offline.train import RunSpec, expand_grid, format_table, init_runs, train

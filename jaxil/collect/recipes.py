@@ -13,33 +13,35 @@ mpe-simple_spread_continuous/misodice-200e-1000p-dart0.8
                               (box actions only, see below)
 ```
 
-`<env-short>` is the environment id with `:` replaced by `-`
-(`smax-3m`, `smax-smacv2_5_units`, `mpe-simple_spread_continuous`,
-`jumanji-LevelBasedForaging-v0`); the full id (`smax:3m/expert`) works too,
-and so does any registered environment that has an expert (a trained teacher
-or a scripted one), e.g. `smax-6h_vs_8z/replay`. [`list_recipes`][jaxil.collect.recipes.list_recipes] lists
-the recipes published for the benchmark environments.
+`<env-short>` is the environment id with `:` replaced by `-` (`smax-3m`,
+`smax-smacv2_5_units`, `mpe-simple_spread_continuous`,
+`jumanji-LevelBasedForaging-v0`); the full id (`smax:3m/expert`) works too, and
+so does any registered environment that has an expert (a trained teacher or a
+scripted one), e.g. `smax-6h_vs_8z/replay`.
+[`list_recipes`][jaxil.collect.recipes.list_recipes] lists the recipes
+published for the benchmark environments.
 
-[`build`][jaxil.collect.recipes.build] collects every tier on device (one compiled, vmapped
-[`envs.run_episodes`][jaxil.envs.rollout.run_episodes] program per policy and chunk size, reused across
-chunks), shuffles the trajectories, keeps the ground-truth `expert` flag
-(`tier == "expert"`; learners choose whether to look at it), records per
-trajectory its tier, source policy and episode seed, records the recipe name
-and every creation argument (including the zoo's provenance and the measured
-tier returns), and writes the file atomically with [`jaxil.data.save`][jaxil.data.format.save].
-Same arguments → byte-identical file; another seed → other episodes.
+[`build`][jaxil.collect.recipes.build] collects every tier on device (one
+compiled, vmapped [`envs.run_episodes`][jaxil.envs.rollout.run_episodes]
+program per policy and chunk size, reused across chunks), shuffles the
+trajectories, keeps the ground-truth `expert` flag (`tier == "expert"`;
+learners choose whether to look at it), records per trajectory its tier, source
+policy and episode seed, records the recipe name and every creation argument
+(including the zoo's provenance and the measured tier returns), and writes the
+file atomically with [`jaxil.data.save`][jaxil.data.format.save]. Same
+arguments → byte-identical file; another seed → other episodes.
 
 A `-dart<σ>` suffix collects every tier through
-[`envs.ActionNoise`][jaxil.envs.wrappers.ActionNoise]: the executed action is the policy's plus Gaussian
-noise of std `σ × (high − low)`, clipped to the box, and the recorded action
-is the policy's own (DART, Laskey et al. 2017). For a deterministic expert the
-recorded action is its clean action at a state it reached after being pushed
-off its path, which is what behaviour cloning needs on MPE spread
-(`experiments/misodice_table/README.md`). The transitions are exact samples
-of the noisy-actuator MDP, so a DICE learner reads `(s, a, s')` consistently.
-The tiers are still *measured* (`tier_measurements`, the normalisation of
-scores) in the noise-free environment, which is the one learners are
-evaluated in.
+[`envs.ActionNoise`][jaxil.envs.wrappers.ActionNoise]: the executed action is
+the policy's plus Gaussian noise of std `σ × (high − low)`, clipped to the box,
+and the recorded action is the policy's own (DART, Laskey et al. 2017). For a
+deterministic expert the recorded action is its clean action at a state it
+reached after being pushed off its path, which is what behaviour cloning needs
+on MPE spread (`experiments/misodice_table/README.md`). The transitions are
+exact samples of the noisy-actuator MDP, so a DICE learner reads `(s, a, s')`
+consistently. The tiers are still *measured* (`tier_measurements`, the
+normalisation of scores) in the noise-free environment, which is the one
+learners are evaluated in.
 
 Episode seeds: `numpy.random.default_rng([seed, 0x62756C64]).choice(2**31,
 total, replace=False)`, handed out to the tiers in recipe order; episode `i`
@@ -61,7 +63,6 @@ from typing import Any, Mapping, Optional, Union
 import numpy as np
 
 from jaxil import envs
-from jaxil.data.environment import dataset_env  # noqa: F401  (re-exported)
 from jaxil.data.format import Dataset, canonical_json, concatenate, save, size_bound
 from jaxil.collect.zoo import (
     DEFAULT_CHUNK,
@@ -303,7 +304,8 @@ def build(
     """Collect a recipe's dataset; write it to `out_path` if given.
 
     Args:
-      recipe: a recipe name (`"smax-3m/misodice-200e-1000p"`) or [`Recipe`][jaxil.collect.recipes.Recipe].
+      recipe: a recipe name (`"smax-3m/misodice-200e-1000p"`) or
+        [`Recipe`][jaxil.collect.recipes.Recipe].
       seed: the build seed (>= 0); same arguments and seed → identical data.
       out_path: where to [`jaxil.data.save`][jaxil.data.format.save] it (atomic; checked
         writable before the collection); a sidecar `<stem>.tiers.json` gets
@@ -313,14 +315,16 @@ def build(
       progress: show a tqdm bar over the episodes collected.
       scale: multiply every count (rounded, at least 1), for small versions.
       counts: per-tier count overrides, e.g. `{"expert": 4, "poor": 8}`.
-      env_kwargs: [`envs.make`][jaxil.envs.registry.make] overrides (e.g. `{"max_steps": 10}`).
-      epsilons: ε of the noised-expert tiers, e.g. `{"medium": 0.2}`
-        (defaults: [`jaxil.collect.zoo.tier_epsilons`][jaxil.collect.zoo.tier_epsilons]).
+      env_kwargs: [`envs.make`][jaxil.envs.registry.make] overrides (e.g.
+        `{"max_steps": 10}`).
+      epsilons: ε of the noised-expert tiers, e.g. `{"medium": 0.2}` (defaults:
+        [`jaxil.collect.zoo.tier_epsilons`][jaxil.collect.zoo.tier_epsilons]).
       discover_teachers: with `teacher_dir=None`, look for a trained
         teacher; False forces the scripted expert.
       chunk_size: episodes per compiled call (one compile per policy program).
-      measure_episodes: episodes per tier for [`measure_tiers`][jaxil.collect.zoo.measure_tiers] (all four
-        tiers, stored in the creation args); 0 skips it.
+      measure_episodes: episodes per tier for
+        [`measure_tiers`][jaxil.collect.zoo.measure_tiers] (all four tiers,
+        stored in the creation args); 0 skips it.
       shuffle: shuffle the trajectories (seeded by `seed`).
 
     Returns:

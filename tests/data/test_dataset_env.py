@@ -12,7 +12,7 @@ import pytest
 
 from jaxil import envs
 from jaxil.cli.main import main
-from jaxil.collect.recipes import dataset_env
+from jaxil.data.environment import dataset_env
 from jaxil.data import save
 from jaxil.data.format import Dataset, concatenate
 
