@@ -1,3 +1,4 @@
+import importlib.metadata
 import os
 import re
 import shutil
@@ -5,19 +6,18 @@ import tempfile
 
 import pytest
 
-# XLA's CPU flags for the test processes (the xdist workers and the `jaxil`
-# subprocesses of the CLI tests; a caller's XLA_FLAGS replace them):
-# - no Eigen thread pool of XLA's own: the workers share the cores;
-# - fused ops through XLA's loop emitters, not its MLIR fusion emitters,
-#   which compile the suite's programs two to three times as slowly (one
-#   interactive token round: 11 s of CPU against 4 s; the MJX half-cheetah's
-#   step 14 s against 6 s) into programs that compute the same (fused float
-#   maths may differ in the last bits). The default suite's CPU time falls
-#   by a third. An XLA without the flag stops at the first compile, naming it.
-# (XLA reads flags up to the first word that is not one: keep every entry a
-# --flag.)
-os.environ.setdefault("XLA_FLAGS",
-                      "--xla_cpu_multi_thread_eigen=false --xla_cpu_use_fusion_emitters=false")
+# XLA flags for the test processes (xdist workers and the `jaxil` subprocesses
+# of the CLI tests); a caller's XLA_FLAGS replace them.
+# - No Eigen thread pool of XLA's own: the workers already share the cores.
+# - Up to jaxlib 0.10, loop emitters instead of the MLIR fusion emitters, which
+#   compile this suite's programs 2-3x more slowly; the default suite's CPU
+#   time falls by about a third. Results agree up to the last bits of fused
+#   float maths. jaxlib 0.11 has no such flag, and XLA aborts on an unknown one.
+# XLA stops reading at the first word that is not a --flag.
+_XLA_FLAGS = ["--xla_cpu_multi_thread_eigen=false"]
+if tuple(int(p) for p in importlib.metadata.version("jaxlib").split(".")[:2]) < (0, 11):
+    _XLA_FLAGS.append("--xla_cpu_use_fusion_emitters=false")
+os.environ.setdefault("XLA_FLAGS", " ".join(_XLA_FLAGS))
 
 # XLA's persistent compilation cache, one folder per test session, shared by
 # the xdist workers and the `jaxil` subprocesses the CLI tests start (they
