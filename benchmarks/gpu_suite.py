@@ -10,9 +10,10 @@ Parts, each under its own time budget (what does not fit is listed under
 3. ``paper``: the MisoDICE and O-MAPL updates at the paper shapes, one
    update per call and 16 fused.
 4. ``precision``: achieved TFLOP/s of a square matmul probe and of the fused
-   MisoDICE update at the paper shapes (BC at small shapes with ``--quick``) with fp32, TF32 and bf16 operands
-   (:mod:`jaxil.runs.precision`), and how far the losses of the 16th update from
-   the same state and keys move from fp32's at each.
+   MisoDICE update at the paper shapes (BC at small shapes with ``--quick``)
+   with fp32, TF32 and bf16 operands (:mod:`jaxil.runs.precision`), and how far
+   the losses of the 16th update from the same state and keys move from fp32's
+   at each.
 5. ``collect``: dataset-collection throughput (:mod:`benchmarks.collect_throughput`).
 6. ``tokens``: tokens/s of the transformer's KV-cache decoding and token-env
    rollout against recomputation without a cache, and against

@@ -1,13 +1,14 @@
 """Interactive-imitation throughput: the time of one compiled round of OEC on
 ``smax:3m`` with the zoo expert, and where it goes (rollouts vs updates).
 
-What is timed is :func:`jaxil.algorithms.interactive.loop.make_round` — the program
-:func:`jaxil.algorithms.interactive.loop.run` calls once per round: ``envs_per_round``
-(E) shared-control episodes (:func:`jaxil.algorithms.interactive.rollout.mixed_episodes`,
-student until the OEC switch, then the expert), their labels, loss mask,
-verifier, repetition filter and budget allowance (:mod:`jaxil.algorithms.interactive.labels`),
-the insert into the ring buffer, then K = ``updates_per_round`` fused BC
-updates of the student (:func:`jaxil.algorithms.interactive.loop.train_student`).
+What is timed is :func:`jaxil.algorithms.interactive.loop.make_round` — the
+program :func:`jaxil.algorithms.interactive.loop.run` calls once per round:
+``envs_per_round`` (E) shared-control episodes
+(:func:`jaxil.algorithms.interactive.rollout.mixed_episodes`, student until the
+OEC switch, then the expert), their labels, loss mask, verifier, repetition
+filter and budget allowance (:mod:`jaxil.algorithms.interactive.labels`), the
+insert into the ring buffer, then K = ``updates_per_round`` fused BC updates of
+the student (:func:`jaxil.algorithms.interactive.loop.train_student`).
 
 Setup: the zoo expert of the env (for ``smax:3m`` a shipped MAPPO teacher,
 :func:`jaxil.cli.interactive.load_expert`), demonstrations from

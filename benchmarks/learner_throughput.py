@@ -1,8 +1,9 @@
 """Learner throughput: updates/s, transitions/s and achieved GFLOP/s.
 
-For the learners ``bc_union``, ``indd``, ``misodice_vdn`` and ``misodice``
-(and O-MAPL at the paper shapes) on synthetic on-device data (a :class:`~jaxil.data.sampling.Transitions` of
-random arrays with expert labels, so no environment is needed):
+For the learners ``bc_union``, ``indd``, ``misodice_vdn`` and ``misodice`` (and
+O-MAPL at the paper shapes) on synthetic on-device data (a
+:class:`~jaxil.data.sampling.Transitions` of random arrays with expert labels,
+so no environment is needed):
 
 1. **Paper shapes** (MisoDICE on SMACv1 5m_vs_6m): N = 5 agents, obs 124,
    global state 780, 12 actions, 256-256 local networks, 64-unit hypernetwork
@@ -239,7 +240,8 @@ def build_call(name: str, spec: EnvSpec, point: Point, data: LearnerData, shapes
 
 class FlopCounter:
     """Flops per call from XLA's cost analysis, corrected for how this XLA
-    counts ``while`` loops (see :func:`jaxil.runs.measure.xla_loop_flops_multiplier`)."""
+    counts ``while`` loops (see
+    :func:`jaxil.runs.measure.xla_loop_flops_multiplier`)."""
 
     def __init__(self):
         self.multiplier = measure.xla_loop_flops_multiplier()

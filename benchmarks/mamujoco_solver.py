@@ -1,4 +1,5 @@
-"""What MJX's cheaper solver settings buy on the MaMuJoCo scenarios, and what they cost in physics.
+"""What MJX's cheaper solver settings buy on the MaMuJoCo scenarios, and what
+they cost in physics.
 
 For each scenario and each solver setting (`iterations`, `ls_iterations`,
 `integrator` overrides of the model file's; `SETTINGS`) this measures

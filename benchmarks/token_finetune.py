@@ -63,14 +63,14 @@ update); its cross-entropy is over the whole vocabulary where jaxil's
 categorical is masked to the legal tokens; jaxil's health check of the
 update (finite loss and parameters) has no counterpart.
 
-Timing as in :mod:`benchmarks.token_rollout` (:func:`~benchmarks.token_rollout.time_sides`):
-compiled ahead (``compile s``), one warm-up call, then the sides alternate
-for up to ``--repeats`` rounds (fewer for slow calls, about ``--target-s``
-seconds per side); medians of wall and process CPU seconds, each call ended
-by ``jax.block_until_ready`` (the peer returns the loss as a Python float).
-A side predicted to take longer than ``--max-call-s`` per call, or whose
-buffers would not fit in memory, is skipped with the reason; so is
-everything past ``--budget-s``.
+Timing as in :mod:`benchmarks.token_rollout`
+(:func:`~benchmarks.token_rollout.time_sides`): compiled ahead (``compile s``),
+one warm-up call, then the sides alternate for up to ``--repeats`` rounds
+(fewer for slow calls, about ``--target-s`` seconds per side); medians of wall
+and process CPU seconds, each call ended by ``jax.block_until_ready`` (the peer
+returns the loss as a Python float). A side predicted to take longer than
+``--max-call-s`` per call, or whose buffers would not fit in memory, is skipped
+with the reason; so is everything past ``--budget-s``.
 
     python benchmarks/token_finetune.py                        # tiny, small × B = 8 … 512
     python benchmarks/token_finetune.py --quick                # under a minute: tiny, B = 8, K = 4

@@ -1,12 +1,13 @@
-"""Docstrings of `jaxil/` and `envs/` stay wrapped.
+"""Docstrings stay wrapped, in the library and in the repository's
+experiments, benchmarks and tests.
 
 A docstring line may pass 88 columns only when it is one word after its
 indentation and list marker (a cross-reference link longer than the width),
-a Markdown table row, or when it sits in a code block (fenced, or indented by four more columns
-after a blank line), where line breaks belong to the code. The bug this
-catches: a sweeping edit (turning names into `[name][jaxil.path]` links, a
-rename) that lengthens lines without reflowing their paragraph, so that the
-source reads as a ragged mix of 79- and 140-column lines.
+a Markdown table row, or code (fenced, or indented by four more columns after
+a blank line), where line breaks belong to the code. The bug this catches: a
+sweeping edit (turning names into `[name][jaxil.path]` links, a rename) that
+lengthens lines without reflowing their paragraph, so that the source reads as
+a ragged mix of 79- and 140-column lines.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def test_overflow_check_flags_a_long_paragraph_line_only():
 
 def test_docstrings_are_wrapped():
     bad = []
-    for folder in ("jaxil", "envs"):
+    for folder in ("jaxil", "envs", "experiments", "benchmarks", "tests"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             for n, line in overflowing_lines(path.read_text()):
                 bad.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()[:70]}…")

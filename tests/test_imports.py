@@ -21,8 +21,9 @@ load) are not seen.
 
 These tests fail when someone
 * adds an import that closes a cycle, e.g. moves a helper back into
-  ``jaxil.algorithms.labelling.oracles`` and has ``jaxil.algorithms.labelling.render`` import it from there,
-  or has ``envs.policies`` import an adapter that imports ``envs.policies``;
+  ``jaxil.algorithms.labelling.oracles`` and has
+  ``jaxil.algorithms.labelling.render`` import it from there, or has
+  ``envs.policies`` import an adapter that imports ``envs.policies``;
 * makes ``envs`` depend on ``jaxil``, e.g. a scripted expert in ``envs/``
   raising ``jaxil.collect.zoo.ExpertUnavailable`` (``envs`` must work without
   ``jaxil``).
@@ -86,7 +87,8 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 
 def _import_nodes(tree: ast.AST):
-    """Every Import / ImportFrom node, at any depth, except under ``if TYPE_CHECKING``."""
+    """Every Import / ImportFrom node, at any depth, except under
+    ``if TYPE_CHECKING``."""
     stack = [tree]
     while stack:
         node = stack.pop()

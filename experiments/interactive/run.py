@@ -268,8 +268,9 @@ def plots(results: list[dict], out: Path) -> None:
 
 
 def code_fingerprint() -> str:
-    """A digest of ``jaxil/algorithms/interactive/*.py``: a fix there must not be answered
-    from a cache or resumed from checkpoints that the old code wrote."""
+    """A digest of ``jaxil/algorithms/interactive/*.py``: a fix there must not
+    be answered from a cache or resumed from checkpoints that the old code
+    wrote."""
     import hashlib
 
     import jaxil.algorithms.interactive

@@ -1,4 +1,4 @@
-"""Best-of-N with learned rewards against an ε-noised demonstrator (issue 12).
+"""Best-of-N with learned rewards against an ε-noised demonstrator.
 
 Per environment (SMAX 3m, LevelBasedForaging, MPE spread; demonstrations of
 :mod:`jaxil.collect.demonstrations`) and for 4 seeds vmapped in every program:

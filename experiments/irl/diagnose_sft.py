@@ -1,4 +1,4 @@
-"""Why does π_SFT fall below the ε-noised demonstrator it clones? (issue 12)
+"""Why does π_SFT fall below the ε-noised demonstrator it clones?
 
 BC that fitted the demonstrator's per-agent action law
 ``ideal = (1 − ε)·p_E(·|o) + ε·U(avail)`` would return what the demonstrator

@@ -24,9 +24,9 @@ In the chat form of a token task (free decoding):
    demonstrator on the same instances.
 
 Writes `afd_ops<k>[-d<demos>].json` (the table's numbers and every sampled
-chat's success, length and scores), `afd_ops<k>[-d<demos>]_picks.txt` (each prompt's chat
-that r_c ranks first, beside its best-ranked success when that pick
-fails) and prints the table.
+chat's success, length and scores), `afd_ops<k>[-d<demos>]_picks.txt` (each
+prompt's chat that r_c ranks first, beside its best-ranked success when that
+pick fails) and prints the table.
 """
 
 from __future__ import annotations

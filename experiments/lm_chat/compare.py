@@ -8,20 +8,20 @@ final student against the expert's floor.
 
 Every run starts from one SFT start, the pretrained model fine-tuned for
 `--start-updates` updates on one of the transcript expert's chats (the
-`sft_demos.py` recipe; 0: the pretrained model itself), in the chat form
-of a token task, free decoding. The start's demonstration is counted in
-every run's budget (`sft_tokens`, one expert episode, is in every run's
-data; the interactive programs' own `sft_updates` is 0). BC, DAgger, OEC and RS use the task's transcript-only expert
-written as text (`chat_expert(env, "transcript")`); OPD distils from an
-expert LM, the same model fine-tuned on 4 of that expert's chats (the
-4-demonstration run of `sft_demos.py`, restored from its run directory
-when it is there). Each (method, budget) is one `interactive.run` with its
-own resumable run directory (`OUT/compare/<method>-x<B>`), since one
-program per regime keeps a batch of full fine-tuning inside the machine's
-memory; compilation is cached on disk so that regimes of one shape compile
-once. Budgets count every expert token, the demonstrations included, in
-multiples of the transcript expert's longest episode (so that a budget of
-×N buys BC N whole demonstrations).
+`sft_demos.py` recipe; 0: the pretrained model itself), in the chat form of a
+token task, free decoding. The start's demonstration is counted in every run's
+budget (`sft_tokens`, one expert episode, is in every run's data; the
+interactive programs' own `sft_updates` is 0). BC, DAgger, OEC and RS use the
+task's transcript-only expert written as text (`chat_expert(env,
+"transcript")`); OPD distils from an expert LM, the same model fine-tuned on 4
+of that expert's chats (the 4-demonstration run of `sft_demos.py`, restored
+from its run directory when it is there). Each (method, budget) is one
+`interactive.run` with its own resumable run directory
+(`OUT/compare/<method>-x<B>`), since one program per regime keeps a batch of
+full fine-tuning inside the machine's memory; compilation is cached on disk so
+that regimes of one shape compile once. Budgets count every expert token, the
+demonstrations included, in multiples of the transcript expert's longest
+episode (so that a budget of ×N buys BC N whole demonstrations).
 
 After each run, the final student's per-turn covariate shift
 (`jaxil.algorithms.lm.diagnostics.covariate_shift`: its next-token

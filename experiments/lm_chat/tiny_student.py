@@ -15,16 +15,15 @@ answers. The student is the `tiny` transformer from scratch in both
 whole vocabulary). The expert is the task's transcript-only expert (in
 the chat form written as text).
 
-Regimes: BC, on-policy RS, DAgger, OEC, OEC+BC and the gated switch, at
-two budgets in multiples of the form's longest expert episode (so that ×N
-buys BC N whole demonstrations in either form), from an SFT start on
-`--sft-episodes` episodes' worth of tokens (Adam at `--lr`, the rounds at
-`--round-lr`); each method is one program of
-its budgets × seeds (one program of every regime would hold every run's
-`[T, 49,152]` logits at once), and the programs of a form share one SFT
-start per seed through `interactive.run`'s `start_cache`. Writes `tiny_student_ops<k>.json` with one
-row per (form, regime): success mean ± std over seeds, tokens spent, and
-wall times.
+Regimes: BC, on-policy RS, DAgger, OEC, OEC+BC and the gated switch, at two
+budgets in multiples of the form's longest expert episode (so that ×N buys BC N
+whole demonstrations in either form), from an SFT start on `--sft-episodes`
+episodes' worth of tokens (Adam at `--lr`, the rounds at `--round-lr`); each
+method is one program of its budgets × seeds (one program of every regime would
+hold every run's `[T, 49,152]` logits at once), and the programs of a form
+share one SFT start per seed through `interactive.run`'s `start_cache`. Writes
+`tiny_student_ops<k>.json` with one row per (form, regime): success mean ± std
+over seeds, tokens spent, and wall times.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Where MisoDICE beats BC, and why: issue 16's regimes study (section 3).
+"""Where MisoDICE beats BC, and why: a study of data regimes.
 
 MisoDICE, MisoDICE-VDN, INDD, BC(D_E) and BC(D_U), with the library's
 defaults (slow ν, s0 uniform over trajectories, censored box head), over

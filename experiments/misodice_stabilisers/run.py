@@ -1,15 +1,15 @@
 """MisoDICE's stabilisers against weight collapse: DemoDICE's vs the slow-ν fix.
 
-Issue 16 measured MisoDICE's return falling as training goes on (0.97 after
+On SMAX 3m MisoDICE's return falls as training goes on (0.97 after
 2000 updates, 0.64 after 8000) while ν-loss sinks and the largest normalised
 weight of a batch grows: weight collapse. jaxil's default against it is a slow
 ν learning rate (``lr_critic`` 3e-5, 10× below the other networks); the
 authors' DemoDICE code instead bounds the reward (the logit of a clipped
 discriminator) and puts a small gradient penalty on ν. This script trains
-MisoDICE under each variant on the same data and seeds and records the
-learning curves of the evaluation return, the largest normalised weight and
-ν's loss (the metrics ``jaxil.algorithms.offline.train`` writes per evaluation: those of the
-chunk's last update).
+MisoDICE under each variant on the same data and seeds and records the learning
+curves of the evaluation return, the largest normalised weight and ν's loss
+(the metrics ``jaxil.algorithms.offline.train`` writes per evaluation: those of
+the chunk's last update).
 
 Variants (``lr_critic`` 3e-4 is the rate of the other networks):
 
@@ -21,7 +21,7 @@ Variants (``lr_critic`` 3e-4 is the rate of the other networks):
 - ``demodice_slownu``: both, and slow ν.
 
 Default data: ``smax-3m/misodice-200e-1000p`` built with the heuristic expert
-(issue 16's setting), which this script builds when it is missing::
+(the table's setting), which this script builds when it is missing::
 
     jaxil data build smax-3m/misodice-200e-1000p --no-teacher \\
         --out runs/data/smax-3m-misodice-200e-1000p-heuristic.npz

@@ -1,4 +1,4 @@
-"""Which box-action likelihood lets BC learn MPE spread (issue 16, section 4).
+"""Which box-action likelihood lets BC learn MPE spread.
 
 BC(D_E) on ``mpe-simple_spread_continuous/misodice-200e-1000p`` (the 200
 expert trajectories, ground-truth labels) with each head of
@@ -76,7 +76,8 @@ def spread_outcome(global_state, length, n_agents: int, n_landmarks: int) -> dic
 
 def write_results(out_dir, argv, payload: dict, caption: str, lines: list[str]) -> None:
     """``results.json`` (``payload`` and the command) and ``table.md``
-    (``caption``, the table ``lines``, the command) under ``out_dir``; prints the table."""
+    (``caption``, the table ``lines``, the command) under ``out_dir``; prints
+    the table."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cmd = "python " + " ".join([sys.argv[0]] + (sys.argv[1:] if argv is None else argv))

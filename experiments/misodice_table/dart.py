@@ -1,4 +1,4 @@
-"""Does BC reach MPE spread's expert once D_E shows off-path states? (issue 16, section 4)
+"""Does BC reach MPE spread's expert once D_E shows off-path states?
 
 BC(D_E) on MPE spread (continuous) stays near 0.2–0.35 normalised, while DAgger
 with the same student and expert reaches 0.73 (``results/mpe_interactive``):

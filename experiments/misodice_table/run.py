@@ -2,8 +2,8 @@
 
 BC(D_U), BC(D_E), INDD, MisoDICE-VDN and MisoDICE on each environment's
 ``misodice-200e-1000p`` dataset (MPE spread: 1000 DART expert + 5000 poor, at
-least 20 000 updates; ``ROW_OVERRIDES`` says why), ``--seeds`` seeds vmapped per learner;
-mean ± std of the final evaluation return and win rate. Writes
+least 20 000 updates; ``ROW_OVERRIDES`` says why), ``--seeds`` seeds vmapped
+per learner; mean ± std of the final evaluation return and win rate. Writes
 ``results.json``, ``table.md`` and ``bars.png`` into ``--out``. Finished rows
 are kept in ``--out/.cache-<env>.json``: a killed run resumes where it stopped,
 and a row is recomputed only when its settings or its dataset change.

@@ -1,4 +1,5 @@
-"""benchmarks/learner_throughput.mlp_step: the bare-MLP yardstick counts and runs real steps."""
+"""benchmarks/learner_throughput.mlp_step: the bare-MLP yardstick counts and
+runs real steps."""
 
 import jax
 import numpy as np

@@ -1,9 +1,9 @@
 """`jaxil quickstart` and `jaxil lm quickstart`.
 
 The default suite runs the SMAX quickstart's learning demo on a handful of
-episodes with its training stubbed (the wiring: three learners, their
-labels, the line that says what the table means); a slow test trains them
-for real on a handful of episodes and updates. It also checks the LM quickstart's settings
+episodes with its training stubbed (the wiring: three learners, their labels,
+the line that says what the table means); a slow test trains them for real on a
+handful of episodes and updates. It also checks the LM quickstart's settings
 and its refusal of a budget below the SFT start without training. The full
 runs, a few minutes each, are marked slow.
 """
@@ -24,11 +24,11 @@ ROW = r"^{}\s+{}\s+(-?\d+\.\d+) ± (\d+\.\d+)\s+(\d+\.\d+) ± (\d+\.\d+)"
 def test_the_learning_demo_prints_bc_on_the_experts_beside_bc_and_misodice(capsys,
                                                                            monkeypatch):
     """The demo's table and closing line, its rollouts replaced by random
-    episodes and its training by a stub that records each learner (each its
-    own score) and the data: the real runs are the slow tests below. Bugs caught: BC(D_E) left out of the
-    table (the reference the comparison needs), BC(D_E) trained on all the
-    data, a learner printed under another's label, and the meaning line
-    dropped or naming the wrong expert count."""
+    episodes and its training by a stub that records each learner (each its own
+    score) and the data: the real runs are the slow tests below. Bugs caught:
+    BC(D_E) left out of the table (the reference the comparison needs), BC(D_E)
+    trained on all the data, a learner printed under another's label, and the
+    meaning line dropped or naming the wrong expert count."""
     import jaxil.algorithms.offline as O
     import jaxil.algorithms.offline.train as T
 

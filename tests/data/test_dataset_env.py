@@ -31,7 +31,8 @@ def _dataset(env_kwargs, seed=0, num=3):
 def test_dataset_env_is_made_with_the_recorded_keywords():
     """A dataset recorded at max_steps=7 gives that environment (a
     `dataset_env` that drops the keywords makes the default one, of another
-    length, and fails its own spec check); a dataset without keywords gives the default."""
+    length, and fails its own spec check); a dataset without keywords gives the
+    default."""
     ds = _dataset({"max_steps": 7})
     assert ds.info.env_kwargs == {"max_steps": 7}
     assert ds.spec.max_steps != envs.make(ENV).spec.max_steps

@@ -27,7 +27,8 @@ SMAX_SPEC = dataclasses.replace(SPEC, env_id="smax:3m")
 
 
 def _rewrite(path: Path, edit) -> Path:
-    """Re-write the dataset at ``path`` with ``edit(metadata)`` applied (arrays kept)."""
+    """Re-write the dataset at ``path`` with ``edit(metadata)`` applied (arrays
+    kept)."""
     meta, arrays = fmt.read_archive(path)
     edit(meta)
     fmt.write_archive(path, arrays, meta)

@@ -41,7 +41,8 @@ EXPERT, RANDOM, TAKEOVER = 0, 1, 2  # the three kinds of episode of _runs
 
 
 class _Shared(NamedTuple):
-    """The carry of :func:`_shared_control` (leaves ``[E, T, ...]`` in ``Episodes.carry``)."""
+    """The carry of :func:`_shared_control` (leaves ``[E, T, ...]`` in
+    ``Episodes.carry``)."""
 
     kind: jax.Array  # EXPERT, RANDOM or TAKEOVER, drawn per episode
     switch: jax.Array  # TAKEOVER: the step from which the expert acts

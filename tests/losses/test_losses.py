@@ -460,7 +460,8 @@ def test_gumbel_shape_checks():
 
 
 def _every_loss(lp, w_b, w_bn, le, lu, r, nu, nu_next, nu0, done, mask, q, v, wq, rew, rx, ry, label):
-    """Every loss of the DICE / O-MAPL stack on one set of inputs (one program under jit)."""
+    """Every loss of the DICE / O-MAPL stack on one set of inputs (one program
+    under jit)."""
     adv = L.dice_advantage(r, nu, nu_next, done, 0.99)
     return {
         "bc": L.weighted_bc_loss(lp, w_b, mask),

@@ -403,7 +403,7 @@ def test_censored_gaussian_fits_bound_heavy_data_where_tanh_gaussian_diverges():
     and std (Tobit is consistent) and so to the data's share of actions near
     the bound; the tanh-Gaussian, whose density of an action on the bound is
     ~1/eps, spreads its pre-squash Gaussian until it saturates (the failure
-    issue 16 reports on MPE spread). Bound actions scored with the density
+    seen on MPE spread). Bound actions scored with the density
     instead of Φ, or the two tails swapped, fail the first checks."""
     from scipy.stats import norm as scipy_norm
 

@@ -102,7 +102,8 @@ SEEDS, PAIRS = 16, 256
 
 
 def _all_gaps(mixer, make_mix_fn, example_args, seed):
-    """Midpoint gaps ``[seeds, pairs]`` for random mixer params and problems, one jit."""
+    """Midpoint gaps ``[seeds, pairs]`` for random mixer params and problems,
+    one jit."""
     rng = np.random.default_rng(seed)
     prob = _random_problem(rng, SEEDS)
     params = _numpy_params(mixer, *example_args, rng=rng, seeds=SEEDS)

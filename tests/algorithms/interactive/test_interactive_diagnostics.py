@@ -1,5 +1,6 @@
-"""Covariate-shift diagnostics (jaxil.algorithms.interactive.diagnostics) against float64
-numpy references written with explicit loops, with and without jit."""
+"""Covariate-shift diagnostics (jaxil.algorithms.interactive.diagnostics)
+against float64 numpy references written with explicit loops, with and without
+jit."""
 
 import itertools
 

@@ -1,4 +1,4 @@
-"""GAIL, AIRL and PPO against a learned reward (issue 12, items 3-5).
+"""GAIL, AIRL and PPO against a learned reward.
 
 The losses are checked against float64 numpy references on random inputs,
 with and without jit; the reward hook of the PPO teacher trainer on the tiny

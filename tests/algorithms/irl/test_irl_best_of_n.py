@@ -1,5 +1,5 @@
-"""Best-of-N (jaxil.algorithms.irl.best_of_n): the exact subset expectation against brute
-force, same-start rollouts, and the rank correlation."""
+"""Best-of-N (jaxil.algorithms.irl.best_of_n): the exact subset expectation
+against brute force, same-start rollouts, and the rank correlation."""
 
 from __future__ import annotations
 

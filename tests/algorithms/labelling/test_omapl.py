@@ -32,8 +32,9 @@ def _gt_prefs(ds, pairs):
 
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 def test_implicit_reward_matches_numpy_reference(jit):
-    """r_t = Σ_i w_i(s_t)Q_i(o_i,a_i) + b(s_t) − γ(1−d_t)(Σ_i w̄_i(s_{t+1})V̄_i(o_{t+1}) + b̄(s_{t+1})),
-    zero on padding; recomputed in float64 from each network's raw output."""
+    """r_t = Σ_i w_i(s_t)Q_i(o_i,a_i) + b(s_t) − γ(1−d_t)(Σ_i
+    w̄_i(s_{t+1})V̄_i(o_{t+1}) + b̄(s_{t+1})), zero on padding; recomputed in
+    float64 from each network's raw output."""
     ds = _dataset(1, 4, 4)
     cfg = OMAPLConfig(hidden=(16,), mixer_hidden=8, batch_size=4)
     learner = make_learner("omapl", SPEC, hidden=(16,), mixer_hidden=8, batch_size=4)
@@ -186,13 +187,14 @@ def test_omapl_continuous_actions_update():
 
 def test_preference_loss_scores_the_first_segment_against_the_second_with_its_label():
     """The update's preference loss and pair accuracy equal a float64
-    recomputation from the implicit rewards of the same batch: Bradley–Terry
-    on R_x − R_y with P(x ≻ y) = label, plus ½·mean r² over the valid steps
-    of both sides. Kills, at O-MAPL's call site of preference_loss: the two
-    segments swapped (R_y − R_x) and the label inverted; each mutated
-    reference is checked to be far off. (These segments have no padding, so
-    the penalty's step mask is checked by the loss's own tests only.) Same state and batch as the value-step test above (its
-    compiled update is reused through the compilation cache)."""
+    recomputation from the implicit rewards of the same batch: Bradley–Terry on
+    R_x − R_y with P(x ≻ y) = label, plus ½·mean r² over the valid steps of
+    both sides. Kills, at O-MAPL's call site of preference_loss: the two
+    segments swapped (R_y − R_x) and the label inverted; each mutated reference
+    is checked to be far off. (These segments have no padding, so the penalty's
+    step mask is checked by the loss's own tests only.) Same state and batch as
+    the value-step test above (its compiled update is reused through the
+    compilation cache)."""
     learner, target, state, batch, m = _update_case()
 
     x, y, label = batch

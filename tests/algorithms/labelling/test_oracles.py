@@ -325,7 +325,8 @@ def test_render_smax_and_generic():
 
 @pytest.fixture(scope="module")
 def smax_rollouts():
-    """48 short 3m battles, half by the scripted heuristic, half random (one compile)."""
+    """48 short 3m battles, half by the scripted heuristic, half random (one
+    compile)."""
     import jax
     import jax.numpy as jnp
 

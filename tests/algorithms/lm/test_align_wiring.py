@@ -1,5 +1,6 @@
-"""What RL against a learned reward ([`jaxil.algorithms.lm.align`][jaxil.algorithms.lm.align])
-and `jaxil lm align` pass into their losses, in the default suite.
+"""What RL against a learned reward
+([`jaxil.algorithms.lm.align`][jaxil.algorithms.lm.align]) and `jaxil lm align`
+pass into their losses, in the default suite.
 
 The maths (`shaped_returns`, `leave_one_out_advantages`,
 `reinforce_loss`) has its own tests against numpy, and the runs that learn

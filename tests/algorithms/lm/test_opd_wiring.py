@@ -1,9 +1,10 @@
-"""The wiring of on-policy distillation ([`jaxil.algorithms.lm.distill`][jaxil.algorithms.lm.distill]):
-what it passes into [`jaxil.losses.distillation_loss`][jaxil.losses.distill.distillation_loss]
-(both networks' logits at the same steps, the SFT loss mask, β), the
-stopped expert gradient, the budget's count and the refusal of a scripted
-expert. Cheap: a few `tokens:arith` episodes and two tiny transformers.
-Each test names the wiring bug it kills."""
+"""The wiring of on-policy distillation
+([`jaxil.algorithms.lm.distill`][jaxil.algorithms.lm.distill]): what it passes
+into [`jaxil.losses.distillation_loss`][jaxil.losses.distill.distillation_loss]
+(both networks' logits at the same steps, the SFT loss mask, β), the stopped
+expert gradient, the budget's count and the refusal of a scripted expert.
+Cheap: a few `tokens:arith` episodes and two tiny transformers. Each test names
+the wiring bug it kills."""
 
 import jax
 import jax.numpy as jnp

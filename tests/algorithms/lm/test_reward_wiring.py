@@ -1,5 +1,6 @@
-"""What a sequence reward model ([`jaxil.algorithms.lm.reward`][jaxil.algorithms.lm.reward])
-passes into its loss and hands to RL and best-of-N, in the default suite.
+"""What a sequence reward model
+([`jaxil.algorithms.lm.reward`][jaxil.algorithms.lm.reward]) passes into its
+loss and hands to RL and best-of-N, in the default suite.
 
 The loss, the scores and the analytic reward have their own tests against
 numpy, and the runs that learn are slow. Here: the per-token form RL reads

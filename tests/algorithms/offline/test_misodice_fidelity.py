@@ -1,4 +1,4 @@
-"""MisoDICE / INDD faithful to DemoDICE and the MisoDICE paper (issue 16).
+"""MisoDICE / INDD faithful to DemoDICE and the MisoDICE paper.
 
 Each test names the mutation of the learner it kills; each was checked by
 applying the mutation to a copy of the code and watching the test fail.
