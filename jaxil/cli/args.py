@@ -60,6 +60,30 @@ def key_value(item: str) -> tuple[str, Any]:
         return k, v
 
 
+def add_env_kwargs(p, help: str = "environment keyword (JSON value), e.g. max_steps=50"
+                   ) -> None:
+    """`--env-kwarg KEY=VALUE`, repeatable: keywords of
+    [`envs.make`][jaxil.envs.registry.make]; read them with
+    [`env_kwargs`][jaxil.cli.args.env_kwargs]."""
+    p.add_argument("--env-kwarg", type=key_value, action="append", metavar="KEY=VALUE",
+                   help=help + "; repeat the flag for several")
+
+
+def env_kwargs(args, env_id: str) -> dict[str, Any]:
+    """The `--env-kwarg` keywords of `args` as a dict, checked by making
+    `env_id` with them: a keyword the environment does not take is a one-line
+    `ValueError` before any work, not a traceback from inside it."""
+    kw = dict(getattr(args, "env_kwarg", None) or [])
+    if kw:
+        from jaxil import envs
+
+        try:
+            envs.make(env_id, **kw)
+        except TypeError as e:
+            raise ValueError(f"--env-kwarg: {e}; give only keywords {env_id} takes") from None
+    return kw
+
+
 def add_run_dir(p, out_help: str = "run directory (metrics, checkpoints)",
                 required: bool = False) -> None:
     """`--out` and the exclusive `--resume` / `--overwrite` of a run

@@ -24,7 +24,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Optional
 
-from jaxil.cli.args import key_value, nonneg_int, positive_float, positive_int, probability
+from jaxil.cli.args import (add_env_kwargs, env_kwargs, nonneg_int, positive_float,
+                            positive_int, probability)
 from jaxil.collect.zoo import TIERS
 
 
@@ -56,13 +57,14 @@ def _build(args) -> int:
     out = Path(args.out) if args.out else r.default_path(args.seed, counts)
     if args.teacher and args.no_teacher:
         raise ValueError("give --teacher DIR or --no-teacher, not both")
+    kw = env_kwargs(args, r.env_id)
     # Before any collection: an unwritable --out is found now, not after the build.
     check_file_writable(out, "--out")
     check_file_writable(sidecar_path(out), "--out's sidecar")
     if not args.quiet:
         from jaxil.collect.zoo import make_zoo
 
-        zoo = make_zoo(r.env_id, env_kwargs=dict(args.env_kwarg or []), teacher_dir=args.teacher,
+        zoo = make_zoo(r.env_id, env_kwargs=kw, teacher_dir=args.teacher,
                        discover=not args.no_teacher, epsilons=dict(args.epsilon or []))
         print(f"{r.name}: " + ", ".join(f"{t} {n}" for t, n in counts.items())
               + f" -> {out}", file=sys.stderr)
@@ -71,7 +73,7 @@ def _build(args) -> int:
     t0 = time.perf_counter()
     ds = build(
         r, seed=args.seed, out_path=out, teacher_dir=args.teacher, progress=not args.quiet,
-        scale=args.scale, counts=overrides, env_kwargs=dict(args.env_kwarg or []),
+        scale=args.scale, counts=overrides, env_kwargs=kw,
         epsilons=dict(args.epsilon or []),
         discover_teachers=not args.no_teacher, chunk_size=args.chunk_size,
         measure_episodes=args.measure_episodes,
@@ -512,8 +514,7 @@ def register(sub) -> None:
         b.add_argument(f"--n-{t}", type=nonneg_int, default=None, metavar="N",
                        help=f"number of {t} trajectories (overrides the recipe and --scale; "
                             f"0 drops the tier)")
-    b.add_argument("--env-kwarg", type=key_value, action="append", metavar="KEY=VALUE",
-                   help="environment keyword override (JSON value), e.g. max_steps=50")
+    add_env_kwargs(b, "environment keyword override (JSON value), e.g. max_steps=50")
     b.add_argument("--epsilon", type=_tier_epsilon, action="append", metavar="TIER=EPS",
                    help="ε of a noised-expert tier, e.g. medium=0.2 (defaults: 0.4 / 0.85)")
     b.add_argument("--chunk-size", type=positive_int, default=128,

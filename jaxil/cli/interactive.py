@@ -16,25 +16,29 @@ with the covariate-shift diagnostic.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, Optional
 
-from jaxil.cli.args import (add_hidden, add_loggers, add_progress, add_run_dir, add_seeds,
-                            make_loggers, nonneg_int, positive_float, positive_int, probability)
+from jaxil.cli.args import (add_env_kwargs, add_hidden, add_loggers, add_progress, add_run_dir,
+                            add_seeds, env_kwargs, make_loggers, nonneg_int, positive_float,
+                            positive_int, probability)
 from jaxil.algorithms.interactive.config import METHODS, InteractiveConfig, regime
 from jaxil.algorithms.interactive.labels import VERIFIERS
 from jaxil.algorithms.interactive.schedule import BETA_SCHEDULES, SWITCHES
 
 
-def load_expert(env_id: str, expert: str) -> tuple[Any, Any, Any, str]:
-    """`(env, policy, params, source)` of the zoo expert of `env_id`."""
+def load_expert(env_id: str, expert: str, env_kwargs: Optional[dict] = None
+                ) -> tuple[Any, Any, Any, str]:
+    """`(env, policy, params, source)` of the zoo expert of `env_id`, in the
+    environment made with `env_kwargs`."""
     from jaxil.collect.zoo import make_zoo
 
+    kw = dict(env_kwargs=env_kwargs or None)
     if expert == "zoo":
-        zoo = make_zoo(env_id)
+        zoo = make_zoo(env_id, **kw)
     elif expert == "scripted":
-        zoo = make_zoo(env_id, discover=False)
+        zoo = make_zoo(env_id, discover=False, **kw)
     else:
-        zoo = make_zoo(env_id, teacher_dir=expert)
+        zoo = make_zoo(env_id, teacher_dir=expert, **kw)
     tier = zoo["expert"]
     return zoo.env, tier.policy, tier.params, tier.source
 
@@ -72,7 +76,8 @@ def _run(args) -> int:
     from jaxil.algorithms.interactive.loop import format_table, run
 
     logs = make_loggers(args, args.out)
-    env, policy, params, source = load_expert(args.env, args.expert)
+    kw = env_kwargs(args, args.env)
+    env, policy, params, source = load_expert(args.env, args.expert, kw)
     config = InteractiveConfig(
         hidden=tuple(args.hidden), batch_size=args.batch_size, rounds=args.rounds,
         envs_per_round=args.envs_per_round, updates_per_round=args.updates_per_round,
@@ -85,7 +90,9 @@ def _run(args) -> int:
                   overwrite=args.overwrite, loggers=logs,
                   eval_every=args.eval_every, progress=not args.no_progress,
                   diagnostics=not args.no_diagnostics,
-                  run_info=dict(method=args.method, expert=source, budget=args.budget))
+                  run_info=dict(method=args.method, expert=source, budget=args.budget,
+                                # only when set: runs on default environments keep their identity
+                                **({"env_kwargs": kw} if kw else {})))
     print(f"expert: {source} (demonstrations: return {summary['demos']['return_mean']:.3f}, "
           f"win {summary['demos']['win_rate']:.3f})")
     print(format_table(summary))
@@ -99,6 +106,8 @@ def register(sub) -> None:
     p.add_argument("method", choices=METHODS)
     p.add_argument("--env", required=True, help="environment id, e.g. smax:3m")
     p.add_argument("--expert", default="zoo", help="zoo | scripted | a teacher run directory")
+    add_env_kwargs(p, "environment keyword (JSON value), recorded in run.json, e.g. "
+                      "iterations=4 for a mamujoco: robot")
     p.add_argument("--budget", type=positive_int, required=True,
                    help="total expert labels (agent-steps), demonstrations included")
     add_seeds(p)

@@ -6,16 +6,16 @@ from jaxil.teachers.presets import _parse_sets, preset
 
 import argparse
 import json
-from jaxil.cli.args import add_loggers, key_value, make_loggers, nonneg_int, positive_int
+from jaxil.cli.args import (add_env_kwargs, add_loggers, env_kwargs, make_loggers, nonneg_int,
+                            positive_int)
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", required=True, help="environment id, e.g. smax:3m")
     p.add_argument("--out", default=None,
                    help="output directory (default runs/teachers/<env with : -> _>)")
-    p.add_argument("--env-kwarg", type=key_value, action="append", metavar="KEY=VALUE",
-                   help="environment keyword (JSON value), recorded in teacher.json, e.g. "
-                        "iterations=4 for a mamujoco: robot; repeat the flag for several")
+    add_env_kwargs(p, "environment keyword (JSON value), recorded in teacher.json, e.g. "
+                      "iterations=4 for a mamujoco: robot")
     p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument("--algo", choices=["ippo", "mappo"], default=None)
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
@@ -38,6 +38,7 @@ def _run(args: argparse.Namespace) -> int:
     from jaxil.teachers.io import list_checkpoints
     from jaxil.teachers.train import train_teacher
 
+    kw = env_kwargs(args, args.env)
     overrides = _parse_sets(args.set)
     if args.algo:
         overrides["algo"] = args.algo
@@ -47,14 +48,6 @@ def _run(args: argparse.Namespace) -> int:
     logs = make_loggers(args, out)
     if args.resume and not list_checkpoints(out):
         print(f"--resume: {out} holds no checkpoint yet; starting afresh")
-    kw = dict(args.env_kwarg or [])
-    if kw:  # a keyword the environment does not take is bad input, not a bug
-        from jaxil import envs
-
-        try:
-            envs.make(args.env, **kw)
-        except TypeError as e:
-            raise ValueError(f"--env-kwarg: {e}") from None
     print(f"{args.env}{' ' + json.dumps(kw) if kw else ''} -> {out}: {cfg}")
     print(f"{cfg.num_chunks} chunks x {cfg.updates_per_chunk} updates x {cfg.batch_size} "
           f"steps = {cfg.env_steps} env steps", flush=True)

@@ -253,6 +253,73 @@ def test_data_build_arguments_are_range_checked(argv, allowed, no_build, tmp_pat
     assert argv[0] in err and allowed in err, err
 
 
+# ------------------------------------------------------------ --env-kwarg
+
+
+@pytest.fixture
+def no_interactive(monkeypatch):
+    """Make reaching the zoo of `jaxil interactive` fail the test."""
+    from jaxil.collect import zoo
+
+    def reached(*a, **k):
+        raise AssertionError("the expert was loaded")
+
+    monkeypatch.setattr(zoo, "make_zoo", reached)
+
+
+@pytest.mark.parametrize("argv", [
+    ["data", "build", "smax-3m/expert", "--quiet"],
+    ["interactive", "dagger", "--env", "smax:3m", "--budget", "100"],
+    TEACH,
+])
+def test_an_env_kwarg_the_environment_does_not_take_is_one_line(argv, tmp_path, capsys,
+                                                              no_build, no_interactive,
+                                                              no_training, teach_preset):
+    """Bug caught: `--env-kwarg bogus=1` reached the environment's constructor
+    inside the zoo and ended in a TypeError traceback (`jaxil data build`);
+    each command now names the flag and the keyword, exits 1 and starts no
+    work (the fixtures fail the test if the zoo or the trainer is reached)."""
+    out = tmp_path / ("d.npz" if argv[0] == "data" else "run")
+    assert main([*argv, "--out", str(out), "--env-kwarg", "bogus=1"]) == 1
+    msg = _err_line(capsys)
+    assert "--env-kwarg" in msg and "bogus" in msg, msg
+    assert not out.exists()
+
+
+def test_interactive_runs_in_the_env_kwarg_environment_and_records_it(monkeypatch, tmp_path):
+    """`jaxil interactive --env-kwarg max_steps=3` builds the expert's zoo,
+    and so the environment every round and evaluation runs in, with the
+    keyword, and puts it in the run's identity (a resume with another value
+    is then refused by the run directory). Bugs caught: the flag parsed but
+    not passed to the zoo (the default episodes), or left out of
+    `run_info`."""
+    from jaxil.algorithms.interactive import loop
+
+    seen = {}
+
+    class Reached(Exception):
+        pass
+
+    def fake_run(env, expert, expert_params, regimes, **kw):
+        seen.update(env=env, run_info=kw["run_info"])
+        raise Reached
+
+    monkeypatch.setattr(loop, "run", fake_run)
+    with pytest.raises(Reached):
+        main(["interactive", "bc", "--env", "mpe:simple_spread", "--expert", "scripted",
+              "--budget", "1000", "--env-kwarg", "max_steps=3", "--out", str(tmp_path / "r")])
+    short = envs.make("mpe:simple_spread", max_steps=3).spec
+    assert short != envs.make("mpe:simple_spread").spec
+    assert seen["env"].spec == short
+    assert seen["run_info"]["env_kwargs"] == {"max_steps": 3}
+    seen.clear()
+    with pytest.raises(Reached):
+        main(["interactive", "bc", "--env", "mpe:simple_spread", "--expert", "scripted",
+              "--budget", "1000", "--out", str(tmp_path / "r2")])
+    assert seen["env"].spec == envs.make("mpe:simple_spread").spec
+    assert "env_kwargs" not in seen["run_info"]
+
+
 # ------------------------------------------------------- jaxil label / pipeline
 
 
