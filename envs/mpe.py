@@ -3,7 +3,8 @@
 Ids: `mpe:simple_spread` (5 discrete actions; 0 = no-op) and
 `mpe:simple_spread_continuous` (a 5-d box `[0, 1]^5`: no-op, -x, +x, -y,
 +y forces). Keyword overrides go to JaxMARL (`num_agents`,
-`num_landmarks`, `local_ratio`, `max_steps`).
+`num_landmarks`, `local_ratio`, `max_steps` and the physics of `KEYWORDS`);
+a keyword JaxMARL would ignore is a `TypeError`.
 
 - team reward: the mean over agents of JaxMARL's per-agent reward (which is
   already half shared coverage reward, half own collision penalty).
@@ -41,10 +42,23 @@ except ImportError as e:  # pragma: no cover - jaxmarl is a core dependency
     raise ImportError("the MPE adapter needs jaxmarl: pip install jaxmarl") from e
 
 
+#: The keywords JaxMARL's `SimpleSpreadMPE` reads: its own, and those its base
+#: class takes by name or picks out of `**kwargs` (`rad` and `collide` it sets
+#: itself). It ignores any other silently, so the adapter refuses them.
+KEYWORDS = ("num_agents", "num_landmarks", "local_ratio", "max_steps", "dt", "moveable", "silent",
+            "mass", "accel", "max_speed", "u_noise", "c_noise", "damping", "contact_force",
+            "contact_margin")
+
+
 class SpreadEnv(MultiAgentEnv):
     all_actions_available = True  # MPE has no illegal actions
 
     def __init__(self, continuous: bool = False, **kwargs):
+        unknown = sorted(set(kwargs) - set(KEYWORDS))
+        if unknown:
+            name = "mpe:simple_spread" + ("_continuous" if continuous else "")
+            raise TypeError(f"{name} got unexpected keyword argument(s) "
+                            f"{', '.join(map(repr, unknown))}; accepted: {', '.join(KEYWORDS)}")
         self.raw = SimpleSpreadMPE(
             action_type=CONTINUOUS_ACT if continuous else DISCRETE_ACT, **kwargs
         )

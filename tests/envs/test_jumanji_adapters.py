@@ -416,3 +416,33 @@ def test_mabrax_matches_brax_and_jaxmarl_mapping():
     cheetah = envs.make("mabrax:halfcheetah_6x1")
     assert cheetah.raw.env.observation_size == 18  # x position kept so the mapping lines up
     assert cheetah.spec.state_dim == 17
+
+
+MPE_VALUES = dict(num_agents=2, num_landmarks=2, local_ratio=0.3, max_steps=7, dt=0.05,
+                  moveable=np.array([1, 1, 1, 0, 0, 0], bool), silent=np.ones(3, int),
+                  mass=np.full(6, 2.0), accel=np.full(3, 4.0), max_speed=np.full(6, 3.0),
+                  u_noise=np.full(3, 0.1), c_noise=np.full(3, 0.2), damping=0.3,
+                  contact_force=50.0, contact_margin=1e-2)
+
+
+@pytest.mark.parametrize("eid", ["mpe:simple_spread", "mpe:simple_spread_continuous"])
+def test_mpe_unknown_keyword_names_the_accepted_ones(eid):
+    """JaxMARL's MPE takes `**kwargs` and ignores a name it does not read, so
+    `max_step=50` (a typo) ran the default 25-step episodes silently. Bug
+    caught: the adapter passing unknown keywords through unchecked."""
+    with pytest.raises(TypeError, match=r"'max_step'.*accepted: .*max_steps"):
+        envs.make(eid, max_step=50)
+
+
+def test_mpe_accepted_keywords_all_reach_jaxmarl():
+    """Every keyword of `envs.mpe.KEYWORDS` ends up on JaxMARL's environment
+    with the value given. Bug caught: a name in the list that JaxMARL does not
+    read (accepted, then ignored: the silence the list exists to stop) or one
+    it refuses (`rad`, `collide`: set by SimpleSpreadMPE itself)."""
+    from jaxil.envs.mpe import KEYWORDS
+
+    assert set(KEYWORDS) == set(MPE_VALUES)
+    for k in KEYWORDS:
+        raw = envs.make("mpe:simple_spread", **{k: MPE_VALUES[k]}).raw
+        np.testing.assert_array_equal(np.asarray(getattr(raw, k)), np.asarray(MPE_VALUES[k]),
+                                      err_msg=k)
