@@ -112,7 +112,7 @@ LITERATURE = {
 # Ablation flags: a setting given on the command line replaces METHODS' value
 # for every method, and names the run directories (so that no ablation
 # resumes another's run).
-OVERRIDES = {"kl_coef": float, "disc_steps": int, "gp_coef": float}
+OVERRIDES = {"kl_coef": float, "disc_steps": int, "gp_coef": float, "reward_form": str}
 
 
 def overrides(args) -> dict:
@@ -120,7 +120,8 @@ def overrides(args) -> dict:
 
 
 def override_suffix(args) -> str:
-    return "".join(f"-{k}{v:g}" for k, v in overrides(args).items())
+    return "".join(f"-{k}{v:g}" if isinstance(v, float | int) else f"-{k}-{v}"
+                   for k, v in overrides(args).items())
 
 
 def run_env(env_id: str, args) -> dict:
