@@ -32,13 +32,12 @@ def load_expert(env_id: str, expert: str, env_kwargs: Optional[dict] = None
     environment made with `env_kwargs`."""
     from jaxil.collect.zoo import make_zoo
 
-    kw = dict(env_kwargs=env_kwargs or None)
     if expert == "zoo":
-        zoo = make_zoo(env_id, **kw)
+        zoo = make_zoo(env_id, env_kwargs=env_kwargs)
     elif expert == "scripted":
-        zoo = make_zoo(env_id, discover=False, **kw)
+        zoo = make_zoo(env_id, env_kwargs=env_kwargs, discover=False)
     else:
-        zoo = make_zoo(env_id, teacher_dir=expert, **kw)
+        zoo = make_zoo(env_id, env_kwargs=env_kwargs, teacher_dir=expert)
     tier = zoo["expert"]
     return zoo.env, tier.policy, tier.params, tier.source
 
