@@ -41,8 +41,8 @@ def _load(demos: int, regime: str, suffix: str, method: str):
 
 
 def cell(demos: int, regime: str, method: str, suffix: str, chunk: int):
-    """`dict(mean, std, per_step, length, wall)` of one cell, or None."""
-    doc, entry = _load(demos, regime, suffix, method)
+    """`dict(mean, std, per_step, length)` of one cell, or None."""
+    _, entry = _load(demos, regime, suffix, method)
     if entry is None:
         return None
     point = entry["summary"]["initial" if chunk == 0 else "final"]
@@ -50,7 +50,7 @@ def cell(demos: int, regime: str, method: str, suffix: str, chunk: int):
     i = curves["chunk"].index(point["chunk"])
     ret, length = curves["eval_return"][i], curves["eval_length"][i]
     return dict(mean=point["return_mean"], std=point["return_std"], per_step=ret / length,
-                length=length, wall=entry["wall_seconds"], pairs=doc["results"][0].get("subsample"))
+                length=length)
 
 
 def _demonstrator_return() -> float | None:
