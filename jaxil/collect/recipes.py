@@ -87,6 +87,7 @@ RECIPE_ENVS: dict[str, str] = {
     "mpe-simple_spread": "mpe:simple_spread",
     "jumanji-LevelBasedForaging-v0": "jumanji:LevelBasedForaging-v0",
     "mamujoco-hopper_3x1": "mamujoco:hopper_3x1",
+    "mamujoco-halfcheetah_6x1": "mamujoco:halfcheetah_6x1",
 }
 
 # Recipe kinds: name -> (counts per tier, description).

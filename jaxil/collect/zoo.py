@@ -31,8 +31,9 @@ such as `smax-3m` and the bare name `3m` also match) in `$JAXIL_TEACHERS`,
 the working directory and the repository; only complete runs are picked up
 automatically, an explicit `teacher_dir` may be a run still in progress.
 Without a local run, the teacher shipped with jaxil is used
-(`jaxil/teachers/shipped/`: SMAX 3m and 2s3z, the MAPPO teachers of the
-committed datasets and tables); a local run overrides it, with a warning.
+(`jaxil/teachers/shipped/`: SMAX 3m and 2s3z and the MaMuJoCo hopper 3x1
+and half-cheetah 6x1, the MAPPO teachers of the committed datasets and
+tables); a local run overrides it, with a warning.
 
 Collection is one jitted program per policy and chunk size: a `vmap` of
 [`envs.run_episodes`][jaxil.envs.rollout.run_episodes] for ONE episode over a
