@@ -57,7 +57,7 @@ def _build(args) -> int:
     out = Path(args.out) if args.out else r.default_path(args.seed, counts)
     if args.teacher and args.no_teacher:
         raise ValueError("give --teacher DIR or --no-teacher, not both")
-    kw = env_kwargs(args, r.env_id)
+    kw = env_kwargs(args, r.env_id) or None  # None: the teacher's own keywords
     # Before any collection: an unwritable --out is found now, not after the build.
     check_file_writable(out, "--out")
     check_file_writable(sidecar_path(out), "--out's sidecar")
@@ -514,7 +514,8 @@ def register(sub) -> None:
         b.add_argument(f"--n-{t}", type=nonneg_int, default=None, metavar="N",
                        help=f"number of {t} trajectories (overrides the recipe and --scale; "
                             f"0 drops the tier)")
-    add_env_kwargs(b, "environment keyword override (JSON value), e.g. max_steps=50")
+    add_env_kwargs(b, "environment keyword override (JSON value), e.g. max_steps=50; "
+                      "without any, those the teacher was trained with")
     b.add_argument("--epsilon", type=_tier_epsilon, action="append", metavar="TIER=EPS",
                    help="ε of a noised-expert tier, e.g. medium=0.2 (defaults: 0.4 / 0.85)")
     b.add_argument("--chunk-size", type=positive_int, default=128,

@@ -317,7 +317,8 @@ def build(
       scale: multiply every count (rounded, at least 1), for small versions.
       counts: per-tier count overrides, e.g. `{"expert": 4, "poor": 8}`.
       env_kwargs: [`envs.make`][jaxil.envs.registry.make] overrides (e.g.
-        `{"max_steps": 10}`).
+        `{"max_steps": 10}`); `None` takes the teacher's own (see
+        [`make_zoo`][jaxil.collect.zoo.make_zoo]), `{}` the defaults.
       epsilons: ε of the noised-expert tiers, e.g. `{"medium": 0.2}` (defaults:
         [`jaxil.collect.zoo.tier_epsilons`][jaxil.collect.zoo.tier_epsilons]).
       discover_teachers: with `teacher_dir=None`, look for a trained
@@ -344,9 +345,9 @@ def build(
     if out_path is not None:  # before the collection, not after it
         check_file_writable(out_path, "out_path")
         check_file_writable(sidecar_path(out_path), "out_path's sidecar")
-    env_kwargs = dict(env_kwargs or {})
     zoo = make_zoo(r.env_id, env_kwargs=env_kwargs, teacher_dir=teacher_dir,
                    discover=discover_teachers, epsilons=epsilons)
+    env_kwargs = zoo.env_kwargs
     if r.action_noise and zoo.spec.discrete:
         raise ValueError(f"recipe {r.name}: -dart (executed-action noise) needs a box action "
                          f"space, and {r.env_id} has discrete actions; drop the -dart suffix")

@@ -462,7 +462,9 @@ def make_zoo(
     Args:
       env_id: registry id, e.g. `"smax:3m"`.
       env_kwargs: keyword overrides for [`envs.make`][jaxil.envs.registry.make]
-        (e.g. `max_steps`).
+        (e.g. `max_steps`). `None` takes those the teacher was trained with
+        (its `teacher.json`; a MaMuJoCo teacher records its solver
+        settings), or none without a teacher; `{}` forces the defaults.
       teacher_dir: a teacher run directory to take the tiers from (may still
         be training); `None` looks one up (see the module docstring).
       discover: look for a complete teacher when `teacher_dir` is None;
@@ -476,10 +478,12 @@ def make_zoo(
     Raises:
       ExpertUnavailable: neither a teacher nor a scripted expert exists.
     """
-    env_kwargs = dict(env_kwargs or {})
     eps = tier_epsilons(env_id, epsilons)
     if teacher_dir is None and discover:
         teacher_dir = find_teacher(env_id)
+    if env_kwargs is None and teacher_dir is not None:
+        env_kwargs = (_read_teacher(Path(teacher_dir)) or {}).get("env_kwargs")
+    env_kwargs = dict(env_kwargs or {})
     key = None
     if cache:
         stamp = None

@@ -533,3 +533,60 @@ def test_teach_refuses_an_environment_keyword_the_environment_does_not_take(tmp_
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--env-kwarg" in err[0] and "bogus" in err[0], err
     assert not (out / "teacher.json").exists()
+
+
+def test_every_shipped_checkpoint_loads_and_matches_its_digest():
+    """Every checkpoint of every teacher in the package loads with its
+    SHA-256 verified, and the MaMuJoCo teachers record the solver settings
+    they were trained under. Kills a checkpoint re-shipped without its
+    teacher.json (the digests would no longer match), a checkpoint missing
+    from the package data, and a MaMuJoCo teacher shipped without its
+    `env_kwargs`, whose tiers the zoo would then measure under other
+    physics."""
+    from jaxil.teachers import shipped_teachers
+
+    shipped = shipped_teachers()
+    assert {"smax:3m", "smax:2s3z", "mamujoco:hopper_3x1", "mamujoco:halfcheetah_6x1"} <= set(shipped)
+    for env_id, d in shipped.items():
+        doc = json.loads((d / "teacher.json").read_text())
+        steps = sorted(int(s) for s in doc["params_sha256"])
+        assert steps == sorted(c["step"] for c in doc["checkpoints"]), env_id
+        for step in steps:
+            _, params, spec = load_teacher(str(d), step=step)
+            assert spec.env_id == env_id
+            assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
+        if env_id.startswith("mamujoco:"):
+            assert doc["env_kwargs"] == {"iterations": 4, "ls_iterations": 8}, env_id
+
+
+def test_data_is_collected_under_the_teachers_own_environment_keywords(uninterrupted, tmp_path):
+    """A teacher trained with environment keywords (a MaMuJoCo teacher
+    records its solver settings) gives its data under the same keywords
+    unless the caller names others: `jaxil.load_dataset` on a fresh clone
+    then builds the recipe's committed data, not data of another physics.
+    Kills a zoo or a build that drops the teacher's keywords when none are
+    given (the time limit below would be the default 8, not 5), and one
+    that overrides keywords the caller gave, even `{}`."""
+    import shutil
+
+    from jaxil.collect.recipes import Recipe, build
+    from jaxil.collect.zoo import make_zoo
+
+    run, _ = uninterrupted
+    teacher = tmp_path / "teacher"
+    shutil.copytree(run, teacher)
+    doc = json.loads((teacher / "teacher.json").read_text())
+    doc["env_kwargs"] = {"max_steps": 5}
+    (teacher / "teacher.json").write_text(json.dumps(doc))
+
+    zoo = make_zoo("toy:masked", teacher_dir=teacher, cache=False)
+    assert zoo.env_kwargs == {"max_steps": 5} and zoo.env.spec.max_steps == 5
+    zoo = make_zoo("toy:masked", env_kwargs={}, teacher_dir=teacher, cache=False)
+    assert zoo.env_kwargs == {} and zoo.env.spec.max_steps == 8
+    zoo = make_zoo("toy:masked", env_kwargs={"max_steps": 6}, teacher_dir=teacher, cache=False)
+    assert zoo.env.spec.max_steps == 6
+
+    recipe = Recipe("toy:masked", "tiny", (("expert", 2), ("poor", 2)))
+    ds = build(recipe, teacher_dir=teacher, progress=False, measure_episodes=0, chunk_size=2)
+    assert ds.info.env_kwargs == {"max_steps": 5} and ds.spec.max_steps == 5
+    assert int(np.asarray(ds.length).max()) <= 5
