@@ -148,8 +148,8 @@ def write_outputs(rows: list[dict], out: Path, meta: dict) -> None:
         + f"\n\nCommand: `{meta['command']}`  \n"
         + "".join(f"Rows of {', '.join(envs_)} kept from an earlier run (`{cmd}`), same "
                   "settings.  \n" for cmd, envs_ in kept_by_command(meta).items())
-        + "".join(f"Row {e}: {row_setting(r)} ({over['why']}).  \n"
-                  for e, r, over in own_rows(rows))
+        + "".join(f"Row{'s' if len(es) > 1 else ''} {', '.join(es)}: {setting} ({why}).  \n"
+                  for (setting, why), es in _group_own_rows(rows).items())
         + "Training time (sum over rows, each timed when it ran): "
         f"{sum(r['seconds'] for r in rows):.0f}s; this invocation {meta['wall_seconds']:.0f}s; {meta['seeds']} seeds, {meta['updates']} updates, mean ± std over seeds of the final "
         f"evaluation return ({meta['eval_episodes']} "
@@ -198,6 +198,15 @@ def own_rows(rows: list[dict]) -> list[tuple[str, dict, dict]]:
         if kind != KIND or (r.get("standardize_obs") and over.get("standardize_obs")):
             out.setdefault(r["env"], (r["env"], r, over))
     return list(out.values())
+
+
+def _group_own_rows(rows: list[dict]) -> dict[tuple[str, str], list[str]]:
+    """``{(setting, why): [env, ...]}`` of ``own_rows``, so that rows changed
+    the same way for the same reason are named once."""
+    out: dict = {}
+    for e, r, over in own_rows(rows):
+        out.setdefault((row_setting(r), over["why"]), []).append(e)
+    return out
 
 
 def row_setting(r: dict, short: bool = False) -> str:

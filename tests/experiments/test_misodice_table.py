@@ -38,3 +38,16 @@ def test_standardised_and_other_recipe_rows_are_named_under_the_table():
     assert row_setting(hopper, short=True) == "standardised"
     assert row_setting(mpe) == "dataset `mpe-simple_spread_continuous/mix-1000e-5000p-dart0.8`, 20000 updates"
     assert own_rows([raw_hopper, plain_mpe, smax]) == []
+
+
+def test_rows_changed_alike_are_named_once():
+    """Kills a footer that repeats the same reason for every MaMuJoCo row, or
+    one that merges rows changed in different ways."""
+    from experiments.misodice_table.run import _group_own_rows
+
+    rows = [_row("mamujoco:hopper_3x1", standardize_obs=True),
+            _row("mamujoco:halfcheetah_6x1", standardize_obs=True),
+            _row("mpe:simple_spread_continuous", kind="mix-1000e-5000p-dart0.8", updates=20000)]
+    groups = _group_own_rows(rows)
+    assert sorted(groups.values()) == [["mamujoco:hopper_3x1", "mamujoco:halfcheetah_6x1"],
+                                       ["mpe:simple_spread_continuous"]]
