@@ -51,8 +51,8 @@ _SMAX = PPOConfig(
 # no entropy bonus) at 64 envs, where MJX on a CPU steps faster per env than
 # at 256 (experiments/misodice_table/MAMUJOCO.md). reward_scale 0.02 keeps
 # the discounted return (a hopper earns about 3 a step) near the value clip's
-# scale. Train with --env-kwarg iterations=4 ls_iterations=8 on a CPU
-# (experiments/misodice_table/MAMUJOCO.md: the same physics there).
+# scale. Train with --env-kwarg iterations=4 --env-kwarg ls_iterations=8 on a
+# CPU (experiments/misodice_table/MAMUJOCO.md: the same physics there).
 _MUJOCO = PPOConfig(
     algo="mappo",
     total_timesteps=3_000_000,
