@@ -192,10 +192,8 @@ def own_rows(rows: list[dict]) -> list[tuple[str, dict, dict]]:
     table's."""
     out = {}
     for r in rows:
-        name = env_short(r["env"])
-        kind = r.get("recipe", f"/{KIND}").split("/", 1)[1]
-        over = ROW_OVERRIDES.get(name, {})
-        if kind != KIND or (r.get("standardize_obs") and over.get("standardize_obs")):
+        over = ROW_OVERRIDES.get(env_short(r["env"]))
+        if over is not None and row_setting(r):
             out.setdefault(r["env"], (r["env"], r, over))
     return list(out.values())
 
