@@ -21,7 +21,7 @@ from typing import Any, Optional
 from jaxil.cli.args import (add_env_kwargs, add_hidden, add_loggers, add_progress, add_run_dir,
                             add_seeds, env_kwargs, make_loggers, nonneg_int, positive_float,
                             positive_int, probability)
-from jaxil.algorithms.interactive.config import METHODS, InteractiveConfig, regime
+from jaxil.algorithms.interactive.config import METHODS, STUDENTS, InteractiveConfig, regime
 from jaxil.algorithms.interactive.labels import VERIFIERS
 from jaxil.algorithms.interactive.schedule import BETA_SCHEDULES, SWITCHES
 
@@ -81,7 +81,8 @@ def _run(args) -> int:
         hidden=tuple(args.hidden), batch_size=args.batch_size, rounds=args.rounds,
         envs_per_round=args.envs_per_round, updates_per_round=args.updates_per_round,
         sft_labels=args.sft_labels, sft_updates=args.sft_updates, capacity=args.capacity,
-        eval_episodes=args.eval_episodes, deterministic_eval=args.deterministic_eval)
+        eval_episodes=args.eval_episodes, deterministic_eval=args.deterministic_eval,
+        student=args.student)
     knobs = _knobs(args, env.spec)
     name = args.name or f"{args.method}@{args.budget}"
     summary = run(env, policy, params, [(name, knobs)], seeds=args.seeds, config=config,
@@ -124,6 +125,10 @@ def register(sub) -> None:
     p.add_argument("--eval-episodes", type=positive_int, default=d.eval_episodes)
     p.add_argument("--eval-every", type=positive_int, default=1, help="rounds between evaluations")
     p.add_argument("--deterministic-eval", action="store_true")
+    p.add_argument("--student", choices=tuple(STUDENTS), default="bc",
+                   help="the student's network: bc (relu) or ppo (the PPO actor's: tanh, "
+                        "a tanh-Gaussian head, observations standardised by the SFT "
+                        "demonstrations)")
     k = add_method_knobs(p)
     k.add_argument("--scratch", action="store_true", help="retrain from scratch every round")
     add_run_dir(p)

@@ -41,6 +41,12 @@ from jaxil.algorithms.interactive.labels import VERIFIERS
 from jaxil.algorithms.interactive.schedule import BETA_SCHEDULES, SWITCHES
 
 METHODS = ("bc", "dagger", "oec", "oec_mix", "onpolicy")
+#: The student's network: `PolicyNet` keywords besides the hidden widths.
+STUDENTS: dict[str, dict[str, Any]] = {
+    "bc": dict(box="censored_gaussian"),
+    "ppo": dict(activation="tanh", init="orthogonal", log_std="param", box="tanh_gaussian",
+                obs_norm=True),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +65,13 @@ class InteractiveConfig:
       capacity: steps the aggregate buffer holds (ring; oldest overwritten).
       eval_episodes: episodes per evaluation, from fixed start states.
       deterministic_eval: evaluate the student's mode instead of samples.
+      student: the student's network, one of `STUDENTS`: `"bc"`, the BC
+        learner's own (relu, a state-dependent log-std on box actions), or
+        `"ppo"`, the PPO actor's (tanh, orthogonal initialisation, a
+        state-independent log-std, a tanh-Gaussian head on box actions, and
+        observations standardised by the statistics of the SFT
+        demonstrations, fixed from then on), which is the network of the
+        PPO teachers and of GAIL/AIRL's policy.
     """
 
     hidden: tuple[int, ...] = (64, 64)
@@ -73,8 +86,12 @@ class InteractiveConfig:
     capacity: int = 8192
     eval_episodes: int = 64
     deterministic_eval: bool = False
+    student: str = "bc"
 
     def __post_init__(self):
+        if self.student not in STUDENTS:
+            raise ValueError(f"interactive student must be one of {', '.join(STUDENTS)}, "
+                             f"got {self.student!r}")
         positive = ("batch_size", "rounds", "envs_per_round", "updates_per_round",
                     "sft_labels", "sft_updates", "capacity", "eval_episodes")
         for name in positive:

@@ -35,16 +35,17 @@ import numpy as np
 from flax import struct
 
 from jaxil import envs
-from jaxil.envs.core import MultiAgentEnv
+from jaxil.envs.core import EnvSpec, MultiAgentEnv
 from jaxil.runs import guard
 from jaxil.algorithms.interactive import labels as L
 from jaxil.algorithms.interactive.buffer import StepBuffer, empty_buffer, insert, mixed_draw
-from jaxil.algorithms.interactive.config import (InteractiveConfig, RegimeHParams, check_regime, resolve_auto,
-                                      stack_regimes)
+from jaxil.algorithms.interactive.config import (STUDENTS, InteractiveConfig, RegimeHParams,
+                                                check_regime, resolve_auto, stack_regimes)
 from jaxil.algorithms.interactive.rollout import SwitchRule, mixed_episodes
 from jaxil.algorithms.interactive.schedule import expert_probability
 from jaxil.algorithms.offline.base import Learner, LearnerState, with_learning_rate
 from jaxil.algorithms.offline.bc import BCBatch, BCConfig, BCHParams, make_bc
+from jaxil.nn.policy import PolicyNet
 from jaxil.runs.rundir import check_run_dir
 from jaxil.runs import engine, loggers as run_loggers
 from jaxil.runs.updates import fused_updates
@@ -86,12 +87,30 @@ class InteractiveState:
     key: jax.Array
 
 
+def student_net(spec: EnvSpec, config: InteractiveConfig) -> PolicyNet:
+    """The student's network: `config.hidden` widths, the rest from
+    `STUDENTS[config.student]`."""
+    return PolicyNet(spec, tuple(config.hidden), config.shared, **STUDENTS[config.student])
+
+
 @functools.lru_cache(maxsize=16)
 def make_student(env: MultiAgentEnv, config: InteractiveConfig) -> Learner:
-    """The student: a BC learner (cached, so repeated runs share compiled programs)."""
+    """The student: a BC learner on
+    [`student_net`][jaxil.algorithms.interactive.loop.student_net] (cached, so
+    repeated runs share compiled programs)."""
     return make_bc(env.spec, BCConfig(hidden=tuple(config.hidden), shared=config.shared,
                                       batch_size=config.batch_size,
-                                      max_grad_norm=config.max_grad_norm), beta=0.0)
+                                      max_grad_norm=config.max_grad_norm), beta=0.0,
+                   policy=student_net(env.spec, config))
+
+
+def with_demo_stats(params: Any, net: PolicyNet, demos: Demos, steps: int) -> Any:
+    """The student's parameters with the observation statistics of the first
+    `steps` demonstration steps, for a network that standardises its
+    observations (else `params` unchanged)."""
+    if not net.obs_norm:
+        return params
+    return dict(params, policy=net.with_obs_stats(params["policy"], demos.obs[:steps]))
 
 
 def _flat(x: jax.Array) -> jax.Array:
@@ -130,6 +149,7 @@ def make_round(env: MultiAgentEnv, student: Learner, expert: Any, config: Intera
     spec = env.spec
     n = spec.num_agents
     spolicy = student.policy(False)
+    net = student_net(spec, config)
 
     def round_fn(state: InteractiveState, demos: Demos, expert_params: Any):
         hp = state.hp
@@ -157,6 +177,9 @@ def make_round(env: MultiAgentEnv, student: Learner, expert: Any, config: Intera
         buf = insert(state.buffer, _flat(ep.obs[:, :T]), _flat(ep.avail_actions[:, :T]),
                      _flat(targets), _flat(mask))
         fresh = student.init(state.init_key, state.student.hparams)
+        if net.obs_norm:  # a fresh start keeps the SFT demonstrations' statistics
+            fresh = fresh.replace(params=dict(fresh.params, policy=dict(
+                fresh.params["policy"], obs_stats=state.student.params["policy"]["obs_stats"])))
         learner = jax.tree.map(lambda a, b: jnp.where(hp.scratch, a, b), fresh, state.student)
         learner = learner.replace(key=state.student.key)
         new = state.replace(
@@ -246,8 +269,11 @@ def init_states(env, student: Learner, config: InteractiveConfig, hps: list[dict
     keys = jnp.stack([jax.random.PRNGKey(base_seed + s) for s in uniq])
     k_init, k_state, k_sft = jax.vmap(lambda k: jax.random.split(k, 3))(keys).transpose(1, 0, 2)
 
+    net = student_net(env.spec, config)
+
     def one(ki, ks, lr):
         ls = student.init(ki, BCHParams(beta=jnp.float32(0.0), lr=lr))
+        ls = ls.replace(params=with_demo_stats(ls.params, net, demos, sft_steps))
         return InteractiveState(student=ls, buffer=empty_buffer(env.spec, config.capacity),
                                 hp=jax.tree.map(lambda x: x[0], hp), labels=jnp.int32(0),
                                 env_steps=jnp.int32(0), round=jnp.int32(0),
@@ -396,7 +422,8 @@ def run(
 
 
 def _returns(ep: Any) -> dict:
-    return {"eval_return": ep.episode_return, "eval_win_rate": ep.won}
+    return {"eval_return": ep.episode_return, "eval_win_rate": ep.won,
+            "eval_length": ep.length.astype(jnp.float32)}
 
 
 def summarize(rows: list[dict], runs: list[Run]) -> dict:

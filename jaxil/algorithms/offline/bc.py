@@ -78,9 +78,21 @@ def _check_common(cfg) -> None:
         raise ValueError(f"box must be one of {BOX_HEADS}, got {cfg.box!r}")
 
 
-def make_bc(spec: EnvSpec, config: BCConfig = BCConfig(), beta: float = 0.0) -> Learner:
-    """BC learner; `beta` is the default D_E fraction of its hparams."""
-    pi = PolicyNet(spec, config.hidden, config.shared, box=config.box)
+def make_bc(spec: EnvSpec, config: BCConfig = BCConfig(), beta: float = 0.0,
+            policy: Optional[PolicyNet] = None) -> Learner:
+    """BC learner; `beta` is the default D_E fraction of its hparams.
+
+    `policy`: the network to clone into, instead of the one `config` describes
+    (`hidden`, `shared` and `box` are then the network's own; the batch size
+    and gradient clip still come from `config`). The interactive student uses
+    it to clone into the PPO actor's network. A network that normalises its
+    observations (`obs_norm`) starts at the identity statistics: the caller
+    sets them with
+    [`PolicyNet.with_obs_stats`][jaxil.nn.policy.PolicyNet.with_obs_stats]
+    on `state.params["policy"]`, and the updates leave them as they are."""
+    if policy is not None and policy.spec != spec:
+        raise ValueError(f"make_bc policy was built for {policy.spec.env_id}, not {spec.env_id}")
+    pi = PolicyNet(spec, config.hidden, config.shared, box=config.box) if policy is None else policy
     tx = adam(config.max_grad_norm)
 
     def default_hparams():

@@ -591,3 +591,93 @@ def test_student_updates_raise_the_likelihood_of_the_labels():
 
     before, after = map(float, fast_call(run, jax.random.PRNGKey(0)))
     assert after > before + 0.2, (before, after)
+
+
+def test_ppo_student_standardises_by_the_sft_demonstrations_and_keeps_them():
+    """The `student="ppo"` network (the PPO actor's, with observation
+    statistics): `with_demo_stats` sets the statistics to the mean and
+    population variance of the first `steps` demonstration steps, all agents
+    pooled (float64 numpy reference), and 30 fused student updates leave them
+    exactly as they are while raising the likelihood of the labels. Fails if
+    the statistics come from every demonstration instead of the SFT prefix,
+    if the student is still the relu BC network (no statistics at all), if
+    the updates move the statistics (Adam stepping them as weights), or if
+    the update climbs the BC loss's gradient."""
+    from jaxil.algorithms.interactive.config import stack_regimes
+    from jaxil.algorithms.interactive.loop import (Demos, InteractiveState, make_student,
+                                                   student_net, train_student, with_demo_stats)
+    from jaxil.algorithms.offline.bc import BCHParams
+
+    from helpers.fast_compile import fast_call
+
+    env = envs.make("mpe:simple_spread_continuous")
+    spec = env.spec
+    n, O, d = spec.num_agents, spec.obs_dim, spec.action.dim
+    rng = np.random.default_rng(1)
+    obs = (3.0 + 2.0 * rng.normal(size=(400, n, O))).astype(np.float32)
+    obs[300:] += 50.0  # beyond the SFT prefix: must not enter the statistics
+    act = np.tanh(obs[..., :d] - 3.0).astype(np.float32) * 0.8
+    demos = Demos(obs=jnp.asarray(obs), avail=jnp.zeros((400, n, 0), bool),
+                  actions=jnp.asarray(act))
+    config = InteractiveConfig(hidden=(32,), batch_size=64, student="ppo")
+    net = student_net(spec, config)
+    assert net.obs_norm and net.param_log_std and net.box == "tanh_gaussian"
+    student = make_student(env, config)
+    hp = jax.tree.map(lambda x: x[0], stack_regimes([regime(
+        "dagger", 2000, sft_labels=100, has_win=False, switch_hi=1, return_threshold=0.0)]))
+    policy = student.policy()
+
+    def run(key):
+        k_init, k_state = jax.random.split(key)
+        ls = student.init(k_init, BCHParams(beta=jnp.float32(0.0), lr=jnp.float32(3e-3)))
+        ls = ls.replace(params=with_demo_stats(ls.params, net, demos, 300))
+        state = InteractiveState(student=ls, buffer=empty_buffer(spec, 16), hp=hp,
+                                 labels=jnp.int32(0), env_steps=jnp.int32(0),
+                                 round=jnp.int32(0), demo_steps=jnp.int32(300),
+                                 init_key=k_init, key=k_state)
+        lp = lambda params: policy.log_prob(  # noqa: E731
+            params, demos.obs[:300], demos.avail[:300], demos.actions[:300]).mean()
+        new, _, _ = train_student(student, state, demos, 30, config.batch_size)
+        return ls.params, new.student.params, lp(ls.params), lp(new.student.params)
+
+    p0, p1, before, after = fast_call(run, jax.random.PRNGKey(0))
+    ref = obs[:300].astype(np.float64).reshape(-1, O)
+    stats = p0["policy"]["obs_stats"]
+    np.testing.assert_allclose(np.asarray(stats.mean), ref.mean(0), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(stats.var), ref.var(0), rtol=1e-3)
+    for a, b in zip(jax.tree.leaves(stats), jax.tree.leaves(p1["policy"]["obs_stats"])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert float(after) > float(before) + 0.5, (float(before), float(after))
+
+
+@pytest.mark.slow  # a whole interactive run's compiles on box actions (about 1 min)
+def test_ppo_student_runs_dagger_and_scratch_keeps_the_sft_statistics(tmp_path):
+    """`run` with `student="ppo"` on box actions (MPE spread, scripted
+    expert), DAgger warm and from scratch: every run's observation
+    statistics at the end are those of the SFT demonstrations, also in the
+    run re-initialised every round (a fresh initialisation that dropped them
+    would reset them to mean 0, variance 1), and the evaluations are finite
+    with their episode lengths recorded."""
+    from jaxil.algorithms.interactive.loop import collect_demos, run
+    from jaxil.cli.interactive import load_expert
+
+    env, pol, params, _ = load_expert("mpe:simple_spread_continuous", "scripted")
+    cfg = InteractiveConfig(rounds=2, envs_per_round=4, updates_per_round=20, sft_updates=20,
+                            eval_episodes=4, sft_labels=150, capacity=1024, hidden=(32,),
+                            student="ppo")
+    kw = dict(sft_labels=cfg.sft_labels, has_win=env.spec.has_win)
+    regs = [("dagger", regime("dagger", 900, **kw)),
+            ("scratch", regime("dagger", 900, **kw, scratch=True))]
+    out = run(env, pol, params, regs, seeds=1, config=cfg, out_dir=tmp_path / "r",
+              progress=False, diagnostics=False)
+    demos, _, _ = collect_demos(env, pol, params, jax.random.PRNGKey(777_777), 64)
+    steps = out["demos"]["sft_steps"]
+    ref = np.asarray(demos.obs[:steps], np.float64).reshape(-1, env.spec.obs_dim)
+    stats = out["states"].student.params["policy"]["obs_stats"]
+    for i in range(2):
+        np.testing.assert_allclose(np.asarray(stats.mean[i]), ref.mean(0), rtol=1e-4, atol=1e-4)
+        # (constant features: the initial count of 1e-4 at variance 1 leaves ~1e-6)
+        np.testing.assert_allclose(np.asarray(stats.var[i]), ref.var(0), rtol=1e-3, atol=1e-5)
+    rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert all(np.isfinite(r["eval_return"]) and r["eval_length"] == env.spec.max_steps
+               for r in rows if "eval_return" in r)
