@@ -4,8 +4,9 @@ the result files of `adversarial.py`.
 
     python experiments/irl/hopper_grid.py
 
-Reads `results/hopper_<d>d_<sub20|full>[_airl|_cold].json` (the commands are
-in `README.md`, "Multi-agent Hopper"), writes `results/hopper_grid.md` and
+Reads `results/hopper_<d>d_<sub20|full>[_cold][_airl].json` (`adversarial.py`)
+and `results/hopper_<d>d_full_dagger.json` (`hopper_dagger.py`; the commands
+are in `README.md`, "Multi-agent Hopper"), writes `results/hopper_grid.md` and
 `results/hopper_grid.png`. Each cell is the mean ± std over seeds of the
 greedy return at the end of training, with the return per step and the
 episode length beside it: the hopper pays 1 a step for staying upright, so
@@ -25,7 +26,11 @@ DEMOS = (4, 11, 25)
 REGIMES = (("sub20", "every 20th step"), ("full", "every step"))
 #: (column, method, file suffix, chunk): BC is chunk 0 of the warm-started runs.
 COLUMNS = (("BC (π_SFT)", "gail", "", 0), ("GAIL", "gail", "", -1),
-           ("AIRL", "airl", "", -1), ("GAIL, no warm start", "gail", "_cold", -1))
+           ("AIRL", "airl", "", -1), ("GAIL, no warm start", "gail", "_cold", -1),
+           ("AIRL, no warm start", "airl", "_cold", -1))
+#: The interactive runs (`hopper_dagger.py`): their own BC and DAgger, at the
+#: expert-label budget of `d` whole trajectories.
+DAGGER_COLUMNS = (("BC (same labels)", "bc"), ("DAgger (same labels)", "dagger"))
 
 
 def _load(demos: int, regime: str, suffix: str, method: str):
@@ -53,6 +58,49 @@ def cell(demos: int, regime: str, method: str, suffix: str, chunk: int):
                 length=length)
 
 
+def dagger_cell(demos: int, regime: str):
+    """`dict(mean, std, per_step, length, labels)` of one regime of
+    `results/hopper_<d>d_full_dagger.json`, or None."""
+    path = RESULTS / f"hopper_{demos}d_full_dagger.json"
+    if not path.exists():
+        return None
+    res = json.loads(path.read_text())["result"]
+    entry, curve = res["regimes"].get(regime), res["curves"].get(regime)
+    if entry is None:
+        return None
+    ret, length = curve["eval_return"][-1], curve["eval_length"][-1]
+    return dict(mean=entry["return_mean"], std=entry["return_std"], per_step=ret / length,
+                length=length, labels=entry["labels_mean"], budget=res["budget"])
+
+
+def _text(c: dict) -> str:
+    return f"{c['mean']:.0f} ± {c['std']:.0f} ({c['per_step']:.2f}/step, {c['length']:.0f} steps)"
+
+
+def dagger_table() -> tuple[str, dict]:
+    """The DAgger rows, or an empty text when no interactive run is there."""
+    data = {d: [dagger_cell(d, r) for _, r in DAGGER_COLUMNS] for d in DEMOS}
+    if all(c is None for cells in data.values() for c in cells):
+        return "", data
+    rows = ["| labels of (whole trajectories) | expert labels | "
+            + " | ".join(c[0] for c in DAGGER_COLUMNS) + " |", "|---|---|---|---|"]
+    for d, cells in data.items():
+        if all(c is None for c in cells):
+            continue
+        budget = next(c["budget"] for c in cells if c is not None)
+        out = ["not run" if c is None else _text(c) for c in cells]
+        bc, dg = cells
+        if bc is not None and dg is not None and dg["mean"] - bc["mean"] > max(dg["std"], bc["std"]):
+            out[1] += " ✓"
+        rows.append(f"| {d} | {budget:,} | " + " | ".join(out) + " |")
+    note = ("\nThe interactive runs (`hopper_dagger.py`): the PPO actor's network as the student, "
+            "the shipped teacher as the expert (fresh episodes, acting sampled), greedy return "
+            "after 8 rounds, mean ± std over 4 seeds; ✓: DAgger above its BC by more than one "
+            "std of both. BC spends the labels on whole expert episodes; DAgger on about two "
+            "of them, then on the expert's labels of the states its β-mixture visits.\n")
+    return "\n".join(rows) + "\n" + note, data
+
+
 def _demonstrator_return() -> float | None:
     """The mean return of the dataset's expert trajectories the seeds draw from."""
     for path in sorted(RESULTS.glob("hopper_*d_*.json")):
@@ -76,7 +124,7 @@ def table() -> tuple[str, dict]:
                 if c is None:
                     out.append("not run")
                     continue
-                text = f"{c['mean']:.0f} ± {c['std']:.0f} ({c['per_step']:.2f}/step, {c['length']:.0f} steps)"
+                text = _text(c)
                 if j > 0 and bc is not None and c["mean"] - bc["mean"] > max(c["std"], bc["std"]):
                     text += " ✓"
                 out.append(text)
@@ -88,7 +136,7 @@ def table() -> tuple[str, dict]:
     return "\n".join(rows) + "\n" + note, data
 
 
-def figure(data: dict, path: Path, expert: float | None) -> None:
+def figure(data: dict, path: Path, expert: float | None, dagger: dict | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -106,6 +154,15 @@ def figure(data: dict, path: Path, expert: float | None) -> None:
             h = ax.errorbar(x, [c["mean"] for _, c in pts], yerr=[c["std"] for _, c in pts],
                             marker="o", capsize=3, color=f"C{j}", label=name)
             handles[name] = h
+        if regime == "full" and dagger:
+            for j, (name, _) in enumerate(DAGGER_COLUMNS):
+                pts = [(d, cells[j]) for d, cells in dagger.items() if cells[j] is not None]
+                if not pts:
+                    continue
+                x = np.array([d for d, _ in pts], float) * (1 + 0.03 * (j + 2.5))
+                handles[name] = ax.errorbar(
+                    x, [c["mean"] for _, c in pts], yerr=[c["std"] for _, c in pts],
+                    marker="s", ls=":", capsize=3, color=f"C{len(COLUMNS) + j}", label=name)
         if expert is not None:
             handles["demonstrations"] = ax.axhline(expert, color="gray", ls="--", lw=1,
                                                    label="demonstrations")
@@ -119,7 +176,7 @@ def figure(data: dict, path: Path, expert: float | None) -> None:
     axes[0].set_ylabel("greedy return (mean ± std, 4 seeds)")
     fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles),
                fontsize=8, frameon=False)
-    fig.suptitle("Multi-agent Hopper: GAIL and AIRL against BC", fontsize=11)
+    fig.suptitle("Multi-agent Hopper: GAIL, AIRL and DAgger against BC", fontsize=11)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(path, dpi=110)
 
@@ -127,8 +184,10 @@ def figure(data: dict, path: Path, expert: float | None) -> None:
 def main() -> int:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     text, data = table()
+    dtext, dagger = dagger_table()
+    text = text + ("\n" + dtext if dtext else "")
     (RESULTS / "hopper_grid.md").write_text(text)
-    figure(data, RESULTS / "hopper_grid.png", _demonstrator_return())
+    figure(data, RESULTS / "hopper_grid.png", _demonstrator_return(), dagger)
     print(text)
     print(f"wrote {RESULTS / 'hopper_grid.md'} and {RESULTS / 'hopper_grid.png'}")
     return 0
