@@ -308,7 +308,10 @@ def run(program: Program, *, rundir: Optional[RunDir] = None,
                     state, metrics, health = jax.block_until_ready(p.chunk(state, c))
             else:
                 state, metrics, health = p.chunk(state, c)
-            guard.check(p.fetch(health), learner=p.name, run_labels=list(p.run_labels),
+            # a step field that counts chunks (rounds, chunks) names the one that diverged
+            who = (f"{p.name} ({p.step_key} {c + 1})" if p.step_unit == 1 and p.step_key != "update"
+                   else p.name)
+            guard.check(p.fetch(health), learner=who, run_labels=list(p.run_labels),
                         first_step=c * p.steps_per_chunk + 1, chunk_len=p.steps_per_chunk,
                         kept=kept())
             elapsed = time.perf_counter() - t_chunk
