@@ -544,6 +544,23 @@ def test_cli_run_killed_with_sigkill_resumes_exactly(tmp_path):
     assert [json.loads(x) for x in a] == [json.loads(x) for x in b]
 
 
+def _one_dagger_regime():
+    """One DAgger regime's traced knobs (unstacked), for driving `train_student`."""
+    from jaxil.algorithms.interactive.config import stack_regimes
+
+    return jax.tree.map(lambda x: x[0], stack_regimes([regime(
+        "dagger", 2000, sft_labels=100, has_win=False, switch_hi=1, return_threshold=0.0)]))
+
+
+def _round_zero_state(learner, buffer, hp, demo_steps, k_init, k_state):
+    """An `InteractiveState` before its first round, around `learner`."""
+    from jaxil.algorithms.interactive.loop import InteractiveState
+
+    return InteractiveState(student=learner, buffer=buffer, hp=hp, labels=jnp.int32(0),
+                            env_steps=jnp.int32(0), round=jnp.int32(0),
+                            demo_steps=jnp.int32(demo_steps), init_key=k_init, key=k_state)
+
+
 def test_student_updates_raise_the_likelihood_of_the_labels():
     """50 of the student's fused updates (``train_student``: the SFT start
     and every round's retraining) on demonstrations and a buffer of
@@ -553,9 +570,7 @@ def test_student_updates_raise_the_likelihood_of_the_labels():
     gradient, e.g. the loss negated) for every interactive method (DAgger,
     OEC, rejection sampling all train through it); the round tests that
     would see it are slow."""
-    from jaxil.algorithms.interactive.config import stack_regimes
-    from jaxil.algorithms.interactive.loop import (Demos, InteractiveState, make_student,
-                                                   train_student)
+    from jaxil.algorithms.interactive.loop import Demos, make_student, train_student
     from jaxil.algorithms.offline.bc import BCHParams
 
     from helpers.fast_compile import fast_call
@@ -572,8 +587,7 @@ def test_student_updates_raise_the_likelihood_of_the_labels():
                   actions=jnp.asarray(label[0]))
     config = InteractiveConfig(hidden=(32,), batch_size=64)
     student = make_student(env, config)
-    hp = jax.tree.map(lambda x: x[0], stack_regimes([regime(
-        "dagger", 2000, sft_labels=100, has_win=False, switch_hi=1, return_threshold=0.0)]))
+    hp = _one_dagger_regime()
     policy = student.policy()
 
     def run(key):
@@ -581,9 +595,7 @@ def test_student_updates_raise_the_likelihood_of_the_labels():
         ls = student.init(k_init, BCHParams(beta=jnp.float32(0.0), lr=jnp.float32(1e-2)))
         buf = insert(empty_buffer(spec, 512), jnp.asarray(obs[1]), jnp.asarray(avail[1]),
                      jnp.asarray(label[1]), jnp.ones(256, bool))
-        state = InteractiveState(student=ls, buffer=buf, hp=hp, labels=jnp.int32(0),
-                                 env_steps=jnp.int32(0), round=jnp.int32(0),
-                                 demo_steps=jnp.int32(256), init_key=k_init, key=k_state)
+        state = _round_zero_state(ls, buf, hp, 256, k_init, k_state)
         p = lambda params: jnp.exp(policy.log_prob(  # noqa: E731
             params, jnp.asarray(obs), jnp.asarray(avail), jnp.asarray(label))).mean()
         new, _, _ = train_student(student, state, demos, 50, config.batch_size)
@@ -603,9 +615,8 @@ def test_ppo_student_standardises_by_the_sft_demonstrations_and_keeps_them():
     if the student is still the relu BC network (no statistics at all), if
     the updates move the statistics (Adam stepping them as weights), or if
     the update climbs the BC loss's gradient."""
-    from jaxil.algorithms.interactive.config import stack_regimes
-    from jaxil.algorithms.interactive.loop import (Demos, InteractiveState, make_student,
-                                                   student_net, train_student, with_demo_stats)
+    from jaxil.algorithms.interactive.loop import (Demos, make_student, student_net,
+                                                   train_student, with_demo_stats)
     from jaxil.algorithms.offline.bc import BCHParams
 
     from helpers.fast_compile import fast_call
@@ -623,18 +634,14 @@ def test_ppo_student_standardises_by_the_sft_demonstrations_and_keeps_them():
     net = student_net(spec, config)
     assert net.obs_norm and net.param_log_std and net.box == "tanh_gaussian"
     student = make_student(env, config)
-    hp = jax.tree.map(lambda x: x[0], stack_regimes([regime(
-        "dagger", 2000, sft_labels=100, has_win=False, switch_hi=1, return_threshold=0.0)]))
+    hp = _one_dagger_regime()
     policy = student.policy()
 
     def run(key):
         k_init, k_state = jax.random.split(key)
         ls = student.init(k_init, BCHParams(beta=jnp.float32(0.0), lr=jnp.float32(3e-3)))
         ls = ls.replace(params=with_demo_stats(ls.params, net, demos, 300))
-        state = InteractiveState(student=ls, buffer=empty_buffer(spec, 16), hp=hp,
-                                 labels=jnp.int32(0), env_steps=jnp.int32(0),
-                                 round=jnp.int32(0), demo_steps=jnp.int32(300),
-                                 init_key=k_init, key=k_state)
+        state = _round_zero_state(ls, empty_buffer(spec, 16), hp, 300, k_init, k_state)
         lp = lambda params: policy.log_prob(  # noqa: E731
             params, demos.obs[:300], demos.avail[:300], demos.actions[:300]).mean()
         new, _, _ = train_student(student, state, demos, 30, config.batch_size)
