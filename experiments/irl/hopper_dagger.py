@@ -4,13 +4,17 @@ GAIL/AIRL grid's whole-trajectory rows.
     python experiments/irl/hopper_dagger.py --demos 4     # one budget (about 10-20 min on 2 cores)
     python experiments/irl/hopper_dagger.py --demos 4 11 25
     python experiments/irl/hopper_dagger.py --demos 4 --quick   # smoke run
+    python experiments/irl/hopper_dagger.py --expert-greedy     # the expert acts on its mean
 
 Per budget, ONE interactive program (`jaxil.algorithms.interactive.loop.run`,
 4 seeds, both regimes vmapped):
 
 - the expert is the shipped MAPPO hopper teacher (its zoo expert tier, the
-  checkpoint the dataset's expert trajectories come from, acting sampled) on
-  `mamujoco:hopper_3x1` at the dataset's solver settings (4/8 iterations);
+  checkpoint the dataset's expert trajectories come from, acting sampled, or
+  with `--expert-greedy` on its mean action, the label `imitation`'s DAgger
+  asks its expert for) on `mamujoco:hopper_3x1` at the dataset's solver
+  settings (4/8 iterations); the demonstrations and every label come from
+  the same policy;
 - the budget is `demos` × 1,281 expert labels (agent-steps): the dataset's
   expert trajectories last 427 steps on average, × 3 agents, so `--demos 4`
   buys as many labels as the grid's 4 whole trajectories;
@@ -25,8 +29,9 @@ Per budget, ONE interactive program (`jaxil.algorithms.interactive.loop.run`,
   4 rollouts per run and round; greedy evaluations (16 episodes, the same
   start states for every run) at rounds 0, 4 and 8.
 
-Writes `results/hopper_<d>d_full_dagger.json` (read by `hopper_grid.py`).
-Run directories go under `runs/experiments/irl/hopper_dagger/` and resume.
+Writes `results/hopper_<d>d_full_dagger.json` (`..._dagger_greedy.json` with
+`--expert-greedy`; read by `hopper_grid.py`). Run directories go under
+`runs/experiments/irl/hopper_dagger/` and resume.
 """
 
 from __future__ import annotations
@@ -73,17 +78,20 @@ def run_budget(demos: int, args) -> dict:
     from jaxil.runs.rundir import read_jsonl
 
     env, policy, params, source = load_expert(ENV, str(TEACHER), dict(ENV_KWARGS))
+    if args.expert_greedy:
+        policy, params, source = greedy_expert(source)
     cfg = config(args.quick)
     budget = demos * LABELS_PER_TRAJECTORY
     kw = dict(sft_labels=cfg.sft_labels, has_win=env.spec.has_win)
     regimes = [("bc", regime("bc", budget, **kw)), ("dagger", regime("dagger", budget, **kw))]
-    out = RUNS / f"{demos}d{'_quick' if args.quick else ''}"
+    out = RUNS / f"{demos}d{'_greedy' if args.expert_greedy else ''}{'_quick' if args.quick else ''}"
     eval_every = 1 if args.quick else 4
     t0 = time.time()
     summary = run(env, policy, params, regimes, seeds=SEEDS, config=cfg, out_dir=out,
                   resume=(out / "run.json").exists(), eval_every=eval_every,
                   progress=not args.no_progress, diagnostics=False,
-                  run_info=dict(expert=source, env_kwargs=ENV_KWARGS, budget=budget))
+                  run_info=dict(expert=source, env_kwargs=ENV_KWARGS, budget=budget,
+                              expert_greedy=args.expert_greedy))
     rows = [r for r in read_jsonl(out / "metrics.jsonl") if "eval_return" in r]
     curves = {}
     for name, _ in regimes:
@@ -96,6 +104,7 @@ def run_budget(demos: int, args) -> dict:
                             eval_length=[float(np.mean(at("eval_length", t))) for t in rounds],
                             labels=[float(np.mean(at("labels", t))) for t in rounds])
     return dict(demos=demos, budget=budget, sft_labels=cfg.sft_labels, expert=source,
+                expert_greedy=args.expert_greedy,
                 expert_demos=summary["demos"], wall_seconds=time.time() - t0,
                 run_dir=str(out.relative_to(ROOT)), config=cfg.to_dict(),
                 regimes={e["regime"]: {k: e[k] for k in ("return_mean", "return_std", "returns",
@@ -104,11 +113,24 @@ def run_budget(demos: int, args) -> dict:
                 curves=curves)
 
 
+def greedy_expert(source: str):
+    """`(policy, params, source)` of the zoo's expert-tier checkpoint (`source`,
+    e.g. ``teacher:mamujoco_hopper_3x1@2703360``) acting on its mean action."""
+    from jaxil.teachers.io import load_checkpoint
+
+    step = int(source.rsplit("@", 1)[1])
+    policy, params, _, _ = load_checkpoint(TEACHER, step=step, deterministic=True)
+    return policy, params, source + " (greedy)"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--demos", type=int, nargs="+", default=[4, 11, 25],
                    help="budgets, in the labels of this many expert trajectories")
     p.add_argument("--quick", action="store_true", help="smoke run: 2 rounds, tiny evaluations")
+    p.add_argument("--expert-greedy", action="store_true",
+                   help="the expert demonstrates and labels with its mean action instead of "
+                        "sampling (results/hopper_<d>d_full_dagger_greedy.json)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     if any(d < 3 for d in args.demos):
@@ -118,12 +140,13 @@ def main(argv=None) -> int:
                             capture_output=True, text=True).stdout.strip()
     for d in args.demos:
         res = run_budget(d, args)
-        doc = dict(command="python experiments/irl/hopper_dagger.py --demos "
-                   f"{d}{' --quick' if args.quick else ''}", commit=commit, seeds=SEEDS,
-                   result=res)
+        flags = (" --expert-greedy" if args.expert_greedy else "") + (" --quick" if args.quick else "")
+        doc = dict(command=f"python experiments/irl/hopper_dagger.py --demos {d}{flags}",
+                   commit=commit, seeds=SEEDS, result=res)
         if not args.quick:
             OUT.mkdir(parents=True, exist_ok=True)
-            (OUT / f"hopper_{d}d_full_dagger.json").write_text(json.dumps(doc, indent=1))
+            name = f"hopper_{d}d_full_dagger{'_greedy' if args.expert_greedy else ''}.json"
+            (OUT / name).write_text(json.dumps(doc, indent=1))
         for name, e in res["regimes"].items():
             print(f"{d} trajectories' labels ({res['budget']}): {name} "
                   f"{e['return_mean']:.0f} ± {e['return_std']:.0f} "

@@ -5,7 +5,7 @@ the result files of `adversarial.py`.
     python experiments/irl/hopper_grid.py
 
 Reads `results/hopper_<d>d_<sub20|full>[_cold][_airl].json` (`adversarial.py`)
-and `results/hopper_<d>d_full_dagger.json` (`hopper_dagger.py`; the commands
+and `results/hopper_<d>d_full_dagger[_greedy].json` (`hopper_dagger.py`; the commands
 are in `README.md`, "Multi-agent Hopper"), writes `results/hopper_grid.md` and
 `results/hopper_grid.png`. Each cell is the mean ± std over seeds of the
 greedy return at the end of training, with the return per step and the
@@ -29,8 +29,11 @@ COLUMNS = (("BC (π_SFT)", "gail", "", 0), ("GAIL", "gail", "", -1),
            ("AIRL", "airl", "", -1), ("GAIL, no warm start", "gail", "_cold", -1),
            ("AIRL, no warm start", "airl", "_cold", -1))
 #: The interactive runs (`hopper_dagger.py`): their own BC and DAgger, at the
-#: expert-label budget of `d` whole trajectories.
-DAGGER_COLUMNS = (("BC (same labels)", "bc"), ("DAgger (same labels)", "dagger"))
+#: expert-label budget of `d` whole trajectories; (column, regime, file suffix),
+#: the suffix ``_greedy`` for the runs whose expert acts on its mean.
+DAGGER_COLUMNS = (("BC (same labels)", "bc", ""), ("DAgger (same labels)", "dagger", ""),
+                  ("BC, greedy expert", "bc", "_greedy"),
+                  ("DAgger, greedy expert", "dagger", "_greedy"))
 
 
 def _load(demos: int, regime: str, suffix: str, method: str):
@@ -63,10 +66,10 @@ def cell(demos: int, regime: str, method: str, suffix: str, chunk: int):
                     mean=start["return_mean"], std=start["return_std"]))
 
 
-def dagger_cell(demos: int, regime: str):
+def dagger_cell(demos: int, regime: str, suffix: str = ""):
     """`dict(mean, std, per_step, length, labels)` of one regime of
-    `results/hopper_<d>d_full_dagger.json`, or None."""
-    path = RESULTS / f"hopper_{demos}d_full_dagger.json"
+    `results/hopper_<d>d_full_dagger<suffix>.json`, or None."""
+    path = RESULTS / f"hopper_{demos}d_full_dagger{suffix}.json"
     if not path.exists():
         return None
     res = json.loads(path.read_text())["result"]
@@ -84,25 +87,30 @@ def _text(c: dict) -> str:
 
 def dagger_table() -> tuple[str, dict]:
     """The DAgger rows, or an empty text when no interactive run is there."""
-    data = {d: [dagger_cell(d, r) for _, r in DAGGER_COLUMNS] for d in DEMOS}
+    data = {d: [dagger_cell(d, r, s) for _, r, s in DAGGER_COLUMNS] for d in DEMOS}
     if all(c is None for cells in data.values() for c in cells):
         return "", data
     rows = ["| labels of (whole trajectories) | expert labels | "
-            + " | ".join(c[0] for c in DAGGER_COLUMNS) + " |", "|---|---|---|---|"]
+            + " | ".join(c[0] for c in DAGGER_COLUMNS) + " |",
+            "|" + "---|" * (len(DAGGER_COLUMNS) + 2)]
     for d, cells in data.items():
         if all(c is None for c in cells):
             continue
         budget = next(c["budget"] for c in cells if c is not None)
         out = ["not run" if c is None else _text(c) for c in cells]
-        bc, dg = cells
-        if bc is not None and dg is not None and dg["mean"] - bc["mean"] > max(dg["std"], bc["std"]):
-            out[1] += " ✓"
+        for j in range(1, len(cells), 2):  # each DAgger against the BC of the same expert
+            bc, dg = cells[j - 1], cells[j]
+            if bc is not None and dg is not None \
+                    and dg["mean"] - bc["mean"] > max(dg["std"], bc["std"]):
+                out[j] += " ✓"
         rows.append(f"| {d} | {budget:,} | " + " | ".join(out) + " |")
     note = ("\nThe interactive runs (`hopper_dagger.py`): the PPO actor's network as the student, "
-            "the shipped teacher as the expert (fresh episodes, acting sampled), greedy return "
-            "after 8 rounds, mean ± std over 4 seeds; ✓: DAgger above its BC by more than one "
-            "std of both. BC spends the labels on whole expert episodes; DAgger on about two "
-            "of them, then on the expert's labels of the states its β-mixture visits.\n")
+            "the shipped teacher as the expert (fresh episodes, acting sampled, or on its mean "
+            "action in the greedy-expert columns, for its demonstrations and its labels alike), "
+            "greedy return after 8 rounds, mean ± std over 4 seeds; ✓: DAgger above the BC of "
+            "the same expert by more than one std of both. BC spends the labels on whole expert "
+            "episodes; DAgger on about two of them, then on the expert's labels of the states "
+            "its β-mixture visits.\n")
     return "\n".join(rows) + "\n" + note, data
 
 
@@ -173,14 +181,15 @@ def figure(data: dict, path: Path, expert: float | None, dagger: dict | None = N
                             marker="o", capsize=3, color=f"C{j}", label=name)
             handles[name] = h
         if regime == "full" and dagger:
-            for j, (name, _) in enumerate(DAGGER_COLUMNS):
+            for j, (name, *_rest) in enumerate(DAGGER_COLUMNS):
                 pts = [(d, cells[j]) for d, cells in dagger.items() if cells[j] is not None]
                 if not pts:
                     continue
                 x = np.array([d for d, _ in pts], float) * (1 + 0.03 * (j + 2.5))
                 handles[name] = ax.errorbar(
                     x, [c["mean"] for _, c in pts], yerr=[c["std"] for _, c in pts],
-                    marker="s", ls=":", capsize=3, color=f"C{len(COLUMNS) + j}", label=name)
+                    marker="s" if j < 2 else "D", ls=":", capsize=3,
+                    color=f"C{len(COLUMNS) + j}", label=name)
         if expert is not None:
             handles["demonstrations"] = ax.axhline(expert, color="gray", ls="--", lw=1,
                                                    label="demonstrations")
@@ -192,10 +201,11 @@ def figure(data: dict, path: Path, expert: float | None, dagger: dict | None = N
         ax.set_title(f"steps kept: {label}")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("greedy return (mean ± std, 4 seeds)")
-    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles),
+    ncol = len(handles) if len(handles) <= 6 else (len(handles) + 1) // 2
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=ncol,
                fontsize=8, frameon=False)
     fig.suptitle("Multi-agent Hopper: GAIL, AIRL and DAgger against BC", fontsize=11)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.tight_layout(rect=(0, 0.06 * -(-len(handles) // ncol), 1, 1))
     fig.savefig(path, dpi=110)
 
 
