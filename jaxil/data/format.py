@@ -31,7 +31,8 @@ member per field. Why this format:
 
 `metadata.json` holds: `format`, `schema_version`, `env_id`, `spec`
 (`EnvSpec.to_dict`), `recipe`, `tier_names`, `source_names`,
-`versions` (jax, jaxlib, jaxmarl, jumanji, jaxil, ...), `creation_args`,
+`versions` (jax, jaxlib, jaxmarl, jumanji, jaxil, mujoco, ..., and
+`xla-target`, the hardware XLA compiled for), `creation_args`,
 `num_trajectories`, `num_steps` and `fields` (dtype, shape and SHA-256
 of each array).
 """
@@ -67,14 +68,23 @@ from jaxil.runs.rundir import installed_versions
 
 FORMAT_NAME = "jaxil.dataset"
 METADATA_MEMBER = "metadata.json"
-VERSION_PACKAGES = ("jax", "jaxlib", "jaxmarl", "jumanji", "jaxil", "flax", "numpy")
+VERSION_PACKAGES = ("jax", "jaxlib", "jaxmarl", "jumanji", "jaxil", "flax", "numpy", "mujoco",
+                    "mujoco-mjx")
+#: The `versions` entry that names what XLA compiled the collection for
+#: ([`compute_target`][jaxil.runs.measure.compute_target]).
+TARGET_KEY = "xla-target"
 
 PathLike = Union[str, os.PathLike]
 
 
 def library_versions() -> dict[str, Optional[str]]:
-    """Installed versions of the packages that shape a dataset (None if absent)."""
-    return installed_versions(VERSION_PACKAGES)
+    """Installed versions of the packages that shape a dataset (None if
+    absent), and under `TARGET_KEY` the hardware XLA compiled for: the same
+    packages on another CPU can record other last bits (`jaxil data diff`
+    then shows both)."""
+    from jaxil.runs.measure import compute_target
+
+    return dict(installed_versions(VERSION_PACKAGES), **{TARGET_KEY: compute_target()})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +98,8 @@ class DatasetInfo:
       tier_names: quality tier of each `tier` index, e.g. `("expert", "random")`.
       source_names: source policy of each `source` index.
       recipe: name of the recipe that built the dataset ("" if none).
-      versions: `(package, version)` pairs at creation time.
+      versions: `(package, version)` pairs at creation time, and
+        `(TARGET_KEY, what XLA compiled for)`.
       creation_args_json: canonical JSON of the arguments that created it.
     """
 

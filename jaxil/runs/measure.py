@@ -76,6 +76,53 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+#: Vector instruction sets, widest first, by the `/proc/cpuinfo` flag that names
+#: each (x86 and Arm).
+VECTOR_ISAS = ("avx512f", "avx2", "avx", "sse4_2", "sve2", "sve", "asimd", "neon")
+
+
+def vector_isa(cpu_flags: Optional[str] = None) -> Optional[str]:
+    """The widest vector instruction set in `cpu_flags` (the `flags` or
+    `Features` line of `/proc/cpuinfo`; read from there when None), one of
+    `VECTOR_ISAS`, or None when none is listed or the file is unreadable."""
+    if cpu_flags is None:
+        cpu_flags = ""
+        try:
+            with open("/proc/cpuinfo") as f:
+                for line in f:
+                    if line.lower().startswith(("flags", "features")):
+                        cpu_flags = line.split(":", 1)[1]
+                        break
+        except OSError:
+            return None
+    have = set(cpu_flags.lower().split())
+    return next((isa for isa in VECTOR_ISAS if isa in have), None)
+
+
+def compute_target() -> str:
+    """What XLA compiles this process's programs for, in one line.
+
+    On the CPU, XLA generates code for the host's own instruction set (capped
+    by `--xla_cpu_max_isa` in `XLA_FLAGS`), and a wider vector set can change
+    the last bits of floating-point results. So two machines with the same
+    packages can compute different numbers, which chaotic dynamics (a
+    MuJoCo robot's contacts) amplify within an episode. The line names the
+    CPU model, its widest vector set and any cap, as
+    ``"cpu: <model> (avx512f, capped at AVX2)"``; on an accelerator, its
+    platform and device kind, as ``"gpu: <device kind>"``.
+    """
+    import re
+
+    import jax
+
+    dev = jax.devices()[0]
+    if dev.platform != "cpu":
+        return f"{dev.platform}: {dev.device_kind}"
+    isa = vector_isa() or platform.machine()
+    cap = re.search(r"--xla_cpu_max_isa=(\S+)", os.environ.get("XLA_FLAGS", ""))
+    return f"cpu: {cpu_model()} ({isa}{', capped at ' + cap.group(1) if cap else ''})"
+
+
 def loadavg() -> Optional[list[float]]:
     """1/5/15-minute load averages (None where the OS has none)."""
     try:
@@ -103,6 +150,7 @@ def machine_info() -> dict[str, Any]:
         "devices": [str(d) for d in jax.devices()],
         "device_kind": jax.devices()[0].device_kind,
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "compute_target": compute_target(),
         "loadavg": loadavg(),
     }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import zipfile
@@ -391,6 +392,41 @@ def test_data_diff_reports_arrays_and_metadata(tmp_path, capsys):
         assert main(["data", "diff", str(a), str(tmp_path / other)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("jaxil data diff: error: ")
+
+
+def test_a_dataset_records_the_physics_packages_and_what_xla_compiled_for(tmp_path, monkeypatch):
+    """The same recipe and packages on two CPUs can write different bytes:
+    XLA compiles for the host's vector instructions, and a wider set changes
+    the last bits that a robot's contacts amplify. So a dataset records the
+    MuJoCo packages and the compile target, and `jaxil data diff` names a
+    changed target. Bugs caught: the target left out of `versions` (the diff
+    cannot say why two builds differ), an `XLA_FLAGS` cap on the instruction
+    set not recorded, the CPU's flags read as the narrowest set."""
+    from jaxil.cli.data import diff_files
+    from jaxil.runs.measure import compute_target, cpu_model, vector_isa
+
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    ds = make_dataset()
+    versions = dict(ds.info.versions)
+    assert {"mujoco", "mujoco-mjx"} <= set(versions)
+    assert versions[fmt.TARGET_KEY] == compute_target()
+    assert versions[fmt.TARGET_KEY].startswith(f"cpu: {cpu_model()} (")
+    assert vector_isa("fpu sse4_2 avx avx2 fma avx512f avx512dq") == "avx512f"
+    assert vector_isa("fpu sse4_2 avx fma avx2") == "avx2"
+    assert vector_isa("fp asimd evtstrm sve") == "sve"
+    assert vector_isa("fpu vme") is None
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2 --xla_cpu_max_isa=AVX2")
+    assert compute_target().endswith(", capped at AVX2)")
+    assert dict(make_dataset().info.versions)[fmt.TARGET_KEY] == compute_target()
+
+    a = save(ds, tmp_path / "a.npz")
+    other = dict(ds.info.versions, **{fmt.TARGET_KEY: "cpu: another model (avx2)"})
+    b = save(ds.replace(info=dataclasses.replace(ds.info, versions=tuple(sorted(other.items())))),
+             tmp_path / "b.npz")
+    d = diff_files(a, b)
+    assert not d["identical"] and d["arrays"] == {}
+    assert d["metadata"] == {f"versions.{fmt.TARGET_KEY}": (versions[fmt.TARGET_KEY],
+                                                           "cpu: another model (avx2)")}
 
 
 def test_a_full_disk_names_the_file_and_keeps_the_old_one(tmp_path):
