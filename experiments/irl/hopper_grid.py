@@ -154,10 +154,11 @@ def table() -> tuple[str, dict]:
             "the run started from (its own π_SFT; BC for a cold start) by more than one std of "
             "both. BC is the chunk-0 evaluation of the warm-started GAIL runs, the policy GAIL "
             "starts from; \"from x\": a run whose own π_SFT differs from that column's, "
-            "because it drew its demonstrations from a rebuild of the dataset (the same "
-            "trajectories up to last-bit differences of the physics that some episodes "
-            "amplify); the cold starts run after that rebuild (all but GAIL's at 4 "
-            "subsampled trajectories) are compared with the first build's BC. 163,840 "
+            "because it drew its demonstrations from a rebuild of the dataset on another "
+            "machine (the same trajectories up to last-bit differences of the physics that "
+            "some episodes amplify); the cold starts (all but GAIL's at 4 subsampled "
+            "trajectories) ran on such rebuilds and are compared with the first build's BC. "
+            "163,840 "
             "env-steps per seed (`--scale 0.2`).\n")
     return "\n".join(rows) + "\n" + note, data
 
