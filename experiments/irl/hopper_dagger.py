@@ -12,7 +12,7 @@ Per budget, ONE interactive program (`jaxil.algorithms.interactive.loop.run`,
 - the expert is the shipped MAPPO hopper teacher (its zoo expert tier, the
   checkpoint the dataset's expert trajectories come from, acting sampled, or
   with `--expert-greedy` on its mean action, the label `imitation`'s DAgger
-  asks its expert for) on `mamujoco:hopper_3x1` at the dataset's solver
+  asks its expert for; `jaxil interactive --expert-greedy`) on `mamujoco:hopper_3x1` at the dataset's solver
   settings (4/8 iterations); the demonstrations and every label come from
   the same policy;
 - the budget is `demos` × 1,281 expert labels (agent-steps): the dataset's
@@ -77,9 +77,8 @@ def run_budget(demos: int, args) -> dict:
     from jaxil.cli.interactive import load_expert
     from jaxil.runs.rundir import read_jsonl
 
-    env, policy, params, source = load_expert(ENV, str(TEACHER), dict(ENV_KWARGS))
-    if args.expert_greedy:
-        policy, params, source = greedy_expert(source)
+    env, policy, params, source = load_expert(ENV, str(TEACHER), dict(ENV_KWARGS),
+                                              greedy=args.expert_greedy)
     cfg = config(args.quick)
     budget = demos * LABELS_PER_TRAJECTORY
     kw = dict(sft_labels=cfg.sft_labels, has_win=env.spec.has_win)
@@ -111,16 +110,6 @@ def run_budget(demos: int, args) -> dict:
                                                          "labels_mean")}
                          for e in summary["regimes"]},
                 curves=curves)
-
-
-def greedy_expert(source: str):
-    """`(policy, params, source)` of the zoo's expert-tier checkpoint (`source`,
-    e.g. ``teacher:mamujoco_hopper_3x1@2703360``) acting on its mean action."""
-    from jaxil.teachers.io import load_checkpoint
-
-    step = int(source.rsplit("@", 1)[1])
-    policy, params, _, _ = load_checkpoint(TEACHER, step=step, deterministic=True)
-    return policy, params, source + " (greedy)"
 
 
 def main(argv=None) -> int:

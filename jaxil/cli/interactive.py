@@ -7,7 +7,9 @@
 
 The expert is the zoo's (a trained teacher under `runs/teachers`, else a
 teacher shipped with jaxil, else the scripted expert; `--expert scripted`
-forces the last, `--expert DIR` takes a teacher run directory). Seeds run
+forces the last, `--expert DIR` takes a teacher run directory). A teacher
+samples its actions, as its zoo tier does; `--expert-greedy` makes it act on
+its greedy / mean action instead. Seeds run
 vmapped in one program per round; the run directory holds `run.json`,
 `metrics.jsonl`, orbax checkpoints (one per evaluation) and `results.json`
 with the covariate-shift diagnostic.
@@ -26,10 +28,14 @@ from jaxil.algorithms.interactive.labels import VERIFIERS
 from jaxil.algorithms.interactive.schedule import BETA_SCHEDULES, SWITCHES
 
 
-def load_expert(env_id: str, expert: str, env_kwargs: Optional[dict] = None
-                ) -> tuple[Any, Any, Any, str]:
+def load_expert(env_id: str, expert: str, env_kwargs: Optional[dict] = None,
+                greedy: bool = False) -> tuple[Any, Any, Any, str]:
     """`(env, policy, params, source)` of the zoo expert of `env_id`, in the
-    environment made with `env_kwargs`."""
+    environment made with `env_kwargs`.
+
+    `greedy`: a teacher expert acts on its greedy / mean action instead of
+    sampling, for its demonstrations and its labels (the source then ends in
+    " (greedy)"). Raises ValueError when the expert is not a teacher."""
     from jaxil.collect.zoo import make_zoo
 
     if expert == "zoo":
@@ -39,7 +45,20 @@ def load_expert(env_id: str, expert: str, env_kwargs: Optional[dict] = None
     else:
         zoo = make_zoo(env_id, env_kwargs=env_kwargs, teacher_dir=expert)
     tier = zoo["expert"]
-    return zoo.env, tier.policy, tier.params, tier.source
+    if not greedy:
+        return zoo.env, tier.policy, tier.params, tier.source
+    from jaxil.teachers.io import SHIPPED_DIR, load_checkpoint
+
+    label = tier.details.get("teacher_dir")
+    if label is None:
+        raise ValueError(f"--expert-greedy needs a teacher expert, but the expert of {env_id} is "
+                         f"{tier.source}; give --expert a teacher run directory or drop "
+                         f"--expert-greedy")
+    shipped = "jaxil/teachers/shipped/"
+    directory = SHIPPED_DIR / label[len(shipped):] if label.startswith(shipped) else label
+    policy, params, _, _ = load_checkpoint(directory, step=tier.details["step"],
+                                           deterministic=True)
+    return zoo.env, policy, params, tier.source + " (greedy)"
 
 
 def knob_overrides(args, spec) -> dict[str, Any]:
@@ -76,7 +95,7 @@ def _run(args) -> int:
 
     logs = make_loggers(args, args.out)
     kw = env_kwargs(args, args.env)
-    env, policy, params, source = load_expert(args.env, args.expert, kw)
+    env, policy, params, source = load_expert(args.env, args.expert, kw, args.expert_greedy)
     config = InteractiveConfig(
         hidden=tuple(args.hidden), batch_size=args.batch_size, rounds=args.rounds,
         envs_per_round=args.envs_per_round, updates_per_round=args.updates_per_round,
@@ -106,6 +125,9 @@ def register(sub) -> None:
     p.add_argument("method", choices=METHODS)
     p.add_argument("--env", required=True, help="environment id, e.g. smax:3m")
     p.add_argument("--expert", default="zoo", help="zoo | scripted | a teacher run directory")
+    p.add_argument("--expert-greedy", action="store_true",
+                   help="a teacher expert demonstrates and labels with its greedy / mean action "
+                        "instead of sampling (the label imitation's DAgger asks for)")
     add_env_kwargs(p, "environment keyword (JSON value), recorded in run.json, e.g. "
                       "iterations=4 for a mamujoco: robot")
     p.add_argument("--budget", type=positive_int, required=True,

@@ -688,3 +688,43 @@ def test_ppo_student_runs_dagger_and_scratch_keeps_the_sft_statistics(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert all(np.isfinite(r["eval_return"]) and r["eval_length"] == env.spec.max_steps
                for r in rows if "eval_return" in r)
+
+
+def test_a_greedy_teacher_expert_acts_on_its_mode_and_a_scripted_one_is_refused(tmp_path,
+                                                                                monkeypatch):
+    """`load_expert(..., greedy=True)` on SMAX 3m (the shipped teacher's
+    expert-tier checkpoint): the same joint action under every key, where the
+    sampling expert of the same checkpoint draws different ones, and the
+    greedy action is the sampled actions' most frequent choice per agent; the
+    source names the mode. A scripted expert is refused with a ValueError that
+    names the flag. Bugs caught: the flag ignored (the sampling policy comes
+    back), another checkpoint than the tier's loaded (its mode is not the
+    sampled actions' mode), the shipped teacher's recorded label used as a
+    path (a FileNotFoundError outside the repository root)."""
+    import jax
+    import numpy as np
+
+    from jaxil.cli.interactive import load_expert
+    from jaxil.envs.policies import as_policy
+
+    monkeypatch.chdir(tmp_path)  # away from the repository root, where the label is a path
+    env, pol, params, source = load_expert("smax:3m", "zoo")
+    _, gpol, gparams, gsource = load_expert("smax:3m", "zoo", greedy=True)
+    assert gsource == source + " (greedy)" and "@" in source
+    _, ts = env.reset(jax.random.PRNGKey(3))
+    keys = jax.random.split(jax.random.PRNGKey(0), 256)
+
+    def actions(policy, p):
+        pol_ = as_policy(policy)
+        carry = pol_.init(jax.random.PRNGKey(1), env.spec.num_agents)
+        act = jax.jit(jax.vmap(lambda k: pol_.act(p, ts.obs, ts.avail_actions, k, carry)[0]))
+        return np.asarray(act(keys))
+
+    sampled, greedy = actions(pol, params), actions(gpol, gparams)
+    assert (greedy == greedy[0]).all()
+    assert not (sampled == sampled[0]).all()
+    for agent in range(env.spec.num_agents):
+        counts = np.bincount(sampled[:, agent], minlength=env.spec.action.num_actions)
+        assert greedy[0, agent] == counts.argmax(), (agent, counts)
+    with pytest.raises(ValueError, match="--expert-greedy needs a teacher expert"):
+        load_expert("mpe:simple_spread", "scripted", greedy=True)
