@@ -47,16 +47,15 @@ def load_expert(env_id: str, expert: str, env_kwargs: Optional[dict] = None,
     tier = zoo["expert"]
     if not greedy:
         return zoo.env, tier.policy, tier.params, tier.source
-    from jaxil.teachers.io import SHIPPED_DIR, load_checkpoint
+    from jaxil.collect.zoo import teacher_path
+    from jaxil.teachers.io import load_checkpoint
 
     label = tier.details.get("teacher_dir")
     if label is None:
         raise ValueError(f"--expert-greedy needs a teacher expert, but the expert of {env_id} is "
                          f"{tier.source}; give --expert a teacher run directory or drop "
                          f"--expert-greedy")
-    shipped = "jaxil/teachers/shipped/"
-    directory = SHIPPED_DIR / label[len(shipped):] if label.startswith(shipped) else label
-    policy, params, _, _ = load_checkpoint(directory, step=tier.details["step"],
+    policy, params, _, _ = load_checkpoint(teacher_path(label), step=tier.details["step"],
                                            deterministic=True)
     return zoo.env, policy, params, tier.source + " (greedy)"
 

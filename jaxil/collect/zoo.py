@@ -72,6 +72,8 @@ from jaxil.teachers.io import SHIPPED_DIR
 from jaxil.teachers.io import load_checkpoint
 
 TIERS = ("expert", "medium", "poor", "random")
+#: How datasets name a shipped teacher's directory, the same on every machine.
+SHIPPED_LABEL = "jaxil/teachers/shipped/"
 EPSILON = {"medium": 0.4, "poor": 0.85}
 # Per-environment ε where the defaults put a tier far outside its band (the
 # CHECKPOINT_BANDS below, on the normalised return; calibration in
@@ -189,8 +191,17 @@ def teacher_label(teacher_dir: os.PathLike | str) -> str:
 
     d = Path(teacher_dir).resolve()
     if d.parent == SHIPPED_DIR:
-        return f"jaxil/teachers/shipped/{d.name}"
+        return SHIPPED_LABEL + d.name
     return str(teacher_dir)
+
+
+def teacher_path(label: str) -> Path:
+    """The directory a [`teacher_label`][jaxil.collect.zoo.teacher_label]
+    names: a shipped teacher's label resolved under the installed package, a
+    local run's path as it is."""
+    if label.startswith(SHIPPED_LABEL):
+        return SHIPPED_DIR / label[len(SHIPPED_LABEL):]
+    return Path(label)
 
 
 def teacher_override_note(env_id: str, teacher_dir: os.PathLike | str) -> Optional[str]:
