@@ -12,9 +12,9 @@ Per budget, ONE interactive program (`jaxil.algorithms.interactive.loop.run`,
 - the expert is the shipped MAPPO hopper teacher (its zoo expert tier, the
   checkpoint the dataset's expert trajectories come from, acting sampled, or
   with `--expert-greedy` on its mean action, the label `imitation`'s DAgger
-  asks its expert for; `jaxil interactive --expert-greedy`) on `mamujoco:hopper_3x1` at the dataset's solver
-  settings (4/8 iterations); the demonstrations and every label come from
-  the same policy;
+  asks its expert for; `jaxil interactive --expert-greedy`) on
+  `mamujoco:hopper_3x1` at the dataset's solver settings (4/8 iterations);
+  the demonstrations and every label come from the same policy;
 - the budget is `demos` × 1,281 expert labels (agent-steps): the dataset's
   expert trajectories last 427 steps on average, × 3 agents, so `--demos 4`
   buys as many labels as the grid's 4 whole trajectories;

@@ -64,6 +64,7 @@ from jaxil.data.validate import (
     validate,
 )
 from jaxil.runs.io_atomic import atomic_path
+from jaxil.runs.measure import compute_target
 from jaxil.runs.rundir import installed_versions
 
 FORMAT_NAME = "jaxil.dataset"
@@ -82,8 +83,6 @@ def library_versions() -> dict[str, Optional[str]]:
     absent), and under `TARGET_KEY` the hardware XLA compiled for: the same
     packages on another CPU can record other last bits (`jaxil data diff`
     then shows both)."""
-    from jaxil.runs.measure import compute_target
-
     return dict(installed_versions(VERSION_PACKAGES), **{TARGET_KEY: compute_target()})
 
 

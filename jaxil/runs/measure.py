@@ -108,8 +108,8 @@ def compute_target() -> str:
     packages can compute different numbers, which chaotic dynamics (a
     MuJoCo robot's contacts) amplify within an episode. The line names the
     CPU model, its widest vector set and any cap, as
-    ``"cpu: <model> (avx512f, capped at AVX2)"``; on an accelerator, its
-    platform and device kind, as ``"gpu: <device kind>"``.
+    `"cpu: <model> (avx512f, capped at AVX2)"`; on an accelerator, its
+    platform and device kind, as `"gpu: <device kind>"`.
     """
     import re
 
