@@ -158,8 +158,7 @@ def table() -> tuple[str, dict]:
             "machine (the same trajectories up to last-bit differences of the physics that "
             "some episodes amplify); the cold starts (all but GAIL's at 4 subsampled "
             "trajectories) ran on such rebuilds and are compared with the first build's BC. "
-            "163,840 "
-            "env-steps per seed (`--scale 0.2`).\n")
+            "163,840 env-steps per seed (`--scale 0.2`).\n")
     return "\n".join(rows) + "\n" + note, data
 
 

@@ -45,6 +45,7 @@ import json
 import math
 import os
 import platform
+import re
 import socket
 import subprocess
 import sys
@@ -111,8 +112,6 @@ def compute_target() -> str:
     `"cpu: <model> (avx512f, capped at AVX2)"`; on an accelerator, its
     platform and device kind, as `"gpu: <device kind>"`.
     """
-    import re
-
     import jax
 
     dev = jax.devices()[0]

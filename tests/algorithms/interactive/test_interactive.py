@@ -701,9 +701,6 @@ def test_a_greedy_teacher_expert_acts_on_its_mode_and_a_scripted_one_is_refused(
     back), another checkpoint than the tier's loaded (its mode is not the
     sampled actions' mode), the shipped teacher's recorded label used as a
     path (a FileNotFoundError outside the repository root)."""
-    import jax
-    import numpy as np
-
     from jaxil.cli.interactive import load_expert
     from jaxil.envs.policies import as_policy
 
