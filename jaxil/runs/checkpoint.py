@@ -99,22 +99,44 @@ def _from_orbax(obj: Any) -> bool:
     return "orbax" in (code.co_filename if code is not None else repr(obj))
 
 
+def _raised_in_orbax(exc: Optional[BaseException]) -> bool:
+    """Whether a frame of `exc`'s traceback is orbax's or tensorstore's."""
+    tb = getattr(exc, "__traceback__", None)
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if "orbax" in name or "tensorstore" in name:
+            return True
+        tb = tb.tb_next
+    return False
+
+
 class _OrbaxTaskFilter(logging.Filter):
     """Drops asyncio's "Task (or Future) exception was never retrieved" for
-    orbax's reads."""
+    orbax's reads and writes: a task whose coroutine is orbax's, or a future
+    whose exception was raised in orbax's code (the thread of a failed write,
+    which names no orbax object in the message)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not str(record.msg).split("\n", 1)[0].endswith(" exception was never retrieved"):
             return True
         text = record.getMessage()
-        return not ("orbax" in text or "tensorstore" in text)
+        if "orbax" in text or "tensorstore" in text:
+            return False
+        return not _raised_in_orbax(record.exc_info[1] if record.exc_info else None)
 
 
 _TASK_FILTER = _OrbaxTaskFilter()
 
 
 def _hush_closed_loop_reports() -> None:
-    """Drop what a failed orbax read reports after its one-line error.
+    """Drop what a failed orbax read or write reports after its one-line error.
+
+    When a write fails, the futures of the step's other writes that failed
+    too are left unretrieved. Each reports its traceback on the `asyncio`
+    logger whenever it is garbage-collected: long after the one line, or
+    even inside another library's `compile()` of Python source, which on
+    Python 3.11 then raises `SystemError: AST constructor recursion depth
+    mismatch` (formatting the traceback parses source too).
 
     When a read fails, orbax closes its asyncio loop while tensorstore still
     completes the other reads of the step; each completion then reports a
@@ -123,8 +145,10 @@ def _hush_closed_loop_reports() -> None:
     collected ("Task exception was never retrieved" on the `asyncio`
     logger, "Exception ignored in: <coroutine ...>"), a traceback apiece,
     around and after the one line that says what is wrong, even in the
-    middle of the training a resume goes on with. Only those reports are
-    dropped; every other one reaches the hook installed before.
+    middle of the training a resume goes on with.
+
+    Only those reports are dropped; every other one reaches the hook
+    installed before.
     """
     log = logging.getLogger("asyncio")
     if _TASK_FILTER not in log.filters:
@@ -217,6 +241,8 @@ def _quiet_background_errors():
     threads log through absl while a save fails; the failure itself reaches
     the caller as an exception. After a Ctrl-C the records stay held back:
     the process is stopping and the threads' reports would bury its one line.
+    After any failure the unretrieved futures' later reports are dropped too
+    (`_hush_closed_loop_reports`).
     """
     log = logging.getLogger("absl")
     level = log.level
@@ -224,8 +250,10 @@ def _quiet_background_errors():
     try:
         yield
     except KeyboardInterrupt:
+        _hush_closed_loop_reports()
         raise
     except BaseException:
+        _hush_closed_loop_reports()
         log.setLevel(level)
         raise
     else:
@@ -273,6 +301,14 @@ def _leaf_name(i: int) -> str:
     return f"leaf_{i:05d}"
 
 
+def _tree_checkpointer() -> ocp.Checkpointer:
+    """Orbax's synchronous checkpointer of one pytree. jaxil waits for every
+    save anyway; the asynchronous one, when its temporary directory cannot be
+    made (a file in the way, a permission change), left threads waiting for
+    that directory that held the exiting process for orbax's 300 s timeout."""
+    return ocp.Checkpointer(ocp.StandardCheckpointHandler())
+
+
 def save_tree(path: str | os.PathLike, tree: Any) -> None:
     """Save a pytree's (non-empty) leaves with orbax into the directory `path`
     (overwritten if it exists).
@@ -283,11 +319,10 @@ def save_tree(path: str | os.PathLike, tree: Any) -> None:
     """
     leaves = jax.tree.leaves(tree)
     flat = {_leaf_name(i): np.asarray(x) for i, x in enumerate(leaves) if np.size(x) > 0}
-    ck = ocp.StandardCheckpointer()
+    ck = _tree_checkpointer()
     try:
         with _quiet_background_errors():
             ck.save(os.path.abspath(path), flat, force=True)
-            ck.wait_until_finished()
     except Exception as e:  # noqa: BLE001 - orbax re-raises its threads' errors as they were
         raise _write_failure("checkpoint", Path(path).absolute(), e) from e
 
@@ -313,7 +348,7 @@ def restore_tree(path: str | os.PathLike, like: Any) -> Any:
     }
     _hush_closed_loop_reports()
     try:
-        flat = ocp.StandardCheckpointer().restore(path, abstract)
+        flat = _tree_checkpointer().restore(path, abstract)
     except Exception as e:  # noqa: BLE001 - re-raised with context
         damage = _damage(Path(path), abstract)
         if damage:
@@ -377,7 +412,11 @@ class Checkpointer:
         self._failed = False
         self.manager = ocp.CheckpointManager(
             self.directory,
-            options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
+            # synchronous: each save is waited for, and an asynchronous one
+            # whose step directory cannot be made held the exiting process
+            # for orbax's 300 s timeout (see _tree_checkpointer)
+            options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                                 enable_async_checkpointing=False),
         )
 
     def latest_step(self) -> Optional[int]:

@@ -232,6 +232,89 @@ def test_a_full_disk_during_a_save_is_one_line_and_the_run_resumes_exactly(small
     assert rest.rows == full.rows
 
 
+def test_a_failed_writes_unretrieved_future_reports_nothing_when_collected(tmp_path, caplog):
+    """A failed orbax write leaves futures whose exception nobody retrieved;
+    asyncio logs each, with its traceback, whenever it is collected. That
+    came long after the one-line error, and once inside griffe's `compile()`
+    in a later test, which Python 3.11 then failed with `SystemError: AST
+    constructor recursion depth mismatch`. After a failed save a future
+    whose exception orbax's code raised reports nothing, and any other
+    future still reports. Bugs caught: a filter that reads only the message
+    (a future's repr names no orbax object), one installed only by failed
+    reads, and one that drops every report."""
+    import asyncio
+    import gc
+    import jax.numpy as jnp
+    from etils import epath
+    from orbax.checkpoint._src.path import async_path
+    from jaxil.runs import checkpoint
+
+    log = logging.getLogger("asyncio")
+    log.removeFilter(checkpoint._TASK_FILTER)
+    (tmp_path / "a_file").write_text("not a directory")
+    with pytest.raises(checkpoint.CheckpointWriteError):
+        checkpoint.save_tree(tmp_path / "a_file" / "tree", {"w": jnp.ones(3)})
+
+    def unretrieved(make_error):
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(make_error())
+        except OSError as e:
+            loop.create_future().set_exception(e)
+        finally:
+            loop.close()
+        gc.collect()
+
+    async def in_orbax():
+        await async_path.write_text(epath.Path(tmp_path / "missing" / "f"), "x")
+
+    async def in_user_code():
+        raise OSError("the user's own failure")
+
+    caplog.clear()
+    unretrieved(in_orbax)
+    assert not [r.getMessage() for r in caplog.records if r.name == "asyncio"]
+    unretrieved(in_user_code)
+    reported = [r.getMessage() for r in caplog.records if r.name == "asyncio"]
+    assert len(reported) == 1 and "never retrieved" in reported[0], reported
+
+
+_UNWRITABLE = """
+import shutil, sys
+import jax.numpy as jnp
+from jaxil.runs import checkpoint
+root = sys.argv[1]
+open(root + "/a_file", "w").write("in the way")
+try:
+    checkpoint.save_tree(root + "/a_file/tree", {"w": jnp.ones(3)})
+except checkpoint.CheckpointWriteError as e:
+    print("save_tree:", e)
+c = checkpoint.Checkpointer(root + "/run")
+c.save(1, {"w": jnp.ones(3)})
+shutil.rmtree(root + "/run")
+open(root + "/run", "w").write("in the way")
+try:
+    c.save(2, {"w": jnp.ones(3)})
+except checkpoint.CheckpointWriteError as e:
+    print("Checkpointer:", e)
+"""
+
+
+def test_a_save_whose_directory_cannot_be_made_exits_at_once(tmp_path):
+    """A file where the checkpoint's directory must go (as a permission
+    change or a full disk at `mkdir` would do): both savers raise their one
+    line and the process exits at once, printing no traceback. Bug caught:
+    orbax's asynchronous savers left threads waiting for the directory that
+    held the exiting process for 300 s, then printed their tracebacks."""
+    done = subprocess.run([sys.executable, "-c", _UNWRITABLE, str(tmp_path)],
+                          capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["save_tree", "Checkpointer"], done.stdout
+    assert all("Not a directory" in line for line in lines), done.stdout
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+
+
 def test_a_run_that_cannot_fit_one_checkpoint_is_refused_before_any_work(tmp_path, monkeypatch):
     """Free space below one checkpoint's bytes: the run stops before its
     first chunk with the sizes, the directory and the fix, and writes no
