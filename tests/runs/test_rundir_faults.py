@@ -256,14 +256,20 @@ def test_a_failed_writes_unretrieved_future_reports_nothing_when_collected(tmp_p
         checkpoint.save_tree(tmp_path / "a_file" / "tree", {"w": jnp.ones(3)})
 
     def unretrieved(make_error):
+        """The error `make_error` raises, set on a future nobody reads, and
+        the asyncio records that collecting it logs."""
+        caplog.clear()
         loop = asyncio.new_event_loop()
         try:
             loop.run_until_complete(make_error())
         except OSError as e:
+            error = e
             loop.create_future().set_exception(e)
         finally:
             loop.close()
         gc.collect()
+        return [r.getMessage() for r in caplog.records
+                if r.name == "asyncio" and r.exc_info and r.exc_info[1] is error]
 
     async def in_orbax():
         await async_path.write_text(epath.Path(tmp_path / "missing" / "f"), "x")
@@ -271,11 +277,8 @@ def test_a_failed_writes_unretrieved_future_reports_nothing_when_collected(tmp_p
     async def in_user_code():
         raise OSError("the user's own failure")
 
-    caplog.clear()
-    unretrieved(in_orbax)
-    assert not [r.getMessage() for r in caplog.records if r.name == "asyncio"]
-    unretrieved(in_user_code)
-    reported = [r.getMessage() for r in caplog.records if r.name == "asyncio"]
+    assert unretrieved(in_orbax) == []
+    reported = unretrieved(in_user_code)
     assert len(reported) == 1 and "never retrieved" in reported[0], reported
 
 
