@@ -68,7 +68,7 @@ def normalised(r: dict, ref: dict) -> tuple[float, float] | None:
 
 def run_env(name: str, args) -> list[dict]:
     o = {} if args.plain_rows else ROW_OVERRIDES.get(name, {})
-    recipe = f"{name}/{o.get('kind', KIND)}"
+    recipe = f"{name}/{args.kind or o.get('kind', KIND)}"
     updates = max(args.updates, o.get("min_updates", 0))
     ds = load_dataset(recipe, args.data_seed)
     ref = tier_returns(recipe, args.data_seed)
@@ -234,7 +234,7 @@ SCALES = {
 
 
 SETTINGS = ("seeds", "updates", "eval_episodes", "hidden", "batch_size", "deterministic_eval",
-            "standardize_obs")
+            "standardize_obs", "kind")
 
 
 def merge_rows(path: Path, rows: list[dict], meta: dict) -> tuple[list[dict], dict]:
@@ -294,6 +294,10 @@ def main(argv=None) -> None:
     p.add_argument("--hidden", type=int, nargs="+")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data-seed", type=int, default=0)
+    p.add_argument("--kind",
+                   help=f"the dataset recipe of every environment, e.g. {KIND}-greedy (the "
+                        f"expert tier acting on its teacher's mean action); default: {KIND}, "
+                        f"or a row's own recipe in ROW_OVERRIDES")
     p.add_argument("--out")
     p.add_argument("--plain-rows", action="store_true",
                    help=f"every row on <env>/{KIND} at --updates, without the per-row "
@@ -325,6 +329,8 @@ def main(argv=None) -> None:
                 eval_episodes=args.eval_episodes, hidden=args.hidden, batch_size=args.batch_size)
     if args.deterministic_eval:
         meta["deterministic_eval"] = True
+    if args.kind:
+        meta["kind"] = args.kind
     if args.standardize_obs:
         meta["standardize_obs"] = True
     if args.merge:

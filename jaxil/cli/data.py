@@ -65,7 +65,8 @@ def _build(args) -> int:
         from jaxil.collect.zoo import make_zoo
 
         zoo = make_zoo(r.env_id, env_kwargs=kw, teacher_dir=args.teacher,
-                       discover=not args.no_teacher, epsilons=dict(args.epsilon or []))
+                       discover=not args.no_teacher, epsilons=dict(args.epsilon or []),
+                       greedy_expert=r.greedy_expert)
         print(f"{r.name}: " + ", ".join(f"{t} {n}" for t, n in counts.items())
               + f" -> {out}", file=sys.stderr)
         for t, p in zoo.tiers.items():

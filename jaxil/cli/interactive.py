@@ -38,26 +38,19 @@ def load_expert(env_id: str, expert: str, env_kwargs: Optional[dict] = None,
     " (greedy)"). Raises ValueError when the expert is not a teacher."""
     from jaxil.collect.zoo import make_zoo
 
-    if expert == "zoo":
-        zoo = make_zoo(env_id, env_kwargs=env_kwargs)
-    elif expert == "scripted":
-        zoo = make_zoo(env_id, env_kwargs=env_kwargs, discover=False)
-    else:
-        zoo = make_zoo(env_id, env_kwargs=env_kwargs, teacher_dir=expert)
-    tier = zoo["expert"]
-    if not greedy:
-        return zoo.env, tier.policy, tier.params, tier.source
-    from jaxil.collect.zoo import teacher_path
-    from jaxil.teachers.io import load_checkpoint
-
-    label = tier.details.get("teacher_dir")
-    if label is None:
+    kw: dict[str, Any] = dict(env_kwargs=env_kwargs)
+    if expert == "scripted":
+        kw["discover"] = False
+    elif expert != "zoo":
+        kw["teacher_dir"] = expert
+    tier = make_zoo(env_id, **kw)["expert"]
+    if greedy and tier.details.get("teacher_dir") is None:
         raise ValueError(f"--expert-greedy needs a teacher expert, but the expert of {env_id} is "
                          f"{tier.source}; give --expert a teacher run directory or drop "
                          f"--expert-greedy")
-    policy, params, _, _ = load_checkpoint(teacher_path(label), step=tier.details["step"],
-                                           deterministic=True)
-    return zoo.env, policy, params, tier.source + " (greedy)"
+    zoo = make_zoo(env_id, greedy_expert=greedy, **kw)
+    tier = zoo["expert"]
+    return zoo.env, tier.policy, tier.params, tier.source
 
 
 def knob_overrides(args, spec) -> dict[str, Any]:

@@ -11,6 +11,9 @@ smax-3m/mix-50e-100m-400p     any mix: <count><e|m|p|r> groups
 mpe-simple_spread_continuous/misodice-200e-1000p-dart0.8
                               any kind + `-dart<σ>`: collected DART-style
                               (box actions only, see below)
+mamujoco-hopper_3x1/misodice-200e-1000p-greedy
+                              any kind + `-greedy`: the expert tier acts on
+                              the teacher's greedy / mean action
 ```
 
 `<env-short>` is the environment id with `:` replaced by `-` (`smax-3m`,
@@ -30,6 +33,15 @@ policy and episode seed, records the recipe name and every creation argument
 (including the zoo's provenance and the measured tier returns), and writes the
 file atomically with [`jaxil.data.save`][jaxil.data.format.save]. Same
 arguments → byte-identical file; another seed → other episodes.
+
+A `-greedy` suffix (before any `-dart<σ>`) makes the expert tier act on its
+teacher's greedy (discrete) or mean (box) action instead of sampling it, as
+[`make_zoo`][jaxil.collect.zoo.make_zoo]'s `greedy_expert` does; the other
+tiers are unchanged, and since episode seeds go to the tiers in recipe order,
+a greedy build's poor trajectories are those of the sampled build. It needs a
+trained teacher (a scripted expert has no sampled policy to take the mode of).
+The tiers are measured with the greedy expert, so normalised scores on a
+greedy build are relative to the greedy expert's return.
 
 A `-dart<σ>` suffix collects every tier through
 [`envs.ActionNoise`][jaxil.envs.wrappers.ActionNoise]: the executed action is
@@ -107,7 +119,7 @@ KINDS: dict[str, tuple[tuple[tuple[str, int], ...], str]] = {
 }
 _LETTER = {"e": "expert", "m": "medium", "p": "poor", "r": "random"}
 _MIX = re.compile(r"^(?:mix|misodice)((?:-\d+[empr])+)$")
-_DART = re.compile(r"^(?P<base>.+)-dart(?P<sigma>\d+(?:\.\d+)?)$")
+_SUFFIXES = re.compile(r"^(?P<base>.+?)(?P<greedy>-greedy)?(?:-dart(?P<sigma>\d+(?:\.\d+)?))?$")
 _BUILD_SALT = 0x62756C64  # "buld"
 _SHUFFLE_SALT = 0x73687566  # "shuf"
 
@@ -122,6 +134,8 @@ class Recipe:
       counts: `((tier, count), ...)` in collection order.
       description: one line for `jaxil data list`.
       action_noise: σ of the DART collection (`-dart<σ>`; 0 = none).
+      greedy_expert: the expert tier acts on the teacher's greedy / mean
+        action (`-greedy`).
     """
 
     env_id: str
@@ -129,6 +143,7 @@ class Recipe:
     counts: tuple[tuple[str, int], ...]
     description: str = ""
     action_noise: float = 0.0
+    greedy_expert: bool = False
 
     @property
     def env_short(self) -> str:
@@ -195,11 +210,14 @@ def _env_from_short(name: str) -> Optional[str]:
     return None
 
 
-def _dart(kind: str) -> tuple[str, float]:
-    """`"misodice-200e-1000p-dart0.8"` → `("misodice-200e-1000p", 0.8)`;
-    a kind without the suffix has σ 0."""
-    m = _DART.match(kind)
-    return (m["base"], float(m["sigma"])) if m else (kind, 0.0)
+def _suffixes(kind: str) -> tuple[str, bool, Optional[float]]:
+    """`"misodice-200e-1000p-greedy-dart0.8"` → `("misodice-200e-1000p", True,
+    0.8)`; σ is None without a `-dart<σ>` suffix."""
+    m = _SUFFIXES.match(kind)
+    if m is None:
+        return kind, False, None
+    sigma = None if m["sigma"] is None else float(m["sigma"])
+    return m["base"], m["greedy"] is not None, sigma
 
 
 def _kind(kind: str) -> Optional[tuple[tuple[tuple[str, int], ...], str]]:
@@ -241,10 +259,11 @@ def get_recipe(name: Union[str, Recipe]) -> Recipe:
     names = [r.name for r in list_recipes()]
     env_part, sep, kind = str(name).partition("/")
     env_id = _env_from_short(env_part) if sep else None
-    base, sigma = _dart(kind)
-    if env_id and sigma <= 0 and base != kind:
+    base, greedy, sigma = _suffixes(kind)
+    if env_id and sigma is not None and sigma <= 0:
+        plain = kind[:kind.rindex("-dart")]
         raise KeyError(f"recipe {str(name)!r}: -dart needs a noise level > 0 (e.g. "
-                       f"{env_part}/{base}-dart0.8); without noise use {env_part}/{base}")
+                       f"{env_part}/{plain}-dart0.8); without noise use {env_part}/{plain}")
     found = _kind(base) if env_id else None
     if env_id is None or found is None:
         close = difflib.get_close_matches(str(name), names, n=5, cutoff=0.5)
@@ -255,13 +274,16 @@ def get_recipe(name: Union[str, Recipe]) -> Recipe:
             why = f"unknown environment {env_part!r}"
         else:
             why = (f"unknown recipe {base!r} (kinds: {', '.join(KINDS)}, or "
-                   f"mix-<n><e|m|p|r>-..., e.g. mix-200e-1000p; any of them + -dart<σ>)")
+                   f"mix-<n><e|m|p|r>-..., e.g. mix-200e-1000p; any of them + "
+                   f"[-greedy][-dart<σ>])")
         raise KeyError(f"unknown recipe {str(name)!r}: {why}.{hint} "
                        f"`jaxil data list` shows all recipes.")
     counts, desc = found
+    if greedy:
+        desc += "; the expert acts on its teacher's greedy / mean action"
     if sigma:
         desc += f"; DART: executed actions noised with σ = {sigma:g} of the box width"
-    return Recipe(env_id, kind, counts, desc, sigma)
+    return Recipe(env_id, kind, counts, desc, sigma or 0.0, greedy)
 
 
 def episode_seeds(seed: int, total: int) -> np.ndarray:
@@ -346,7 +368,8 @@ def build(
         check_file_writable(out_path, "out_path")
         check_file_writable(sidecar_path(out_path), "out_path's sidecar")
     zoo = make_zoo(r.env_id, env_kwargs=env_kwargs, teacher_dir=teacher_dir,
-                   discover=discover_teachers, epsilons=epsilons)
+                   discover=discover_teachers, epsilons=epsilons,
+                   greedy_expert=r.greedy_expert)
     env_kwargs = zoo.env_kwargs
     if r.action_noise and zoo.spec.discrete:
         raise ValueError(f"recipe {r.name}: -dart (executed-action noise) needs a box action "
@@ -410,6 +433,9 @@ def build(
         zoo=_portable(zoo.describe()),
         tier_measurements=measured,
     )
+    if r.greedy_expert:  # absent otherwise, like action_noise below
+        args["greedy_expert"] = ("the expert tier acts on its teacher's greedy (discrete) or mean "
+                                 "(box) action; the other tiers as in the plain recipe")
     if r.action_noise:  # absent otherwise, so a noise-free build's bytes do not depend on it
         args["action_noise"] = dict(
             sigma=r.action_noise, wrapper="envs.ActionNoise",

@@ -16,6 +16,10 @@ poor     an early teacher checkpoint in the poor band, else the expert
 random   uniform over the available actions (or the action box)
 ```
 
+With a teacher, `make_zoo(..., greedy_expert=True)` (the recipes' `-greedy`
+suffix) makes the expert act on the teacher's greedy / mean action instead of
+sampling it; medium and poor stay as above.
+
 Bands are on the teacher's own evaluation (`teacher.json`) normalised as
 `(R - R_random) / (R_best - R_random)`: medium in `[0.3,
 0.8]` (nearest 0.55 wins), poor in `[0.0, 0.35]` (nearest 0.15). ε-noise
@@ -267,8 +271,8 @@ def tier_epsilons(env_id: str, overrides: Optional[Mapping[str, float]] = None
     return out
 
 
-def _teacher_tiers(env: MultiAgentEnv, teacher_dir: Path,
-                   epsilons: Mapping[str, float]) -> dict[str, TierPolicy]:
+def _teacher_tiers(env: MultiAgentEnv, teacher_dir: Path, epsilons: Mapping[str, float],
+                   greedy_expert: bool = False) -> dict[str, TierPolicy]:
 
     doc = _read_teacher(teacher_dir)
     if doc is None:
@@ -329,6 +333,13 @@ def _teacher_tiers(env: MultiAgentEnv, teacher_dir: Path,
         "expert": TierPolicy("expert", expert_src, policy, noisy_params(best_params, 0.0),
                              dict(kind="teacher", **ckpt_details(best)), program)
     }
+    if greedy_expert:  # the same checkpoint acting on its mode; the ε tiers keep sampling
+        mode, mode_params, _, _ = load_checkpoint(str(teacher_dir), step=best["step"],
+                                                  deterministic=True)
+        tiers["expert"] = TierPolicy(
+            "expert", f"{expert_src} (greedy)", noisy_policy(mode, spec),
+            noisy_params(mode_params, 0.0),
+            dict(kind="teacher", greedy=True, **ckpt_details(best)), f"{program}:greedy")
     eps = dict(epsilons)
     for tier in ("medium", "poor"):
         chosen = None
@@ -467,6 +478,7 @@ def make_zoo(
     discover: bool = True,
     epsilons: Optional[Mapping[str, float]] = None,
     cache: bool = True,
+    greedy_expert: bool = False,
 ) -> Zoo:
     """The four tiers of `env_id`.
 
@@ -485,9 +497,14 @@ def make_zoo(
       cache: reuse the zoo (and its compiled collectors) of an earlier call
         with the same arguments in this process; a teacher whose
         `teacher.json` changed since is reloaded.
+      greedy_expert: the expert tier acts on the teacher's greedy / mean
+        action instead of sampling (its source ends in `" (greedy)"`); the
+        ε-noised tiers still noise the sampling expert. Needs a teacher.
 
     Raises:
       ExpertUnavailable: neither a teacher nor a scripted expert exists.
+      ValueError: `greedy_expert` without a teacher (scripted experts have
+        no sampled policy to take the mode of).
     """
     eps = tier_epsilons(env_id, epsilons)
     if teacher_dir is None and discover:
@@ -503,10 +520,10 @@ def make_zoo(
             stamp = f.stat().st_mtime_ns if f.exists() else None
         key = (env_id, json.dumps(env_kwargs, sort_keys=True, default=str),
                None if teacher_dir is None else str(Path(teacher_dir).resolve()), stamp,
-               tuple(sorted(eps.items())))
+               tuple(sorted(eps.items())), bool(greedy_expert))
         if key in _ZOO_CACHE:
             return _ZOO_CACHE[key]
-    zoo = _make_zoo(env_id, env_kwargs, teacher_dir, eps)
+    zoo = _make_zoo(env_id, env_kwargs, teacher_dir, eps, greedy_expert)
     if key is not None:
         while len(_ZOO_CACHE) >= 8:
             _ZOO_CACHE.pop(next(iter(_ZOO_CACHE)))
@@ -518,11 +535,15 @@ _ZOO_CACHE: dict[tuple, Zoo] = {}
 
 
 def _make_zoo(env_id: str, env_kwargs: dict, teacher_dir: Optional[os.PathLike | str],
-              epsilons: Mapping[str, float]) -> Zoo:
+              epsilons: Mapping[str, float], greedy_expert: bool = False) -> Zoo:
+    if greedy_expert and teacher_dir is None:
+        raise ValueError(f"a greedy expert needs a teacher, but {env_id} has none here (its "
+                         f"expert would be scripted); give a teacher run directory, or drop "
+                         f"the greedy expert (a recipe's -greedy suffix)")
     env = envs.make(env_id, **env_kwargs)
     spec = env.spec
     if teacher_dir is not None:
-        tiers = _teacher_tiers(env, Path(teacher_dir), epsilons)
+        tiers = _teacher_tiers(env, Path(teacher_dir), epsilons, greedy_expert)
     else:
         try:
             scripted = scripted_expert(env)
