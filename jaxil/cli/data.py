@@ -486,7 +486,9 @@ def _list(args) -> int:
     print(f"kinds: {', '.join(KINDS)}; any mix as <env>/mix-<n><e|m|p|r>-..., e.g. "
           f"smax-3m/mix-200e-500m-1000p. Box-action environments also take a -dart<σ> suffix "
           f"(executed actions noised, the policy's own recorded), e.g. "
-          f"mpe-simple_spread_continuous/misodice-200e-1000p-dart0.8. "
+          f"mpe-simple_spread_continuous/misodice-200e-1000p-dart0.8. A -greedy suffix "
+          f"(before -dart) makes a teacher expert act on its greedy / mean action, e.g. "
+          f"mamujoco-hopper_3x1/misodice-200e-1000p-greedy. "
           f"Build with `jaxil data build <recipe>`.")
     return 0
 
